@@ -1,0 +1,300 @@
+// Package fakes provides test doubles of the external notification channels
+// (push, sms, none) as real HTTP servers.
+//
+// The fakes exist so the service's hardest case, "the request went out and no
+// answer came back", can be reproduced on demand: a fake records the
+// acceptance of a message first and only then delays, hangs or garbles its
+// answer, exactly as scripted by the test. Counts of sends, new outbound
+// messages and queries let a test prove how many messages the user would
+// really have received.
+//
+// Wire protocol (shared with the service's channel client):
+//
+//	POST {base}/send               {"ref":"task-<id>","to":"...","body":"..."}, header Idempotency-Key: ntf-task-<id>
+//	                               -> 200 {"id":"<provider id>","replayed":<bool>}
+//	GET  {base}/messages?ref=<ref> -> 200 {"found":<n>,"id":"<first provider id or empty>"} (sms only, 405 elsewhere)
+package fakes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Kind names a channel and thereby its delivery contract.
+type Kind string
+
+// The three channel kinds, one per retry strategy of the service.
+const (
+	// Push is IDEMPOTENT: a repeated Idempotency-Key is answered with the
+	// original message id and creates no new outbound message.
+	Push Kind = "push"
+	// SMS is QUERYABLE: every accepted send is a new outbound message, but
+	// GET /messages?ref= tells how many were accepted for a reference.
+	SMS Kind = "sms"
+	// None offers neither: every accepted send is a new outbound message and
+	// there is no way to ask what happened.
+	None Kind = "none"
+)
+
+// ErrClosed is returned by WaitOutbound when the channel is closed before
+// the awaited count is reached, so a waiter never blocks forever.
+var ErrClosed = errors.New("fakes: channel closed")
+
+// Step scripts the answer to one request. The zero Step means: accept at once.
+type Step struct {
+	// Status, when non-zero, is answered before acceptance is recorded
+	// (503, 400, 409, 429...), so it never creates an outbound message.
+	Status int
+	// RetryAfter is the value of the Retry-After header sent with Status.
+	RetryAfter string
+	// Delay is waited after acceptance is recorded and before answering, so
+	// a client with a shorter timeout gives up on an accepted message.
+	Delay time.Duration
+	// Hang, after acceptance is recorded, never answers until the client
+	// goes away or the channel is closed.
+	Hang bool
+	// Malformed, after acceptance is recorded, answers 200 with a body that
+	// is not valid JSON.
+	Malformed bool
+	// SlowBody, after acceptance is recorded, sends the headers and the
+	// first byte at once and dribbles the rest of the body over this span.
+	SlowBody time.Duration
+}
+
+// Counts is a copy of a channel's per-reference counters.
+type Counts struct {
+	Sends    map[string]int `json:"sends"`
+	Outbound map[string]int `json:"outbound"`
+	Queries  map[string]int `json:"queries"`
+}
+
+// Channel is one running fake channel. All methods are safe for concurrent use.
+type Channel struct {
+	kind      Kind
+	url       string
+	srv       *http.Server
+	done      chan struct{} // closed by Close: releases hanging handlers and waiters
+	closeOnce sync.Once
+
+	mu       sync.Mutex
+	sendQ    queues
+	queryQ   queues
+	sends    map[string]int
+	outbound map[string]int
+	queries  map[string]int
+	firstID  map[string]string // ref -> provider id of its first accepted message
+	byKey    map[string]string // Idempotency-Key -> provider id (push only)
+	seq      int
+	changed  chan struct{} // closed and replaced whenever an outbound is recorded
+}
+
+// queues holds scripted steps: one queue per ref plus a shared default.
+type queues struct {
+	byRef map[string][]Step
+	all   []Step
+}
+
+// push appends steps for ref; ref "" means the shared default queue.
+func (q *queues) push(ref string, steps []Step) {
+	if ref == "" {
+		q.all = append(q.all, steps...)
+		return
+	}
+	q.byRef[ref] = append(q.byRef[ref], steps...)
+}
+
+// pop takes the next step for ref: its own queue first, then the shared
+// default, then the zero Step (accept at once).
+func (q *queues) pop(ref string) Step {
+	if own := q.byRef[ref]; len(own) > 0 {
+		if len(own) == 1 {
+			delete(q.byRef, ref)
+		} else {
+			q.byRef[ref] = own[1:]
+		}
+		return own[0]
+	}
+	if len(q.all) > 0 {
+		s := q.all[0]
+		q.all = q.all[1:]
+		return s
+	}
+	return Step{}
+}
+
+// Start starts a fake of the given kind on 127.0.0.1 with a free port.
+// It panics on failure, like httptest.NewServer, because tests cannot go on.
+func Start(kind Kind) *Channel {
+	c, err := StartOn(kind, "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	return c
+}
+
+// StartOn starts a fake of the given kind on addr, so a separate process (the
+// `notifier fake` command) can serve it on a known port.
+func StartOn(kind Kind, addr string) (*Channel, error) {
+	if !kind.valid() {
+		return nil, fmt.Errorf("fakes: unknown channel kind %q", kind)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("fakes: listen %s: %w", addr, err)
+	}
+	c := newChannel(kind)
+	c.url = "http://" + l.Addr().String()
+	c.srv = &http.Server{Handler: http.HandlerFunc(c.serveHTTP), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = c.srv.Serve(l) }()
+	return c, nil
+}
+
+func newChannel(kind Kind) *Channel {
+	return &Channel{
+		kind:     kind,
+		done:     make(chan struct{}),
+		sendQ:    queues{byRef: map[string][]Step{}},
+		queryQ:   queues{byRef: map[string][]Step{}},
+		sends:    map[string]int{},
+		outbound: map[string]int{},
+		queries:  map[string]int{},
+		firstID:  map[string]string{},
+		byKey:    map[string]string{},
+		changed:  make(chan struct{}),
+	}
+}
+
+func (k Kind) valid() bool { return k == Push || k == SMS || k == None }
+
+// Kind reports which contract this fake implements.
+func (c *Channel) Kind() Kind { return c.kind }
+
+// URL is the base URL the service's channel client is configured with.
+func (c *Channel) URL() string { return c.url }
+
+// Close stops the server. Hanging or delayed handlers are released first
+// (their connections are aborted), so Close never waits on a scripted hang.
+// Close is idempotent.
+func (c *Channel) Close() {
+	c.closeOnce.Do(func() {
+		close(c.done)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := c.srv.Shutdown(ctx); err != nil {
+			_ = c.srv.Close()
+		}
+	})
+}
+
+// ScriptSend appends steps consumed one per POST /send for ref. When ref's
+// queue is empty the shared ScriptAll queue applies, then "accept at once".
+// ref "" is the same as ScriptAll.
+func (c *Channel) ScriptSend(ref string, steps ...Step) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sendQ.push(ref, steps)
+}
+
+// ScriptQuery appends steps consumed one per GET /messages for ref. Status
+// is what matters (e.g. 503 for a failed query); Delay, Hang, Malformed and
+// SlowBody are honoured too. ref "" scripts a shared default query queue.
+func (c *Channel) ScriptQuery(ref string, steps ...Step) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.queryQ.push(ref, steps)
+}
+
+// ScriptAll appends steps to the shared send queue used, in order, by any
+// ref whose own queue is empty.
+func (c *Channel) ScriptAll(steps ...Step) { c.ScriptSend("", steps...) }
+
+// Sends counts POST /send requests for ref, whatever their outcome.
+func (c *Channel) Sends(ref string) int { return c.count(c.sends, ref) }
+
+// Outbound counts new messages accepted for ref; replays do not count. This
+// is how many messages the user would receive.
+func (c *Channel) Outbound(ref string) int { return c.count(c.outbound, ref) }
+
+// Queries counts GET /messages requests for ref, whatever their outcome.
+func (c *Channel) Queries(ref string) int { return c.count(c.queries, ref) }
+
+// TotalSends is Sends summed over all refs.
+func (c *Channel) TotalSends() int { return c.total(c.sends) }
+
+// TotalOutbound is Outbound summed over all refs.
+func (c *Channel) TotalOutbound() int { return c.total(c.outbound) }
+
+// TotalQueries is Queries summed over all refs.
+func (c *Channel) TotalQueries() int { return c.total(c.queries) }
+
+func (c *Channel) count(m map[string]int, ref string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return m[ref]
+}
+
+func (c *Channel) total(m map[string]int) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// AcceptedRefs lists, sorted, the refs with at least one outbound message.
+func (c *Channel) AcceptedRefs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	refs := make([]string, 0, len(c.outbound))
+	for ref, n := range c.outbound {
+		if n > 0 {
+			refs = append(refs, ref)
+		}
+	}
+	sort.Strings(refs)
+	return refs
+}
+
+// WaitOutbound blocks until Outbound(ref) >= n, so a test can act exactly
+// after a hanging or delayed send was accepted. It returns ctx.Err() when
+// ctx ends first and ErrClosed when the channel is closed first.
+func (c *Channel) WaitOutbound(ctx context.Context, ref string, n int) error {
+	for {
+		c.mu.Lock()
+		reached, changed := c.outbound[ref] >= n, c.changed
+		c.mu.Unlock()
+		if reached {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.done:
+			return ErrClosed
+		}
+	}
+}
+
+// Snapshot copies all counters at one instant.
+func (c *Channel) Snapshot() Counts {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return Counts{Sends: copyMap(c.sends), Outbound: copyMap(c.outbound), Queries: copyMap(c.queries)}
+}
+
+func copyMap(m map[string]int) map[string]int {
+	out := make(map[string]int, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}

@@ -1,0 +1,178 @@
+-- name: TaskInsertForEnabledPrefs :many
+-- Creates one PENDING task per channel the user has enabled, in the same transaction that created the
+-- notification. Guards R2: UNIQUE (notification_id, channel) allows one task per channel; it runs only
+-- for the submitter whose NotificationInsert returned a row.
+INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
+SELECT @notification_id, p.channel, @max_attempts, now()
+FROM channel_pref p
+WHERE p.user_id = @user_id AND p.enabled
+ORDER BY p.channel
+RETURNING id, channel;
+
+-- name: TaskListByNotification :many
+-- The tasks of one notification (returned to a duplicate submitter; it writes none).
+SELECT id, channel
+FROM delivery_task
+WHERE notification_id = @notification_id
+ORDER BY channel;
+
+-- name: TaskClaimExpiredLease :one
+-- Locks one SENDING task whose holder's lease ran out on the database clock (the holder died or stalled).
+-- FOR UPDATE OF t SKIP LOCKED: two claimers never lock the same task; the preference switch and the
+-- expiry are read in this same transaction. The partial index delivery_task_leased_idx holds only
+-- SENDING rows, so finished history is never walked.
+SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+       t.attempt_token                  AS held_token,
+       coalesce(p.enabled, false)::bool AS pref_enabled,
+       coalesce(p.address, '')::text    AS address,
+       n.body,
+       (n.expires_at <= now())::bool    AS expired
+FROM delivery_task t
+JOIN notification n ON n.id = t.notification_id
+LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel
+WHERE t.state = 'SENDING'
+  AND t.lease_until < now()
+  AND t.channel = ANY (@channels::text[])
+ORDER BY t.lease_until, t.id
+LIMIT 1
+FOR UPDATE OF t SKIP LOCKED;
+
+-- name: TaskClaimReady :one
+-- Locks the task that has waited longest among those due (PENDING, or UNKNOWN and not parked) on the
+-- given channels. Same locking and same-transaction reads as TaskClaimExpiredLease. Parked tasks have no
+-- next_attempt_at (CHECK delivery_task_scheduled_iff_waiting), so this never selects them; the partial
+-- index delivery_task_ready_idx holds only waiting rows.
+SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+       t.attempt_token                  AS held_token,
+       coalesce(p.enabled, false)::bool AS pref_enabled,
+       coalesce(p.address, '')::text    AS address,
+       n.body,
+       (n.expires_at <= now())::bool    AS expired
+FROM delivery_task t
+JOIN notification n ON n.id = t.notification_id
+LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel
+WHERE t.next_attempt_at IS NOT NULL
+  AND t.next_attempt_at <= now()
+  AND t.channel = ANY (@channels::text[])
+ORDER BY t.next_attempt_at, t.id
+LIMIT 1
+FOR UPDATE OF t SKIP LOCKED;
+
+-- name: TaskStartAttempt :one
+-- Makes the claimer the only holder of a task it has locked: a fresh attempt token (any earlier holder's
+-- finish now matches 0 rows, R2), a lease on the database clock, and the uncertainty the attempt starts
+-- with (true when an earlier attempt may have been accepted, including a lease that expired).
+UPDATE delivery_task
+SET state             = 'SENDING',
+    attempt_token     = gen_random_uuid(),
+    lease_owner       = @worker::text,
+    lease_until       = now() + make_interval(secs => @lease_seconds::float8),
+    next_attempt_at   = NULL,
+    attempt_count     = attempt_count + 1,
+    outcome_uncertain = @outcome_uncertain,
+    updated_at        = now()
+WHERE id = @id
+  AND (state = 'SENDING' OR (state IN ('PENDING', 'UNKNOWN') AND NOT needs_review))
+RETURNING attempt_token::uuid AS attempt_token, attempt_count, lease_until::timestamptz AS lease_until;
+
+-- name: TaskSettleWithoutCall :one
+-- Claim-time decision not to call (preference disabled, notification expired). Guards R5 and R6: the
+-- caller passes SUPPRESSED/FAILED only when no earlier attempt may have been accepted; otherwise UNKNOWN
+-- with needs_review (parked). Counts as an attempt: the caller records its row with AttemptRecordSkip.
+UPDATE delivery_task
+SET state             = @state::text,
+    needs_review      = @needs_review,
+    outcome_uncertain = @outcome_uncertain,
+    next_attempt_at   = NULL,
+    lease_owner       = NULL,
+    lease_until       = NULL,
+    attempt_count     = attempt_count + 1,
+    last_error        = @last_error::text,
+    updated_at        = now()
+WHERE id = @id
+  AND @state::text IN ('SUPPRESSED', 'FAILED', 'UNKNOWN')
+  AND (@state::text = 'UNKNOWN') = @needs_review::bool
+RETURNING attempt_count;
+
+-- name: TaskPark :exec
+-- Stops automatic processing of a locked task whose history is uncertain and which may not be called
+-- again (a channel with neither idempotency key nor query, or no attempt budget left after a lease
+-- expired). No call, no new attempt; a human resolves it (TaskResolveManually).
+UPDATE delivery_task
+SET state             = 'UNKNOWN',
+    needs_review      = true,
+    outcome_uncertain = true,
+    next_attempt_at   = NULL,
+    lease_owner       = NULL,
+    lease_until       = NULL,
+    last_error        = @last_error::text,
+    updated_at        = now()
+WHERE id = @id;
+
+-- name: TaskFinish :execrows
+-- Records what the holder's call observed. Guarded by the attempt token (R2): 0 rows means this holder
+-- was superseded (its lease expired and another claim took over) and must not change the task; its
+-- observation goes to AttemptRecordLate instead. next_attempt_at is set only for states that wait for a
+-- retry; NULL retry_after_seconds with UNKNOWN means parked (needs_review must then be true).
+UPDATE delivery_task
+SET state             = @state::text,
+    outcome_uncertain = @outcome_uncertain,
+    needs_review      = @needs_review,
+    provider_msg_id   = coalesce(sqlc.narg('provider_msg_id'), provider_msg_id),
+    last_error        = sqlc.narg('last_error'),
+    lease_owner       = NULL,
+    lease_until       = NULL,
+    next_attempt_at   = now() + make_interval(secs => sqlc.narg('retry_after_seconds')::float8),
+    updated_at        = now()
+WHERE id = @id
+  AND state = 'SENDING'
+  AND attempt_token = @attempt_token::uuid;
+
+-- name: TaskResolveManually :one
+-- A human's final word on a parked task, after checking with the channel. Only a parked task
+-- (UNKNOWN and needs_review) can be resolved, once: a second or concurrent call re-evaluates the WHERE
+-- after the first commits and matches 0 rows (pgx.ErrNoRows).
+UPDATE delivery_task
+SET state           = @final_state,
+    needs_review    = false,
+    attempt_count   = attempt_count + 1,
+    provider_msg_id = coalesce(sqlc.narg('provider_msg_id'), provider_msg_id),
+    last_error      = NULL,
+    updated_at      = now()
+WHERE id = @id
+  AND state = 'UNKNOWN'
+  AND needs_review
+  AND @final_state::text IN ('SENT', 'FAILED')
+RETURNING attempt_count;
+
+-- name: TaskGet :one
+-- One task as the service knows it.
+SELECT id, notification_id, channel, state, attempt_count, max_attempts, attempt_token, lease_owner,
+       lease_until, next_attempt_at, outcome_uncertain, needs_review, provider_msg_id, last_error,
+       created_at, updated_at
+FROM delivery_task
+WHERE id = @id;
+
+-- name: TaskListParked :many
+-- Tasks waiting for a human (notifier review), oldest first, via delivery_task_parked_idx.
+SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.provider_msg_id,
+       t.last_error, t.updated_at, n.user_id, n.event_key
+FROM delivery_task t
+JOIN notification n ON n.id = t.notification_id
+WHERE t.needs_review
+  AND t.id > @after_id
+ORDER BY t.id
+LIMIT @max_rows;
+
+-- name: TaskCountByChannelState :many
+-- Counts for notifier status.
+SELECT channel, state, needs_review, count(*)::bigint AS tasks
+FROM delivery_task
+GROUP BY channel, state, needs_review
+ORDER BY channel, state, needs_review;
+
+-- name: TaskOldestReady :one
+-- Age of the longest-waiting due task (0 when none), for notifier status and alerting.
+SELECT coalesce(extract(epoch FROM now() - min(next_attempt_at)), 0)::float8 AS age_seconds
+FROM delivery_task
+WHERE next_attempt_at IS NOT NULL AND next_attempt_at <= now();
