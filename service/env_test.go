@@ -1,0 +1,191 @@
+package service_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/httpchannel"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// env is one test's world: a fresh database and the three fake channels.
+type env struct {
+	t               testing.TB
+	ctx             context.Context
+	pool            *pgxpool.Pool
+	n               *service.Notifier
+	push, sms, none *fakes.Channel
+}
+
+func newEnv(t testing.TB) *env {
+	t.Helper()
+	e := &env{t: t, ctx: context.Background(), pool: pgtest.NewDB(t)}
+	e.n = service.NewNotifier(e.pool)
+	e.push, e.sms, e.none = fakes.Start(fakes.Push), fakes.Start(fakes.SMS), fakes.Start(fakes.None)
+	t.Cleanup(func() { e.push.Close(); e.sms.Close(); e.none.Close() })
+	return e
+}
+
+// dcfg are the knobs tests turn; zero fields get short test defaults.
+type dcfg struct {
+	worker  string
+	lease   time.Duration
+	timeout time.Duration
+	backoff time.Duration
+	modes   map[string]service.Mode // override a channel's declared mode (negative controls)
+}
+
+func (e *env) dispatcher(c dcfg) *service.Dispatcher {
+	e.t.Helper()
+	if c.worker == "" {
+		c.worker = "w-test"
+	}
+	if c.lease == 0 {
+		c.lease = 10 * time.Second
+	}
+	if c.timeout == 0 {
+		c.timeout = 2 * time.Second
+	}
+	if c.backoff == 0 {
+		c.backoff = 50 * time.Millisecond
+	}
+	routes := map[string]service.Route{}
+	for name, ch := range map[string]*fakes.Channel{"push": e.push, "sms": e.sms, "none": e.none} {
+		client, err := httpchannel.New(ch.URL(), httpchannel.Options{})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		mode := map[string]service.Mode{"push": service.ModeIdempotent, "sms": service.ModeQueryable, "none": service.ModeNone}[name]
+		if m, ok := c.modes[name]; ok {
+			mode = m
+		}
+		routes[name] = service.Route{Mode: mode, Client: client}
+	}
+	d, err := service.NewDispatcher(e.pool, service.DispatcherConfig{
+		Worker: c.worker, Routes: routes, Lease: c.lease, CallTimeout: c.timeout,
+		Backoff: service.Backoff{Base: c.backoff, Max: 10 * c.backoff},
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return d
+}
+
+// user enables the given channels for user (and nothing else).
+func (e *env) user(user string, channels ...string) {
+	e.t.Helper()
+	for _, c := range channels {
+		if _, err := e.n.SetPreference(e.ctx, user, c, user+"@"+c, true); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// create submits an event and returns its single task id on channel.
+func (e *env) create(user, key string, ttl time.Duration, maxAttempts int) []service.TaskRef {
+	e.t.Helper()
+	_, created, tasks, err := e.n.Create(e.ctx, user, key, "body of "+key, ttl, maxAttempts)
+	if err != nil || !created {
+		e.t.Fatalf("create %s/%s: created=%v err=%v", user, key, created, err)
+	}
+	return tasks
+}
+
+func (e *env) task(id int64) service.Task {
+	e.t.Helper()
+	task, err := e.n.Task(e.ctx, id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return task
+}
+
+func (e *env) outcomes(id int64) []service.Outcome {
+	e.t.Helper()
+	attempts, err := e.n.Attempts(e.ctx, id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := make([]service.Outcome, len(attempts))
+	for i, a := range attempts {
+		out[i] = a.Outcome
+	}
+	return out
+}
+
+func (e *env) attempts(id int64) []service.AttemptRecord {
+	e.t.Helper()
+	attempts, err := e.n.Attempts(e.ctx, id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return attempts
+}
+
+func (e *env) scalar(sql string, args ...any) int64 {
+	e.t.Helper()
+	var n int64
+	if err := e.pool.QueryRow(e.ctx, sql, args...).Scan(&n); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// runOnce runs one cycle and fails the test on error.
+func runOnce(t testing.TB, d *service.Dispatcher) service.Result {
+	t.Helper()
+	res, err := d.RunOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// runNext runs cycles until one finds a task (its backoff has passed on the database clock), for at most
+// 30 s: a wait for a condition, not a fixed sleep.
+func runNext(t testing.TB, d *service.Dispatcher) service.Result {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res := runOnce(t, d)
+		if res.Kind != service.ResultNothing {
+			return res
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no task became due within 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitDB waits until the SQL condition holds on the database clock (at most 30 s).
+func (e *env) waitDB(cond string, args ...any) {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var ok bool
+		if err := e.pool.QueryRow(e.ctx, "SELECT "+cond, args...).Scan(&ok); err != nil {
+			e.t.Fatal(err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("condition %q not reached within 30s", cond)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func outcomes(o ...service.Outcome) []service.Outcome { return o }
+
+var _ = is.New

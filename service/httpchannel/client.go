@@ -1,0 +1,255 @@
+// Package httpchannel is the adapter for notifier's generic HTTP channel protocol (README, "Channel
+// protocol"): POST {base}/send with an Idempotency-Key, GET {base}/messages?ref= to query. It turns every
+// response, error and silence into a service.Observation; deciding what that means is the service's job.
+package httpchannel
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/notifierhq/notifier/service"
+)
+
+// MaxResponseBytes bounds how much of a response body is read: a channel cannot make a worker buffer more.
+const MaxResponseBytes = 64 << 10
+
+// MaxRetryAfter caps a channel's Retry-After so a bad header cannot stall a task for days.
+const MaxRetryAfter = time.Hour
+
+// Client calls one channel. Safe for concurrent use.
+type Client struct {
+	base *url.URL
+	http *http.Client
+}
+
+// Options tune the transport. The zero value verifies TLS against the system roots.
+type Options struct {
+	CAFile string // extra PEM roots for a private channel; verification stays on
+}
+
+// New checks base (http or https, no query) and builds a client. Redirects are never followed: a POST
+// must not be replayed somewhere else behind our back.
+func New(base string, opt Options) (*Client, error) {
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("%w: channel URL %q: want http(s)://host[:port][/path]", service.ErrInvalidInput, Redact(base))
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12}
+	if opt.CAFile != "" {
+		pem, err := os.ReadFile(opt.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("read CA file: %w", err)
+		}
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%w: CA file %s holds no PEM certificate", service.ErrInvalidInput, opt.CAFile)
+		}
+		tlsConf.RootCAs = pool
+	}
+	transport := &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:       tlsConf,
+		TLSHandshakeTimeout:   5 * time.Second,
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: 0, // the caller's context bounds the whole call
+	}
+	return &Client{base: u, http: &http.Client{
+		Transport:     transport,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		Timeout:       5 * time.Minute, // backstop only; callers pass a context with the real timeout
+	}}, nil
+}
+
+// String is the base URL without credentials, for logs.
+func (c *Client) String() string { return Redact(c.base.String()) }
+
+type sendRequest struct {
+	Ref  string `json:"ref"`
+	To   string `json:"to"`
+	Body string `json:"body"`
+}
+
+// Send posts the message. 200/201/202 with {"id","replayed"} is an acceptance; see ClassifySend.
+func (c *Client) Send(ctx context.Context, msg service.Message) service.Observation {
+	payload, err := json.Marshal(sendRequest{Ref: msg.Ref, To: msg.To, Body: msg.Body})
+	if err != nil {
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: "encode request: " + err.Error()}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base.String()+"/send", bytes.NewReader(payload))
+	if err != nil {
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: "build request: " + err.Error()}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", msg.IdempotencyKey)
+	status, header, body, err := c.do(req)
+	if err != nil {
+		return transportObservation(ctx, err)
+	}
+	return ClassifySend(status, header, body)
+}
+
+// Query asks the channel whether it accepted a message for ref; see ClassifyQuery.
+func (c *Client) Query(ctx context.Context, ref string) service.Observation {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base.String()+"/messages?ref="+url.QueryEscape(ref), nil)
+	if err != nil {
+		return service.Observation{Outcome: service.OutcomeQueryFailed, Detail: "build request: " + err.Error()}
+	}
+	status, _, body, err := c.do(req)
+	if err != nil {
+		obs := transportObservation(ctx, err)
+		obs.Detail = string(obs.Outcome) + ": " + obs.Detail
+		obs.Outcome = service.OutcomeQueryFailed
+		return obs
+	}
+	return ClassifyQuery(status, body)
+}
+
+// do performs the request and reads at most MaxResponseBytes+1 of the body, within the context.
+func (c *Client) do(req *http.Request) (int, http.Header, []byte, error) {
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	return resp.StatusCode, resp.Header, body, nil
+}
+
+// transportObservation tells a request that certainly never left (no connection) from one that may
+// have been received (timeout, broken connection).
+func transportObservation(ctx context.Context, err error) service.Observation {
+	var opErr *net.OpError
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+		return service.Observation{Outcome: service.OutcomeTimeout, Detail: "no response within the client timeout"}
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "connect: " + redactErr(opErr.Err)}
+	default:
+		return service.Observation{Outcome: service.OutcomeIOError, Detail: redactErr(err)}
+	}
+}
+
+func isTimeout(err error) bool {
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout()
+}
+
+type sendResponse struct {
+	ID       string `json:"id"`
+	Replayed bool   `json:"replayed"`
+}
+
+// ClassifySend maps a send response to an observation. A 2xx we cannot read may still be an
+// acceptance, so it is MALFORMED_RESPONSE (uncertain), never a rejection.
+func ClassifySend(status int, header http.Header, body []byte) service.Observation {
+	switch {
+	case status == http.StatusOK || status == http.StatusCreated || status == http.StatusAccepted:
+		var r sendResponse
+		if len(body) > MaxResponseBytes || json.Unmarshal(body, &r) != nil || r.ID == "" || len(r.ID) > 500 {
+			return service.Observation{Outcome: service.OutcomeMalformed, Detail: fmt.Sprintf("HTTP %d with an unreadable body", status)}
+		}
+		if r.Replayed {
+			return service.Observation{Outcome: service.OutcomeAcceptedReplay, ProviderMsgID: r.ID}
+		}
+		return service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: r.ID}
+	case status >= 200 && status < 300:
+		return service.Observation{Outcome: service.OutcomeMalformed, Detail: fmt.Sprintf("unexpected HTTP %d", status)}
+	case status == http.StatusConflict:
+		// The idempotency draft's "original request still in flight": it may yet be accepted.
+		return service.Observation{Outcome: service.OutcomeInFlight, Detail: "HTTP 409: the original request is still being processed"}
+	case status == http.StatusTooManyRequests:
+		return service.Observation{Outcome: service.OutcomeThrottled, RetryAfter: retryAfter(header), Detail: "HTTP 429"}
+	case status >= 500:
+		// The fakes promise 5xx is answered before acceptance. A real channel without that promise
+		// should be configured so that a 5xx counts as uncertain (see README, "Channel protocol").
+		return service.Observation{Outcome: service.OutcomeHTTP5xx, RetryAfter: retryAfter(header), Detail: "HTTP " + strconv.Itoa(status)}
+	default:
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + snippet(body)}
+	}
+}
+
+type queryResponse struct {
+	Found *int   `json:"found"`
+	ID    string `json:"id"`
+}
+
+// ClassifyQuery maps a query response: found >= 1 -> QUERY_FOUND, found = 0 -> QUERY_NOT_FOUND,
+// anything else QUERY_FAILED.
+func ClassifyQuery(status int, body []byte) service.Observation {
+	if status != http.StatusOK {
+		return service.Observation{Outcome: service.OutcomeQueryFailed, Detail: "HTTP " + strconv.Itoa(status)}
+	}
+	var r queryResponse
+	if len(body) > MaxResponseBytes || json.Unmarshal(body, &r) != nil || r.Found == nil || *r.Found < 0 || len(r.ID) > 500 {
+		return service.Observation{Outcome: service.OutcomeQueryFailed, Detail: "HTTP 200 with an unreadable body"}
+	}
+	if *r.Found == 0 {
+		return service.Observation{Outcome: service.OutcomeQueryNotFound}
+	}
+	return service.Observation{Outcome: service.OutcomeQueryFound, ProviderMsgID: r.ID}
+}
+
+// retryAfter reads Retry-After as seconds or an HTTP date, capped at MaxRetryAfter.
+func retryAfter(h http.Header) time.Duration {
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0
+	}
+	var d time.Duration
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil && secs > 0 {
+		d = time.Duration(min(secs, int64(MaxRetryAfter/time.Second))) * time.Second
+	} else if at, err := http.ParseTime(v); err == nil {
+		d = time.Until(at)
+	}
+	return max(0, min(d, MaxRetryAfter))
+}
+
+func snippet(body []byte) string {
+	s := strings.TrimSpace(string(body))
+	if s == "" {
+		return ""
+	}
+	if len(s) > 200 {
+		s = s[:200]
+	}
+	return ": " + strings.ToValidUTF8(s, "?")
+}
+
+// Redact removes a password from a URL for logs and errors.
+func Redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	return u.Redacted()
+}
+
+func redactErr(err error) string {
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		return uerr.Op + " " + Redact(uerr.URL) + ": " + redactErr(uerr.Err)
+	}
+	return err.Error()
+}

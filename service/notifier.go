@@ -1,0 +1,236 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/notifierhq/notifier/dbgen"
+)
+
+// Input limits. The schema enforces the same bounds with CHECK constraints; checking here first gives
+// callers a clear error before any row is touched.
+const (
+	MaxIDLength      = 200
+	MaxAddressLength = 1000
+	MaxBodyBytes     = 64 << 10
+	MaxNoteLength    = 2000
+	MaxAttemptsLimit = 100
+	MaxTTL           = 365 * 24 * time.Hour
+)
+
+var channelName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
+
+// Notifier is the business side: preferences, logical notifications, and the operator's resolution of
+// parked tasks.
+type Notifier struct {
+	pool *pgxpool.Pool
+	q    *dbgen.Queries
+}
+
+// NewNotifier uses pool for every call; it does not close it.
+func NewNotifier(pool *pgxpool.Pool) *Notifier {
+	return &Notifier{pool: pool, q: dbgen.New(pool)}
+}
+
+// Preference is a user's address and switch on one channel.
+type Preference struct {
+	UserID    string    `json:"user_id"`
+	Channel   string    `json:"channel"`
+	Address   string    `json:"address"`
+	Enabled   bool      `json:"enabled"`
+	Version   int64     `json:"version"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// SetPreference creates or replaces the user's address and switch on a channel. Disabling takes effect
+// for every task not yet claimed.
+func (n *Notifier) SetPreference(ctx context.Context, userID, channel, address string, enabled bool) (Preference, error) {
+	if err := firstError(
+		checkText("user", userID, MaxIDLength),
+		checkChannel(channel),
+		checkText("address", address, MaxAddressLength),
+	); err != nil {
+		return Preference{}, err
+	}
+	row, err := n.q.PrefUpsert(ctx, dbgen.PrefUpsertParams{UserID: userID, Channel: channel, Address: address, Enabled: enabled})
+	if err != nil {
+		return Preference{}, fmt.Errorf("set preference: %w", err)
+	}
+	return Preference(row), nil
+}
+
+// Create submits one event for a user: SPEC section 4, in one Read Committed transaction. The first
+// submission of (userID, eventKey) creates the notification and one PENDING task per enabled channel and
+// reports created=true; every other submission, concurrent or later, gets the same id, the existing
+// tasks and created=false, and writes nothing. The first body wins.
+func (n *Notifier) Create(ctx context.Context, userID, eventKey, body string, ttl time.Duration, maxAttempts int) (int64, bool, []TaskRef, error) {
+	if err := ValidateCreate(userID, eventKey, body, ttl, maxAttempts); err != nil {
+		return 0, false, nil, err
+	}
+	var (
+		id      int64
+		created bool
+		tasks   []TaskRef
+	)
+	err := inTx(ctx, n.pool, func(q *dbgen.Queries) error {
+		var err error
+		id, err = q.NotificationInsert(ctx, dbgen.NotificationInsertParams{
+			UserID: userID, EventKey: eventKey, Body: body, TtlSeconds: ttl.Seconds(),
+		})
+		switch {
+		case err == nil:
+			created = true
+			rows, err := q.TaskInsertForEnabledPrefs(ctx, dbgen.TaskInsertForEnabledPrefsParams{
+				NotificationID: id, MaxAttempts: int32(maxAttempts), UserID: userID,
+			})
+			if err != nil {
+				return fmt.Errorf("insert tasks: %w", err)
+			}
+			tasks = make([]TaskRef, len(rows))
+			for i, r := range rows {
+				tasks[i] = TaskRef{TaskID: r.ID, Channel: r.Channel}
+			}
+			return nil
+		case errors.Is(err, pgx.ErrNoRows):
+			// Someone else's insert won. A new statement sees their committed row.
+			if id, err = q.NotificationGetIDByUserEvent(ctx, dbgen.NotificationGetIDByUserEventParams{UserID: userID, EventKey: eventKey}); err != nil {
+				return fmt.Errorf("read existing notification: %w", err)
+			}
+			rows, err := q.TaskListByNotification(ctx, id)
+			if err != nil {
+				return fmt.Errorf("read existing tasks: %w", err)
+			}
+			tasks = make([]TaskRef, len(rows))
+			for i, r := range rows {
+				tasks[i] = TaskRef{TaskID: r.ID, Channel: r.Channel}
+			}
+			return nil
+		default:
+			return fmt.Errorf("insert notification: %w", err)
+		}
+	})
+	if err != nil {
+		return 0, false, nil, fmt.Errorf("create: %w", err)
+	}
+	return id, created, tasks, nil
+}
+
+// ValidateCreate checks Create's input without touching the database.
+func ValidateCreate(userID, eventKey, body string, ttl time.Duration, maxAttempts int) error {
+	return firstError(
+		checkText("user", userID, MaxIDLength),
+		checkText("event key", eventKey, MaxIDLength),
+		checkBody(body),
+		checkTTL(ttl),
+		checkMaxAttempts(maxAttempts),
+	)
+}
+
+// ResolveManually is a human's final word on a parked task (state UNKNOWN with needs_review), after
+// checking with the channel: SENT or FAILED, with a note saying why. It appends a MANUAL_SENT or
+// MANUAL_FAILED attempt and reports true; on any other task, including one already resolved, it changes
+// nothing and reports false. Concurrent calls on one task: exactly one reports true.
+func (n *Notifier) ResolveManually(ctx context.Context, taskID int64, final State, note, operator string) (bool, error) {
+	outcome := OutcomeManualSent
+	switch final {
+	case StateSent:
+	case StateFailed:
+		outcome = OutcomeManualFailed
+	default:
+		return false, &InputError{Field: "state", Reason: fmt.Sprintf("%q: a parked task resolves to SENT or FAILED", final)}
+	}
+	if err := firstError(checkText("note", note, MaxNoteLength), checkText("operator", operator, MaxIDLength)); err != nil {
+		return false, err
+	}
+	changed := false
+	err := inTx(ctx, n.pool, func(q *dbgen.Queries) error {
+		attemptNo, err := q.TaskResolveManually(ctx, dbgen.TaskResolveManuallyParams{FinalState: string(final), ID: taskID})
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		changed = true
+		return q.AttemptRecordManual(ctx, dbgen.AttemptRecordManualParams{
+			TaskID: taskID, AttemptNo: attemptNo, Operator: operator, Outcome: string(outcome), Note: note,
+		})
+	})
+	if err != nil {
+		return false, fmt.Errorf("resolve task %d: %w", taskID, err)
+	}
+	return changed, nil
+}
+
+func inTx(ctx context.Context, pool *pgxpool.Pool, fn func(q *dbgen.Queries) error) error {
+	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		return fn(dbgen.New(tx))
+	})
+}
+
+func firstError(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkText(field, s string, max int) error {
+	switch {
+	case strings.TrimSpace(s) == "":
+		return &InputError{Field: field, Reason: "must not be empty"}
+	case utf8.RuneCountInString(s) > max:
+		return &InputError{Field: field, Reason: fmt.Sprintf("longer than %d characters", max)}
+	}
+	return checkEncoding(field, s)
+}
+
+func checkEncoding(field, s string) error {
+	if !utf8.ValidString(s) {
+		return &InputError{Field: field, Reason: "not valid UTF-8"}
+	}
+	if strings.ContainsRune(s, 0) {
+		return &InputError{Field: field, Reason: "contains a NUL byte"}
+	}
+	return nil
+}
+
+func checkChannel(c string) error {
+	if !channelName.MatchString(c) {
+		return &InputError{Field: "channel", Reason: fmt.Sprintf("%q: want 1-32 of a-z, 0-9, _ or -, starting with a letter", c)}
+	}
+	return nil
+}
+
+func checkBody(body string) error {
+	if len(body) > MaxBodyBytes {
+		return &InputError{Field: "body", Reason: fmt.Sprintf("%d bytes, more than the limit of %d", len(body), MaxBodyBytes)}
+	}
+	return checkEncoding("body", body)
+}
+
+func checkTTL(ttl time.Duration) error {
+	if ttl <= 0 || ttl > MaxTTL {
+		return &InputError{Field: "ttl", Reason: fmt.Sprintf("%s: must be more than 0 and at most %s", ttl, MaxTTL)}
+	}
+	return nil
+}
+
+func checkMaxAttempts(n int) error {
+	if n < 1 || n > MaxAttemptsLimit {
+		return &InputError{Field: "max attempts", Reason: fmt.Sprintf("%d: must be between 1 and %d", n, MaxAttemptsLimit)}
+	}
+	return nil
+}
+
+func ptr[T any](v T) *T { return &v }

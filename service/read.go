@@ -1,0 +1,149 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/notifierhq/notifier/dbgen"
+)
+
+// Task is a delivery task as operators and tests read it.
+type Task struct {
+	ID               int64      `json:"task_id"`
+	NotificationID   int64      `json:"notification_id"`
+	Channel          string     `json:"channel"`
+	State            State      `json:"state"`
+	AttemptCount     int        `json:"attempt_count"`
+	MaxAttempts      int        `json:"max_attempts"`
+	LeaseOwner       string     `json:"lease_owner,omitempty"`
+	LeaseUntil       *time.Time `json:"lease_until,omitempty"`
+	NextAttemptAt    *time.Time `json:"next_attempt_at,omitempty"`
+	OutcomeUncertain bool       `json:"outcome_uncertain"`
+	NeedsReview      bool       `json:"needs_review"`
+	ProviderMsgID    string     `json:"provider_msg_id,omitempty"`
+	LastError        string     `json:"last_error,omitempty"`
+	UpdatedAt        time.Time  `json:"updated_at"`
+}
+
+// AttemptRecord is one row of a task's history.
+type AttemptRecord struct {
+	No            int        `json:"attempt"`
+	Action        Action     `json:"action"`
+	Worker        string     `json:"worker"`
+	StartedAt     time.Time  `json:"started_at"`
+	FinishedAt    *time.Time `json:"finished_at,omitempty"`
+	Outcome       Outcome    `json:"outcome,omitempty"`
+	ProviderMsgID string     `json:"provider_msg_id,omitempty"`
+	Error         string     `json:"error,omitempty"`
+	LateOutcome   Outcome    `json:"late_outcome,omitempty"`
+	Note          string     `json:"note,omitempty"`
+}
+
+// Task reads one task; ErrNotFound when there is none.
+func (n *Notifier) Task(ctx context.Context, id int64) (Task, error) {
+	r, err := n.q.TaskGet(ctx, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Task{}, fmt.Errorf("task %d: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Task{}, fmt.Errorf("read task %d: %w", id, err)
+	}
+	return Task{
+		ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, State: State(r.State),
+		AttemptCount: int(r.AttemptCount), MaxAttempts: int(r.MaxAttempts), LeaseOwner: deref(r.LeaseOwner),
+		LeaseUntil: r.LeaseUntil, NextAttemptAt: r.NextAttemptAt, OutcomeUncertain: r.OutcomeUncertain,
+		NeedsReview: r.NeedsReview, ProviderMsgID: deref(r.ProviderMsgID), LastError: deref(r.LastError), UpdatedAt: r.UpdatedAt,
+	}, nil
+}
+
+// Attempts reads a task's history in order.
+func (n *Notifier) Attempts(ctx context.Context, taskID int64) ([]AttemptRecord, error) {
+	rows, err := n.q.AttemptListByTask(ctx, taskID)
+	if err != nil {
+		return nil, fmt.Errorf("read attempts of task %d: %w", taskID, err)
+	}
+	out := make([]AttemptRecord, len(rows))
+	for i, r := range rows {
+		out[i] = AttemptRecord{
+			No: int(r.AttemptNo), Action: Action(r.Action), Worker: r.Worker, StartedAt: r.StartedAt,
+			FinishedAt: r.FinishedAt, Outcome: Outcome(deref(r.Outcome)), ProviderMsgID: deref(r.ProviderMsgID),
+			Error: deref(r.Error), LateOutcome: Outcome(deref(r.LateOutcome)), Note: deref(r.Note),
+		}
+	}
+	return out, nil
+}
+
+// ParkedTask is a task waiting for a human, with its history.
+type ParkedTask struct {
+	Task
+	UserID   string          `json:"user_id"`
+	EventKey string          `json:"event_key"`
+	Attempts []AttemptRecord `json:"attempts"`
+}
+
+// Parked lists up to limit parked tasks with id > afterID, oldest first.
+func (n *Notifier) Parked(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
+	rows, err := n.q.TaskListParked(ctx, dbgen.TaskListParkedParams{AfterID: afterID, MaxRows: int32(limit)})
+	if err != nil {
+		return nil, fmt.Errorf("list parked tasks: %w", err)
+	}
+	out := make([]ParkedTask, len(rows))
+	for i, r := range rows {
+		attempts, err := n.Attempts(ctx, r.ID)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = ParkedTask{
+			Task: Task{ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, State: State(r.State),
+				AttemptCount: int(r.AttemptCount), MaxAttempts: int(r.MaxAttempts), OutcomeUncertain: true,
+				NeedsReview: true, ProviderMsgID: deref(r.ProviderMsgID), LastError: deref(r.LastError), UpdatedAt: r.UpdatedAt},
+			UserID: r.UserID, EventKey: r.EventKey, Attempts: attempts,
+		}
+	}
+	return out, nil
+}
+
+// StateCount is the number of tasks of a channel in a state; Parked counts UNKNOWN tasks that need review.
+type StateCount struct {
+	Channel string `json:"channel"`
+	State   State  `json:"state"`
+	Parked  bool   `json:"parked"`
+	Tasks   int64  `json:"tasks"`
+}
+
+// Status is a snapshot for operators.
+type Status struct {
+	Counts             []StateCount `json:"counts"`
+	Parked             int64        `json:"parked"`
+	OldestReadySeconds float64      `json:"oldest_ready_seconds"`
+}
+
+// Status counts tasks by channel and state and measures how long the oldest due task has waited.
+func (n *Notifier) Status(ctx context.Context) (Status, error) {
+	rows, err := n.q.TaskCountByChannelState(ctx)
+	if err != nil {
+		return Status{}, fmt.Errorf("count tasks: %w", err)
+	}
+	s := Status{Counts: make([]StateCount, len(rows))}
+	for i, r := range rows {
+		s.Counts[i] = StateCount{Channel: r.Channel, State: State(r.State), Parked: r.NeedsReview, Tasks: r.Tasks}
+		if r.NeedsReview {
+			s.Parked += r.Tasks
+		}
+	}
+	if s.OldestReadySeconds, err = n.q.TaskOldestReady(ctx); err != nil {
+		return Status{}, fmt.Errorf("oldest ready task: %w", err)
+	}
+	return s, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

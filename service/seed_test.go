@@ -1,0 +1,510 @@
+package service_test
+
+// The seed's cases (SPEC section 9), each named after its id: go test ./service -run 'N1|T2'.
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/httpchannel"
+)
+
+const (
+	clientTimeout = 400 * time.Millisecond  // the seed's client timeout
+	fakeDelay     = 1200 * time.Millisecond // the seed's accept-then-delay
+)
+
+func TestN1ConcurrentCreateYieldsOneNotification(t *testing.T) {
+	e := newEnv(t)
+	e.user("u1", "push", "sms")
+	if _, err := e.n.SetPreference(e.ctx, "u1", "none", "u1@none", false); err != nil {
+		t.Fatal(err)
+	}
+	const callers, rounds = 16, 5
+	for round := range rounds {
+		is := is.New(t)
+		key := "ord-1001-shipped-" + string(rune('a'+round))
+		type reply struct {
+			id      int64
+			created bool
+			tasks   []service.TaskRef
+			err     error
+		}
+		replies := make([]reply, callers)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				id, created, tasks, err := e.n.Create(e.ctx, "u1", key, "shipped", time.Hour, 3)
+				replies[i] = reply{id, created, tasks, err}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		createdCount := 0
+		for _, r := range replies {
+			is.NoErr(r.err)                     // every submission succeeds
+			is.Equal(r.id, replies[0].id)       // every caller gets the same notification
+			is.Equal(len(r.tasks), 2)           // the tasks of the enabled channels, for winner and losers alike
+			is.Equal(r.tasks, replies[0].tasks) // the same tasks
+			if r.created {
+				createdCount++
+			}
+		}
+		is.Equal(createdCount, 1)                                                                                                           // exactly one created=true
+		is.Equal(e.scalar("SELECT count(*) FROM notification WHERE event_key = $1", key), int64(1))                                         // one logical notification
+		is.Equal(e.scalar("SELECT count(*) FROM delivery_task WHERE notification_id = $1", replies[0].id), int64(2))                        // no task written by a loser
+		is.Equal(e.scalar("SELECT count(*) FROM delivery_task t WHERE notification_id = $1 AND channel = 'none'", replies[0].id), int64(0)) // disabled channel: no task
+	}
+}
+
+func TestN2NormalDelivery(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "push", "sms")
+	tasks := e.create("u1", "ord-1001", time.Hour, 3)
+	d := e.dispatcher(dcfg{})
+	for range tasks {
+		is.Equal(runOnce(t, d).Kind, service.ResultSent) // each channel accepts
+	}
+	is.Equal(runOnce(t, d).Kind, service.ResultNothing) // nothing left
+	for _, tk := range tasks {
+		task := e.task(tk.TaskID)
+		is.Equal(task.State, service.StateSent)                            // SENT
+		is.Equal(e.outcomes(tk.TaskID), outcomes(service.OutcomeAccepted)) // one attempt, ACCEPTED
+		is.True(task.ProviderMsgID != "")                                  // provider id written back
+	}
+	is.Equal(e.push.TotalOutbound(), 1) // push sent once
+	is.Equal(e.sms.TotalOutbound(), 1)  // sms sent once
+}
+
+func TestC1ConcurrentClaims(t *testing.T) {
+	t.Run("8 claimers 1 task", func(t *testing.T) {
+		is := is.New(t)
+		e := newEnv(t)
+		e.user("u1", "push")
+		e.create("u1", "e1", time.Hour, 3)
+		var (
+			wg      sync.WaitGroup
+			mu      sync.Mutex
+			claimed int
+			start   = make(chan struct{})
+		)
+		for i := range 8 {
+			d := e.dispatcher(dcfg{worker: "w" + string(rune('0'+i))})
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				a, _, err := d.Claim(context.Background())
+				if err != nil {
+					t.Error(err)
+				}
+				if a != nil {
+					mu.Lock()
+					claimed++
+					mu.Unlock()
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		is.Equal(claimed, 1) // exactly one claimer holds the task
+	})
+	t.Run("4 workers drain 20 tasks", func(t *testing.T) {
+		is := is.New(t)
+		e := newEnv(t)
+		e.user("u1", "push")
+		for i := range 20 {
+			e.create("u1", "drain-"+string(rune('a'+i)), time.Hour, 3)
+		}
+		var wg sync.WaitGroup
+		for i := range 4 {
+			d := e.dispatcher(dcfg{worker: "w" + string(rune('0'+i))})
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					res, err := d.RunOnce(context.Background())
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if res.Kind == service.ResultNothing {
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		is.Equal(e.scalar("SELECT count(*) FROM delivery_attempt"), int64(20))                      // 20 attempts
+		is.Equal(e.push.TotalOutbound(), 20)                                                        // 20 new outbounds
+		is.Equal(e.scalar("SELECT count(*) FROM delivery_task WHERE attempt_count <> 1"), int64(0)) // every task attempt_count = 1
+		is.Equal(e.scalar("SELECT count(*) FROM delivery_task WHERE state <> 'SENT'"), int64(0))    // all SENT
+	})
+}
+
+// TestNC1ClaimWithoutLock is a negative control: the claim without FOR UPDATE SKIP LOCKED (a plain
+// SELECT, then UPDATE by id) lets two claimers take the same task, and it goes out twice.
+func TestNC1ClaimWithoutLock(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "sms")
+	tasks := e.create("u1", "e1", time.Hour, 3)
+	const unsafeSelect = `SELECT id FROM delivery_task WHERE state IN ('PENDING','UNKNOWN') AND next_attempt_at <= now() ORDER BY id LIMIT 1`
+	const unsafeUpdate = `UPDATE delivery_task SET state = 'SENDING', attempt_token = gen_random_uuid(), lease_owner = $2,
+		lease_until = now() + interval '30 seconds', next_attempt_at = NULL, attempt_count = attempt_count + 1 WHERE id = $1`
+	tx1, err := e.pool.Begin(e.ctx)
+	is.NoErr(err)
+	defer tx1.Rollback(e.ctx)
+	tx2, err := e.pool.Begin(e.ctx)
+	is.NoErr(err)
+	defer tx2.Rollback(e.ctx)
+	var id1, id2 int64
+	is.NoErr(tx1.QueryRow(e.ctx, unsafeSelect).Scan(&id1))
+	is.NoErr(tx2.QueryRow(e.ctx, unsafeSelect).Scan(&id2))
+	is.Equal(id1, id2) // both claimers read the same task
+	tag1, err := tx1.Exec(e.ctx, unsafeUpdate, id1, "w1")
+	is.NoErr(err)
+	is.NoErr(tx1.Commit(e.ctx))
+	tag2, err := tx2.Exec(e.ctx, unsafeUpdate, id2, "w2")
+	is.NoErr(err)
+	is.NoErr(tx2.Commit(e.ctx))
+	is.Equal(tag1.RowsAffected()+tag2.RowsAffected(), int64(2)) // damage: 2 rows updated, both think they hold it
+	client, err := httpchannel.New(e.sms.URL(), httpchannel.Options{})
+	is.NoErr(err)
+	for range 2 { // each claimer calls the channel
+		msg := service.Message{Ref: service.Ref(tasks[0].TaskID), IdempotencyKey: service.IdempotencyKey(tasks[0].TaskID), To: "x", Body: "b"}
+		is.Equal(client.Send(e.ctx, msg).Outcome, service.OutcomeAccepted)
+	}
+	is.Equal(e.sms.Outbound(service.Ref(tasks[0].TaskID)), 2) // damage: the task went out twice
+}
+
+func TestT1IdempotentResendAfterTimeout(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "push")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	e.push.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	d := e.dispatcher(dcfg{timeout: clientTimeout})
+	first := runOnce(t, d)
+	is.Equal(first.Outcome, service.OutcomeTimeout) // the response did not come back in time
+	is.Equal(first.Kind, service.ResultUnknown)     // outcome unknown, retried
+	task := e.task(id)
+	is.True(task.OutcomeUncertain) // recorded as uncertain
+	second := runNext(t, d)
+	is.Equal(second.Action, service.ActionSend)                                               // IDEMPOTENT: resend
+	is.Equal(second.Kind, service.ResultSent)                                                 // SENT
+	is.Equal(e.outcomes(id), outcomes(service.OutcomeTimeout, service.OutcomeAcceptedReplay)) // [TIMEOUT, ACCEPTED_REPLAY]
+	is.Equal(e.push.Sends(service.Ref(id)), 2)                                                // the fake got 2 sends
+	is.Equal(e.push.Outbound(service.Ref(id)), 1)                                             // and sent 1 message
+	is.Equal(e.task(id).State, service.StateSent)                                             // SENT
+}
+
+func TestT2QueryAfterTimeout(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "sms")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	e.sms.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	d := e.dispatcher(dcfg{timeout: clientTimeout})
+	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout) // first call times out
+	second := runNext(t, d)
+	is.Equal(second.Action, service.ActionQuery)                                          // QUERYABLE: query first
+	is.Equal(e.outcomes(id), outcomes(service.OutcomeTimeout, service.OutcomeQueryFound)) // [TIMEOUT, QUERY_FOUND]
+	is.Equal(e.sms.Outbound(service.Ref(id)), 1)                                          // 1 outbound
+	is.Equal(e.sms.Sends(service.Ref(id)), 1)                                             // no resend
+	task := e.task(id)
+	is.Equal(task.State, service.StateSent)      // SENT
+	is.Equal(task.ProviderMsgID, "sms-msg-0001") // provider id written back from the query
+}
+
+func TestT3QueryFailsUntilBudgetThenManualResolve(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "sms")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	ref := service.Ref(id)
+	e.sms.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
+	e.sms.ScriptQuery(ref, fakes.Step{Status: 503}, fakes.Step{Status: 503})
+	d := e.dispatcher(dcfg{timeout: clientTimeout})
+	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout) // accepted, then timed out
+	is.Equal(runNext(t, d).Outcome, service.OutcomeQueryFailed)
+	last := runNext(t, d)
+	is.Equal(last.Kind, service.ResultParked)                                                                          // budget used up: parked
+	is.Equal(e.outcomes(id), outcomes(service.OutcomeTimeout, service.OutcomeQueryFailed, service.OutcomeQueryFailed)) // [TIMEOUT, QUERY_FAILED, QUERY_FAILED]
+	task := e.task(id)
+	is.Equal(task.State, service.StateUnknown)          // UNKNOWN
+	is.True(task.NeedsReview)                           // needs_review
+	is.True(task.NextAttemptAt == nil)                  // next_attempt_at NULL
+	is.Equal(runOnce(t, d).Kind, service.ResultNothing) // no claim selects it again
+	is.Equal(e.sms.Outbound(ref), 1)                    // 1 outbound: no blind resend
+
+	changed, err := e.n.ResolveManually(e.ctx, id, service.StateSent, "seen in the sms console", "ops-1")
+	is.NoErr(err)
+	is.True(changed) // the first resolution changes the task
+	changed, err = e.n.ResolveManually(e.ctx, id, service.StateFailed, "second try", "ops-2")
+	is.NoErr(err)
+	is.True(!changed) // the second changes nothing (0 rows)
+	task = e.task(id)
+	is.Equal(task.State, service.StateSent) // the first word stands
+	is.True(!task.NeedsReview)
+	history := e.attempts(id)
+	is.Equal(len(history), 4)                               // one MANUAL row appended, not two
+	is.Equal(history[3].Outcome, service.OutcomeManualSent) // MANUAL_SENT
+	is.Equal(history[3].Note, "seen in the sms console")    // with its note
+	is.Equal(history[3].Worker, "ops-1")                    // and who decided
+}
+
+// TestNC2BlindResend is a negative control: a channel that does not dedupe (sms) configured as if it
+// did, so a timeout is followed by a blind resend. The logical notification stays one; the user gets two.
+func TestNC2BlindResend(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "sms")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	e.sms.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	d := e.dispatcher(dcfg{timeout: clientTimeout, modes: map[string]service.Mode{"sms": service.ModeIdempotent}})
+	runOnce(t, d)
+	is.Equal(runNext(t, d).Kind, service.ResultSent)
+	is.Equal(e.outcomes(id), outcomes(service.OutcomeTimeout, service.OutcomeAccepted)) // [TIMEOUT, ACCEPTED]
+	is.Equal(e.scalar("SELECT count(*) FROM notification"), int64(1))                   // 1 logical notification
+	is.Equal(e.task(id).State, service.StateSent)                                       // SENT
+	is.Equal(e.sms.Outbound(service.Ref(id)), 2)                                        // damage: 2 outbounds
+}
+
+func TestF1RefusedBeforeAcceptance(t *testing.T) {
+	t.Run("503 then retried", func(t *testing.T) {
+		is := is.New(t)
+		e := newEnv(t)
+		e.user("u1", "push")
+		id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+		e.push.ScriptSend(service.Ref(id), fakes.Step{Status: 503})
+		d := e.dispatcher(dcfg{})
+		is.Equal(runOnce(t, d).Kind, service.ResultPending) // certainly not accepted: PENDING
+		task := e.task(id)
+		is.Equal(task.State, service.StatePending)
+		is.True(task.NextAttemptAt != nil) // scheduled for a retry
+		is.True(!task.OutcomeUncertain)    // nothing uncertain
+		is.Equal(runNext(t, d).Kind, service.ResultSent)
+		is.Equal(e.outcomes(id), outcomes(service.OutcomeHTTP5xx, service.OutcomeAccepted)) // [HTTP_5XX, ACCEPTED]
+		is.Equal(e.push.Outbound(service.Ref(id)), 1)
+	})
+	t.Run("400 fails", func(t *testing.T) {
+		is := is.New(t)
+		e := newEnv(t)
+		e.user("u1", "push")
+		id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+		e.push.ScriptSend(service.Ref(id), fakes.Step{Status: 400})
+		d := e.dispatcher(dcfg{})
+		is.Equal(runOnce(t, d).Kind, service.ResultFailed)          // FAILED
+		is.Equal(e.outcomes(id), outcomes(service.OutcomeRejected)) // [REJECTED]
+		is.Equal(e.push.Outbound(service.Ref(id)), 0)               // nothing went out
+		is.Equal(runOnce(t, d).Kind, service.ResultNothing)         // not retried
+	})
+}
+
+func TestB1NotSentWhenDisabledOrExpired(t *testing.T) {
+	t.Run("preference disabled before claim", func(t *testing.T) {
+		is := is.New(t)
+		e := newEnv(t)
+		e.user("u1", "push")
+		id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+		_, err := e.n.SetPreference(e.ctx, "u1", "push", "u1@push", false)
+		is.NoErr(err)
+		res := runOnce(t, e.dispatcher(dcfg{}))
+		is.Equal(res.Kind, service.ResultSuppressed)                    // SUPPRESSED
+		is.Equal(e.task(id).State, service.StateSuppressed)             // SUPPRESSED
+		is.Equal(e.outcomes(id), outcomes(service.OutcomePrefDisabled)) // [PREF_DISABLED]
+		is.Equal(e.push.TotalSends(), 0)                                // no call made
+	})
+	t.Run("expired before claim", func(t *testing.T) {
+		is := is.New(t)
+		e := newEnv(t)
+		e.user("u1", "push")
+		id := e.create("u1", "e1", 300*time.Millisecond, 3)[0].TaskID
+		e.waitDB("(SELECT expires_at <= now() FROM notification)")
+		res := runOnce(t, e.dispatcher(dcfg{}))
+		is.Equal(res.Kind, service.ResultFailed)                      // FAILED
+		is.Equal(e.task(id).State, service.StateFailed)               // FAILED
+		is.Equal(e.outcomes(id), outcomes(service.OutcomeTTLExpired)) // [TTL_EXPIRED]
+		is.Equal(e.push.TotalSends(), 0)                              // no call made
+	})
+}
+
+func TestB2ExpiryAfterUncertainParks(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "sms")
+	id := e.create("u1", "e1", 2*time.Second, 3)[0].TaskID
+	ref := service.Ref(id)
+	e.sms.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
+	d := e.dispatcher(dcfg{timeout: clientTimeout, backoff: 2500 * time.Millisecond})
+	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout) // accepted, then timed out
+	res := runNext(t, d)                                    // after the 2.5 s backoff the notification has expired
+	is.Equal(res.Kind, service.ResultParked)
+	is.Equal(e.outcomes(id), outcomes(service.OutcomeTimeout, service.OutcomeTTLExpiredUncertain)) // [TIMEOUT, TTL_EXPIRED_UNCERTAIN]
+	task := e.task(id)
+	is.Equal(task.State, service.StateUnknown) // UNKNOWN, not FAILED
+	is.True(task.NeedsReview)                  // needs_review
+	is.Equal(e.sms.Queries(ref), 0)            // no query after expiry
+	is.Equal(e.sms.Sends(ref), 1)              // no send after expiry
+	is.Equal(e.sms.Outbound(ref), 1)           // the first attempt did go out
+}
+
+func TestB3RefusalAfterUncertainParks(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "push")
+	id := e.create("u1", "e1", time.Hour, 2)[0].TaskID
+	ref := service.Ref(id)
+	e.push.ScriptSend(ref, fakes.Step{Delay: fakeDelay}, fakes.Step{Status: 503})
+	d := e.dispatcher(dcfg{timeout: clientTimeout})
+	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout)
+	res := runNext(t, d)
+	is.Equal(res.Outcome, service.OutcomeHTTP5xx)
+	is.Equal(res.Kind, service.ResultParked) // budget used up with an uncertain history
+	task := e.task(id)
+	is.Equal(task.State, service.StateUnknown) // UNKNOWN, not FAILED
+	is.True(task.NeedsReview)
+	is.Equal(e.push.Outbound(ref), 1) // the first attempt did go out
+}
+
+// TestLeaseTakeover is P1's protocol in one process: a holder that never finishes is taken over after
+// its lease; the new attempt is uncertain, resends with the same key, and the first attempt reads
+// LEASE_EXPIRED.
+func TestLeaseTakeover(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "push")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	a := e.dispatcher(dcfg{worker: "w-a", lease: time.Second})
+	held, _, err := a.Claim(e.ctx)
+	is.NoErr(err)
+	is.True(held != nil)
+	is.Equal(a.Call(e.ctx, held).Outcome, service.OutcomeAccepted) // accepted; then the holder "dies"
+	b := e.dispatcher(dcfg{worker: "w-b"})
+	is.Equal(runOnce(t, b).Kind, service.ResultNothing) // during the lease, nobody else claims it
+	e.waitDB("(SELECT lease_until < now() FROM delivery_task WHERE id = $1)", id)
+	res := runOnce(t, b)
+	is.Equal(res.Attempt, 2)                 // attempt 2
+	is.Equal(res.Action, service.ActionSend) // IDEMPOTENT: resend with the same key
+	is.Equal(res.Outcome, service.OutcomeAcceptedReplay)
+	is.Equal(res.Kind, service.ResultSent)
+	is.Equal(e.outcomes(id), outcomes(service.OutcomeLeaseExpired, service.OutcomeAcceptedReplay)) // attempt 1 reads LEASE_EXPIRED
+	is.Equal(e.push.Outbound(service.Ref(id)), 1)                                                  // one message
+}
+
+// TestNC3LateFinish is P2's protocol in one process, then the negative control: the late observation
+// of a superseded holder is refused by the token guard (STALE, late_outcome); written with an id-only
+// UPDATE it turns SENT back into UNKNOWN.
+func TestNC3LateFinish(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "push")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	e.push.ScriptSend(service.Ref(id), fakes.Step{Hang: true})
+	a := e.dispatcher(dcfg{worker: "w-p2-a", lease: time.Second, timeout: 1500 * time.Millisecond})
+	held, _, err := a.Claim(e.ctx)
+	is.NoErr(err)
+	obs := a.Call(e.ctx, held) // accepted, then no answer: times out after the lease ran out
+	is.Equal(obs.Outcome, service.OutcomeTimeout)
+	e.waitDB("(SELECT lease_until < now() FROM delivery_task WHERE id = $1)", id)
+	b := e.dispatcher(dcfg{worker: "w-p2-b"})
+	is.Equal(runOnce(t, b).Kind, service.ResultSent) // B takes over and completes (ACCEPTED_REPLAY)
+
+	late, err := a.Finish(e.ctx, held, obs)
+	is.NoErr(err)
+	is.Equal(late.Kind, service.ResultStale)      // A's finish matches 0 rows: STALE
+	is.Equal(e.task(id).State, service.StateSent) // the task stays SENT
+	history := e.attempts(id)
+	is.Equal(history[0].Outcome, service.OutcomeLeaseExpired) // A's attempt keeps its outcome
+	is.Equal(history[0].LateOutcome, service.OutcomeTimeout)  // and the late observation is kept beside it
+
+	tag, err := e.pool.Exec(e.ctx, `UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true,
+		next_attempt_at = now() WHERE id = $1`, id) // the unsafe finish: by id only
+	is.NoErr(err)
+	is.Equal(tag.RowsAffected(), int64(1))           // damage: 1 row
+	is.Equal(e.task(id).State, service.StateUnknown) // damage: SENT -> UNKNOWN
+}
+
+func TestNoneChannelTimeoutParksAtOnce(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "none")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	e.none.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	d := e.dispatcher(dcfg{timeout: clientTimeout})
+	res := runOnce(t, d)
+	is.Equal(res.Kind, service.ResultParked) // parked on the first uncertain attempt, budget left or not
+	task := e.task(id)
+	is.True(task.NeedsReview && task.State == service.StateUnknown)
+	is.Equal(runOnce(t, d).Kind, service.ResultNothing) // never called again automatically
+	is.Equal(e.none.Outbound(service.Ref(id)), 1)       // 1 outbound
+}
+
+func TestUncertainResponsesNeverFail(t *testing.T) {
+	for name, step := range map[string]fakes.Step{
+		"409 in flight": {Status: 409},
+		"malformed 2xx": {Malformed: true},
+		"broken body":   {SlowBody: 2 * time.Second},
+	} {
+		t.Run(name, func(t *testing.T) {
+			is := is.New(t)
+			e := newEnv(t)
+			e.user("u1", "push")
+			id := e.create("u1", "e1", time.Hour, 1)
+			e.push.ScriptSend(service.Ref(id[0].TaskID), step)
+			res := runOnce(t, e.dispatcher(dcfg{timeout: clientTimeout}))
+			is.Equal(res.Kind, service.ResultParked) // budget of 1 used up, outcome unknown: parked, never FAILED
+			task := e.task(id[0].TaskID)
+			is.Equal(task.State, service.StateUnknown) // UNKNOWN
+			is.True(task.OutcomeUncertain)
+		})
+	}
+}
+
+func TestConcurrentResolveHasOneWinner(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "none")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	e.none.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	is.Equal(runOnce(t, e.dispatcher(dcfg{timeout: clientTimeout})).Kind, service.ResultParked)
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		wins  int
+		start = make(chan struct{})
+	)
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			state := []service.State{service.StateSent, service.StateFailed}[i%2]
+			changed, err := e.n.ResolveManually(e.ctx, id, state, "checked", "ops")
+			if err != nil {
+				t.Error(err)
+			}
+			if changed {
+				mu.Lock()
+				wins++
+				mu.Unlock()
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	is.Equal(wins, 1)                                                                             // exactly one resolution wins
+	is.Equal(e.scalar("SELECT count(*) FROM delivery_attempt WHERE action = 'MANUAL'"), int64(1)) // one MANUAL row
+}

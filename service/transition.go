@@ -1,0 +1,145 @@
+package service
+
+import "time"
+
+// Facts are what the finish step knows when it maps an observation to a task state.
+type Facts struct {
+	Outcome        Outcome
+	PriorUncertain bool // an earlier attempt of this task may have been accepted (incl. an expired lease)
+	BudgetLeft     bool // attempt_count < max_attempts after this attempt
+	Mode           Mode
+}
+
+// Transition is the task's next state after an observation.
+type Transition struct {
+	State     State
+	Uncertain bool // outcome_uncertain after this attempt
+	Park      bool // needs_review: stop automatic processing
+	Retry     bool // schedule another attempt after a backoff
+}
+
+// Next maps one observation to the task's next state: SPEC section 7, plus two rules of this project:
+// a channel that cannot recover from uncertainty (ModeNone) parks at the first uncertain observation,
+// and an outcome it does not know is treated as uncertain. The invariant it keeps (R6): with an
+// uncertain history the only way to FAILED is a query that found nothing.
+func Next(f Facts) Transition {
+	switch f.Outcome {
+	case OutcomeAccepted, OutcomeAcceptedReplay, OutcomeQueryFound:
+		return Transition{State: StateSent}
+
+	case OutcomeQueryNotFound:
+		// Trusted only under the contract of an immediately consistent query: nothing was accepted.
+		if f.BudgetLeft {
+			return Transition{State: StatePending, Retry: true}
+		}
+		return Transition{State: StateFailed}
+
+	case OutcomeHTTP5xx, OutcomeThrottled, OutcomeConnectFailed:
+		// Refused before acceptance: this attempt was not accepted, an earlier one still may have been.
+		if f.PriorUncertain {
+			return uncertain(f)
+		}
+		if f.BudgetLeft {
+			return Transition{State: StatePending, Retry: true}
+		}
+		return Transition{State: StateFailed}
+
+	case OutcomeRejected:
+		if f.PriorUncertain {
+			return Transition{State: StateUnknown, Uncertain: true, Park: true}
+		}
+		return Transition{State: StateFailed}
+
+	default: // TIMEOUT, IO_ERROR, QUERY_FAILED, IN_FLIGHT, MALFORMED_RESPONSE, and anything unforeseen
+		return uncertain(f)
+	}
+}
+
+func uncertain(f Facts) Transition {
+	if !f.BudgetLeft || !f.Mode.Recoverable() {
+		return Transition{State: StateUnknown, Uncertain: true, Park: true}
+	}
+	return Transition{State: StateUnknown, Uncertain: true, Retry: true}
+}
+
+// ClaimFacts are what a claim reads, in its transaction, about the task it locked.
+type ClaimFacts struct {
+	Uncertain    bool // outcome_uncertain on the task
+	LeaseExpired bool // taken over from a holder whose lease ran out
+	PrefEnabled  bool
+	Expired      bool
+	AttemptCount int
+	MaxAttempts  int
+	Mode         Mode
+}
+
+// ClaimKind says what a claim does with the task it locked.
+type ClaimKind int
+
+const (
+	ClaimCall   ClaimKind = iota // call the channel with Action
+	ClaimSettle                  // no call: write State with Outcome (suppression or expiry)
+	ClaimPark                    // no call, no attempt: park for review
+)
+
+// ClaimDecision is the outcome of Decide.
+type ClaimDecision struct {
+	Kind      ClaimKind
+	Action    Action  // ClaimCall
+	Uncertain bool    // the attempt starts with an uncertain history
+	State     State   // ClaimSettle
+	Outcome   Outcome // ClaimSettle
+	Reason    string  // ClaimSettle, ClaimPark: for last_error
+}
+
+// Decide is the claim-time half of the protocol (SPEC sections 5 and 6). A "not sent" state is chosen
+// only without uncertain history (R6); a channel that can neither dedupe nor be queried is never
+// called again once uncertain.
+func Decide(f ClaimFacts) ClaimDecision {
+	uncertain := f.Uncertain || f.LeaseExpired
+	if !f.PrefEnabled || f.Expired {
+		outcome, state, reason := OutcomePrefDisabled, StateSuppressed, "channel disabled by the user before the call"
+		if f.PrefEnabled {
+			outcome, state, reason = OutcomeTTLExpired, StateFailed, "notification expired before the call"
+		}
+		if uncertain {
+			return ClaimDecision{Kind: ClaimSettle, Uncertain: true, State: StateUnknown,
+				Outcome: outcome + "_UNCERTAIN", Reason: reason + "; an earlier attempt may have been accepted"}
+		}
+		return ClaimDecision{Kind: ClaimSettle, State: state, Outcome: outcome, Reason: reason}
+	}
+	if uncertain && !f.Mode.Recoverable() {
+		return ClaimDecision{Kind: ClaimPark, Uncertain: true,
+			Reason: "an earlier attempt may have been accepted and the channel offers neither idempotency key nor query"}
+	}
+	if f.AttemptCount >= f.MaxAttempts {
+		return ClaimDecision{Kind: ClaimPark, Uncertain: true,
+			Reason: "attempt budget used up while the last attempt's outcome is unknown"}
+	}
+	action := ActionSend
+	if uncertain && f.Mode == ModeQueryable {
+		action = ActionQuery
+	}
+	return ClaimDecision{Kind: ClaimCall, Action: action, Uncertain: uncertain}
+}
+
+// Backoff spaces retries: Base doubled per attempt already made, at most Max.
+type Backoff struct {
+	Base time.Duration
+	Max  time.Duration
+}
+
+// Delay is the wait before attempt number attempt+1, honouring a longer Retry-After from the channel.
+func (b Backoff) Delay(attempt int, retryAfter time.Duration) time.Duration {
+	d := b.Base
+	for i := 1; i < attempt && d < b.Max; i++ {
+		d *= 2
+	}
+	if b.Max > 0 && d > b.Max {
+		d = b.Max
+	}
+	if retryAfter > d {
+		d = retryAfter
+	}
+	return d
+}
