@@ -1,0 +1,62 @@
+# Developer tasks. Run them through the bootstrap script, which installs the
+# pinned tools into .tools/ first:   sh internal/tools/just <recipe> [args]
+
+set shell := ["bash", "-eu", "-o", "pipefail", "-c"]
+set positional-arguments
+
+root := justfile_directory()
+tools := root / ".tools"
+# Set by internal/tools/just to the pinned native binary; the npm wrapper otherwise.
+dbmate := env("DBMATE", tools / "node_modules/.bin/dbmate")
+pgtmp := tools / "bin/pgtmp"
+
+# List the recipes
+default:
+    @"{{ just_executable() }}" --justfile "{{ justfile() }}" --list --unsorted
+
+# Run the Go tests with the race detector (DB tests start their own throwaway PostgreSQL unless TEST_DATABASE_URL is set); args go to `go test`, e.g. `just test -run N1 ./service/`
+test *args:
+    @has_pkg=; for a in "$@"; do case $a in .|./*|../*|github.com/*) has_pkg=1 ;; esac; done; \
+    if [ -z "$has_pkg" ]; then set -- "$@" ./...; fi; \
+    echo "go test -race -count=1 $*" >&2; \
+    go test -race -count=1 "$@"
+
+# Build the notifier binary into bin/notifier
+build:
+    go build -o bin/notifier ./cli
+
+# Run the demo (`go run ./cli demo`) on a throwaway migrated PostgreSQL, or on $DATABASE_URL if set; args go to the demo
+demo *args: _pgtmp
+    @if [ -n "${DATABASE_URL:-}" ]; then exec go run ./cli demo "$@"; fi; \
+    exec "{{ pgtmp }}" -migrate -- go run ./cli demo "$@"
+
+# Start a throwaway PostgreSQL with the migrations applied and print its DATABASE_URL; Ctrl-C stops it and deletes its data
+db: _pgtmp
+    exec "{{ pgtmp }}" -migrate
+
+# Apply the migrations in schema/ with dbmate to $DATABASE_URL
+migrate:
+    @if [ -z "${DATABASE_URL:-}" ]; then echo 'DATABASE_URL is not set (for a local throwaway database: sh internal/tools/just db)' >&2; exit 1; fi; \
+    echo "dbmate --migrations-dir schema --no-dump-schema up" >&2; \
+    "{{ dbmate }}" --url "$DATABASE_URL" --migrations-dir schema --no-dump-schema up
+
+# Check the migrations on a throwaway PostgreSQL: up, roll back one by one to an empty database, up again
+migrate-check: _pgtmp
+    "{{ pgtmp }}" -db migrate_check -- bash internal/tools/migrate-check
+
+# Regenerate dbgen/ from schema/ and queries/ with sqlc (installs sqlc v1.31.1 into .tools/bin on first use, a few minutes)
+generate:
+    sqlc=$(sh internal/tools/install-sqlc); "$sqlc" generate
+
+# Fail if dbgen/ is stale (sqlc diff) or sqlc vet complains (installs sqlc on first use)
+sqlc-check:
+    sqlc=$(sh internal/tools/install-sqlc); "$sqlc" diff; "$sqlc" vet; echo 'sqlc-check: generated code is up to date'
+
+# Run what CI runs (.ci/run): test, sqlc-check, migrate-check
+ci:
+    bash .ci/run
+
+# Build the throwaway-cluster helper (internal/pgtest/cmd/pgtmp) into .tools/bin
+[private]
+_pgtmp:
+    @go build -o "{{ pgtmp }}" ./internal/pgtest/cmd/pgtmp
