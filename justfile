@@ -14,12 +14,16 @@ pgtmp := tools / "bin/pgtmp"
 default:
     @"{{ just_executable() }}" --justfile "{{ justfile() }}" --list --unsorted
 
-# Run the Go tests with the race detector (DB tests start their own throwaway PostgreSQL unless TEST_DATABASE_URL is set); args go to `go test`, e.g. `just test -run N1 ./service/`
+# Run the Go tests with the race detector (DB tests start their own throwaway PostgreSQL unless TEST_DATABASE_URL is set), then the protocol tests again with batched claims; args go to `go test`, e.g. `just test -run N1 ./service/`
 test *args:
     @has_pkg=; for a in "$@"; do case $a in .|./*|../*|github.com/*) has_pkg=1 ;; esac; done; \
     if [ -z "$has_pkg" ]; then set -- "$@" ./...; fi; \
     echo "go test -race -count=1 $*" >&2; \
-    go test -race -count=1 "$@"
+    go test -race -count=1 "$@"; \
+    if [ -z "$has_pkg" ] && [ $# -eq 1 ]; then \
+      echo "NOTIFIER_TEST_BATCH=8 go test -race -count=1 ./service/  (the protocol tests again, claims and finishes batched)" >&2; \
+      NOTIFIER_TEST_BATCH=8 go test -race -count=1 ./service/; \
+    fi
 
 # Build the notifier binary into bin/notifier
 build:

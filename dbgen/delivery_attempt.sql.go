@@ -10,30 +10,34 @@ import (
 )
 
 const attemptFinish = `-- name: AttemptFinish :execrows
-UPDATE delivery_attempt
-SET outcome         = $1::text,
+UPDATE delivery_attempt a
+SET outcome         = u.outcome,
     finished_at     = now(),
-    provider_msg_id = $2,
-    error           = $3
-WHERE attempt_token = $4
-  AND outcome IS NULL
+    provider_msg_id = nullif(u.provider_msg_id, ''),
+    error           = nullif(u.error, '')
+FROM (SELECT unnest($1::uuid[]) AS attempt_token,
+             unnest($2::text[]) AS outcome,
+             unnest($3::text[]) AS provider_msg_id,
+             unnest($4::text[]) AS error) AS u
+WHERE a.attempt_token = u.attempt_token
+  AND a.outcome IS NULL
 `
 
 type AttemptFinishParams struct {
-	Outcome       string
-	ProviderMsgID *string
-	Error         *string
-	AttemptToken  string
+	AttemptTokens  []string
+	Outcomes       []string
+	ProviderMsgIds []string
+	Errors         []string
 }
 
-// Records the holder's observation on its own attempt, in the same transaction as a TaskFinish that
-// matched. Written once: an attempt that already has an outcome is not changed (R3).
+// Records each holder's observation on its own attempt, in the transaction whose TaskFinish matched
+// that attempt's token. Written once: an attempt that already has an outcome is not changed (R3).
 func (q *Queries) AttemptFinish(ctx context.Context, arg AttemptFinishParams) (int64, error) {
 	result, err := q.db.Exec(ctx, attemptFinish,
-		arg.Outcome,
-		arg.ProviderMsgID,
-		arg.Error,
-		arg.AttemptToken,
+		arg.AttemptTokens,
+		arg.Outcomes,
+		arg.ProviderMsgIds,
+		arg.Errors,
 	)
 	if err != nil {
 		return 0, err
@@ -90,15 +94,15 @@ UPDATE delivery_attempt
 SET outcome     = 'LEASE_EXPIRED',
     finished_at = now(),
     error       = 'lease expired before the holder recorded a result; the call may have been accepted'
-WHERE attempt_token = $1
+WHERE attempt_token = ANY ($1::uuid[])
   AND outcome IS NULL
 `
 
 // Closes the open attempt of a holder whose lease ran out, when another claim takes the task over. Its
 // call may or may not have been accepted, so the new attempt counts as uncertain. Only an open attempt is
 // touched: a recorded outcome is never overwritten (R3).
-func (q *Queries) AttemptMarkLeaseExpired(ctx context.Context, attemptToken string) (int64, error) {
-	result, err := q.db.Exec(ctx, attemptMarkLeaseExpired, attemptToken)
+func (q *Queries) AttemptMarkLeaseExpired(ctx context.Context, attemptTokens []string) (int64, error) {
+	result, err := q.db.Exec(ctx, attemptMarkLeaseExpired, attemptTokens)
 	if err != nil {
 		return 0, err
 	}
@@ -106,30 +110,34 @@ func (q *Queries) AttemptMarkLeaseExpired(ctx context.Context, attemptToken stri
 }
 
 const attemptRecordLate = `-- name: AttemptRecordLate :execrows
-UPDATE delivery_attempt
-SET late_outcome    = $1::text,
+UPDATE delivery_attempt a
+SET late_outcome    = u.outcome,
     late_at         = now(),
-    provider_msg_id = coalesce(provider_msg_id, $2),
-    error           = coalesce(error, $3)
-WHERE attempt_token = $4
-  AND late_outcome IS NULL
+    provider_msg_id = coalesce(a.provider_msg_id, nullif(u.provider_msg_id, '')),
+    error           = coalesce(a.error, nullif(u.error, ''))
+FROM (SELECT unnest($1::uuid[]) AS attempt_token,
+             unnest($2::text[]) AS outcome,
+             unnest($3::text[]) AS provider_msg_id,
+             unnest($4::text[]) AS error) AS u
+WHERE a.attempt_token = u.attempt_token
+  AND a.late_outcome IS NULL
 `
 
 type AttemptRecordLateParams struct {
-	Outcome       string
-	ProviderMsgID *string
-	Error         *string
-	AttemptToken  string
+	AttemptTokens  []string
+	Outcomes       []string
+	ProviderMsgIds []string
+	Errors         []string
 }
 
-// Keeps the observation of a superseded holder (TaskFinish matched 0 rows) on its own attempt without
-// touching its outcome (R3): late_outcome is written once, the task is not changed.
+// Keeps the observations of superseded holders (TaskFinish did not return their task) on their own
+// attempts without touching outcome (R3): late_outcome is written once, the task is not changed.
 func (q *Queries) AttemptRecordLate(ctx context.Context, arg AttemptRecordLateParams) (int64, error) {
 	result, err := q.db.Exec(ctx, attemptRecordLate,
-		arg.Outcome,
-		arg.ProviderMsgID,
-		arg.Error,
-		arg.AttemptToken,
+		arg.AttemptTokens,
+		arg.Outcomes,
+		arg.ProviderMsgIds,
+		arg.Errors,
 	)
 	if err != nil {
 		return 0, err
@@ -194,26 +202,30 @@ func (q *Queries) AttemptRecordSkip(ctx context.Context, arg AttemptRecordSkipPa
 
 const attemptStart = `-- name: AttemptStart :exec
 INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
-VALUES ($1, $2, $3, $4, $5::text)
+SELECT u.task_id, u.attempt_no, u.attempt_token, u.action, $1::text
+FROM (SELECT unnest($2::bigint[]) AS task_id,
+             unnest($3::int[]) AS attempt_no,
+             unnest($4::uuid[]) AS attempt_token,
+             unnest($5::text[]) AS action) AS u
 `
 
 type AttemptStartParams struct {
-	TaskID       int64
-	AttemptNo    int32
-	AttemptToken string
-	Action       string
-	Worker       string
+	Worker        string
+	TaskIds       []int64
+	AttemptNos    []int32
+	AttemptTokens []string
+	Actions       []string
 }
 
-// Opens the attempt row of a claim, in the claim's transaction, before any call is made (R3): if the
-// worker dies during the call, this row stays open and the next claim marks it LEASE_EXPIRED.
+// Opens the attempt rows of a claim, in the claim's transaction, before any call is made (R3): if the
+// worker dies during the call, its row stays open and the next claim marks it LEASE_EXPIRED.
 func (q *Queries) AttemptStart(ctx context.Context, arg AttemptStartParams) error {
 	_, err := q.db.Exec(ctx, attemptStart,
-		arg.TaskID,
-		arg.AttemptNo,
-		arg.AttemptToken,
-		arg.Action,
 		arg.Worker,
+		arg.TaskIds,
+		arg.AttemptNos,
+		arg.AttemptTokens,
+		arg.Actions,
 	)
 	return err
 }

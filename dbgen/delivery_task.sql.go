@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-const taskClaimExpiredLease = `-- name: TaskClaimExpiredLease :one
+const taskClaimExpiredLease = `-- name: TaskClaimExpiredLease :many
 SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
        t.attempt_token                  AS held_token,
        coalesce(p.enabled, false)::bool AS pref_enabled,
@@ -24,9 +24,14 @@ WHERE t.state = 'SENDING'
   AND t.lease_until < now()
   AND t.channel = ANY ($1::text[])
 ORDER BY t.lease_until, t.id
-LIMIT 1
+LIMIT $2
 FOR UPDATE OF t SKIP LOCKED
 `
+
+type TaskClaimExpiredLeaseParams struct {
+	Channels []string
+	MaxTasks int32
+}
 
 type TaskClaimExpiredLeaseRow struct {
 	ID               int64
@@ -43,31 +48,44 @@ type TaskClaimExpiredLeaseRow struct {
 	Expired          bool
 }
 
-// Locks one SENDING task whose holder's lease ran out on the database clock (the holder died or stalled).
-// FOR UPDATE OF t SKIP LOCKED: two claimers never lock the same task; the preference switch and the
-// expiry are read in this same transaction. The partial index delivery_task_leased_idx holds only
-// SENDING rows, so finished history is never walked.
-func (q *Queries) TaskClaimExpiredLease(ctx context.Context, channels []string) (TaskClaimExpiredLeaseRow, error) {
-	row := q.db.QueryRow(ctx, taskClaimExpiredLease, channels)
-	var i TaskClaimExpiredLeaseRow
-	err := row.Scan(
-		&i.ID,
-		&i.NotificationID,
-		&i.Channel,
-		&i.State,
-		&i.AttemptCount,
-		&i.MaxAttempts,
-		&i.OutcomeUncertain,
-		&i.HeldToken,
-		&i.PrefEnabled,
-		&i.Address,
-		&i.Body,
-		&i.Expired,
-	)
-	return i, err
+// Locks up to @max_tasks SENDING tasks whose holder's lease ran out on the database clock (the holder
+// died or stalled). FOR UPDATE OF t SKIP LOCKED: two claimers never lock the same task; the preference
+// switch and the expiry are read in this same transaction. The partial index delivery_task_leased_idx
+// holds only SENDING rows, so finished history is never walked.
+func (q *Queries) TaskClaimExpiredLease(ctx context.Context, arg TaskClaimExpiredLeaseParams) ([]TaskClaimExpiredLeaseRow, error) {
+	rows, err := q.db.Query(ctx, taskClaimExpiredLease, arg.Channels, arg.MaxTasks)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []TaskClaimExpiredLeaseRow{}
+	for rows.Next() {
+		var i TaskClaimExpiredLeaseRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.NotificationID,
+			&i.Channel,
+			&i.State,
+			&i.AttemptCount,
+			&i.MaxAttempts,
+			&i.OutcomeUncertain,
+			&i.HeldToken,
+			&i.PrefEnabled,
+			&i.Address,
+			&i.Body,
+			&i.Expired,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
-const taskClaimReady = `-- name: TaskClaimReady :one
+const taskClaimReady = `-- name: TaskClaimReady :many
 SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
        t.attempt_token                  AS held_token,
        coalesce(p.enabled, false)::bool AS pref_enabled,
@@ -81,9 +99,14 @@ WHERE t.next_attempt_at IS NOT NULL
   AND t.next_attempt_at <= now()
   AND t.channel = ANY ($1::text[])
 ORDER BY t.next_attempt_at, t.id
-LIMIT 1
+LIMIT $2
 FOR UPDATE OF t SKIP LOCKED
 `
+
+type TaskClaimReadyParams struct {
+	Channels []string
+	MaxTasks int32
+}
 
 type TaskClaimReadyRow struct {
 	ID               int64
@@ -100,28 +123,41 @@ type TaskClaimReadyRow struct {
 	Expired          bool
 }
 
-// Locks the task that has waited longest among those due (PENDING, or UNKNOWN and not parked) on the
-// given channels. Same locking and same-transaction reads as TaskClaimExpiredLease. Parked tasks have no
-// next_attempt_at (CHECK delivery_task_scheduled_iff_waiting), so this never selects them; the partial
-// index delivery_task_ready_idx holds only waiting rows.
-func (q *Queries) TaskClaimReady(ctx context.Context, channels []string) (TaskClaimReadyRow, error) {
-	row := q.db.QueryRow(ctx, taskClaimReady, channels)
-	var i TaskClaimReadyRow
-	err := row.Scan(
-		&i.ID,
-		&i.NotificationID,
-		&i.Channel,
-		&i.State,
-		&i.AttemptCount,
-		&i.MaxAttempts,
-		&i.OutcomeUncertain,
-		&i.HeldToken,
-		&i.PrefEnabled,
-		&i.Address,
-		&i.Body,
-		&i.Expired,
-	)
-	return i, err
+// Locks up to @max_tasks of the longest-waiting due tasks (PENDING, or UNKNOWN and not parked) on the
+// given channels. Same locking and same-transaction reads as TaskClaimExpiredLease. Parked and finished
+// tasks have no next_attempt_at (CHECK delivery_task_scheduled_iff_waiting), so this never selects them
+// and the partial index delivery_task_ready_idx never holds them.
+func (q *Queries) TaskClaimReady(ctx context.Context, arg TaskClaimReadyParams) ([]TaskClaimReadyRow, error) {
+	rows, err := q.db.Query(ctx, taskClaimReady, arg.Channels, arg.MaxTasks)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []TaskClaimReadyRow{}
+	for rows.Next() {
+		var i TaskClaimReadyRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.NotificationID,
+			&i.Channel,
+			&i.State,
+			&i.AttemptCount,
+			&i.MaxAttempts,
+			&i.OutcomeUncertain,
+			&i.HeldToken,
+			&i.PrefEnabled,
+			&i.Address,
+			&i.Body,
+			&i.Expired,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const taskCountByChannelState = `-- name: TaskCountByChannelState :many
@@ -164,52 +200,76 @@ func (q *Queries) TaskCountByChannelState(ctx context.Context) ([]TaskCountByCha
 	return items, nil
 }
 
-const taskFinish = `-- name: TaskFinish :execrows
-UPDATE delivery_task
-SET state             = $1::text,
-    outcome_uncertain = $2,
-    needs_review      = $3,
-    provider_msg_id   = coalesce($4, provider_msg_id),
-    last_error        = $5,
+const taskFinish = `-- name: TaskFinish :many
+UPDATE delivery_task t
+SET state             = u.state,
+    outcome_uncertain = u.outcome_uncertain,
+    needs_review      = u.needs_review,
+    provider_msg_id   = coalesce(nullif(u.provider_msg_id, ''), t.provider_msg_id),
+    last_error        = nullif(u.last_error, ''),
     lease_owner       = NULL,
     lease_until       = NULL,
-    next_attempt_at   = now() + make_interval(secs => $6::float8),
+    next_attempt_at   = CASE WHEN u.retry_after_seconds >= 0
+                             THEN now() + make_interval(secs => u.retry_after_seconds) END,
     updated_at        = now()
-WHERE id = $7
-  AND state = 'SENDING'
-  AND attempt_token = $8::uuid
+FROM (SELECT unnest($1::bigint[]) AS id,
+             unnest($2::uuid[]) AS attempt_token,
+             unnest($3::text[]) AS state,
+             unnest($4::bool[]) AS outcome_uncertain,
+             unnest($5::bool[]) AS needs_review,
+             unnest($6::text[]) AS provider_msg_id,
+             unnest($7::text[]) AS last_error,
+             unnest($8::float8[]) AS retry_after_seconds) AS u
+WHERE t.id = u.id
+  AND t.state = 'SENDING'
+  AND t.attempt_token = u.attempt_token
+RETURNING t.id
 `
 
 type TaskFinishParams struct {
-	State             string
-	OutcomeUncertain  bool
-	NeedsReview       bool
-	ProviderMsgID     *string
-	LastError         *string
-	RetryAfterSeconds *float64
-	ID                int64
-	AttemptToken      string
+	Ids               []int64
+	AttemptTokens     []string
+	States            []string
+	OutcomeUncertain  []bool
+	NeedsReview       []bool
+	ProviderMsgIds    []string
+	LastErrors        []string
+	RetryAfterSeconds []float64
 }
 
-// Records what the holder's call observed. Guarded by the attempt token (R2): 0 rows means this holder
-// was superseded (its lease expired and another claim took over) and must not change the task; its
-// observation goes to AttemptRecordLate instead. next_attempt_at is set only for states that wait for a
-// retry; NULL retry_after_seconds with UNKNOWN means parked (needs_review must then be true).
-func (q *Queries) TaskFinish(ctx context.Context, arg TaskFinishParams) (int64, error) {
-	result, err := q.db.Exec(ctx, taskFinish,
-		arg.State,
+// Records what each holder's call observed, one row per attempt. Guarded per row by the attempt token
+// (R2): a task changes only while it is SENDING with exactly that token. A task missing from the
+// returned ids was superseded (its lease expired and another claim took over); its observation goes to
+// AttemptRecordLate instead. next_attempt_at is set only for states that wait for a retry (a negative
+// retry_after_seconds means none: finished, or parked with needs_review; the table's CHECKs refuse any
+// other combination). An empty provider_msg_id or last_error means none.
+func (q *Queries) TaskFinish(ctx context.Context, arg TaskFinishParams) ([]int64, error) {
+	rows, err := q.db.Query(ctx, taskFinish,
+		arg.Ids,
+		arg.AttemptTokens,
+		arg.States,
 		arg.OutcomeUncertain,
 		arg.NeedsReview,
-		arg.ProviderMsgID,
-		arg.LastError,
+		arg.ProviderMsgIds,
+		arg.LastErrors,
 		arg.RetryAfterSeconds,
-		arg.ID,
-		arg.AttemptToken,
 	)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected(), nil
+	defer rows.Close()
+	items := []int64{}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const taskGet = `-- name: TaskGet :one
@@ -496,45 +556,67 @@ func (q *Queries) TaskSettleWithoutCall(ctx context.Context, arg TaskSettleWitho
 	return attempt_count, err
 }
 
-const taskStartAttempt = `-- name: TaskStartAttempt :one
-UPDATE delivery_task
+const taskStartAttempts = `-- name: TaskStartAttempts :many
+UPDATE delivery_task t
 SET state             = 'SENDING',
     attempt_token     = gen_random_uuid(),
     lease_owner       = $1::text,
     lease_until       = now() + make_interval(secs => $2::float8),
     next_attempt_at   = NULL,
-    attempt_count     = attempt_count + 1,
-    outcome_uncertain = $3,
+    attempt_count     = t.attempt_count + 1,
+    outcome_uncertain = u.outcome_uncertain,
     updated_at        = now()
-WHERE id = $4
-  AND (state = 'SENDING' OR (state IN ('PENDING', 'UNKNOWN') AND NOT needs_review))
-RETURNING attempt_token::uuid AS attempt_token, attempt_count, lease_until::timestamptz AS lease_until
+FROM (SELECT unnest($3::bigint[]) AS id,
+             unnest($4::bool[]) AS outcome_uncertain) AS u
+WHERE t.id = u.id
+  AND (t.state = 'SENDING' OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review))
+RETURNING t.id, t.attempt_token::uuid AS attempt_token, t.attempt_count, t.lease_until::timestamptz AS lease_until
 `
 
-type TaskStartAttemptParams struct {
+type TaskStartAttemptsParams struct {
 	Worker           string
 	LeaseSeconds     float64
-	OutcomeUncertain bool
-	ID               int64
+	Ids              []int64
+	OutcomeUncertain []bool
 }
 
-type TaskStartAttemptRow struct {
+type TaskStartAttemptsRow struct {
+	ID           int64
 	AttemptToken string
 	AttemptCount int32
 	LeaseUntil   time.Time
 }
 
-// Makes the claimer the only holder of a task it has locked: a fresh attempt token (any earlier holder's
-// finish now matches 0 rows, R2), a lease on the database clock, and the uncertainty the attempt starts
-// with (true when an earlier attempt may have been accepted, including a lease that expired).
-func (q *Queries) TaskStartAttempt(ctx context.Context, arg TaskStartAttemptParams) (TaskStartAttemptRow, error) {
-	row := q.db.QueryRow(ctx, taskStartAttempt,
+// Makes the claimer the only holder of tasks it has locked in this transaction: per task a fresh attempt
+// token (any earlier holder's finish now matches 0 rows, R2), a lease on the database clock, and the
+// uncertainty the attempt starts with (true when an earlier attempt may have been accepted, including a
+// lease that expired). The state condition repeats the claim's, so no other row can be started.
+func (q *Queries) TaskStartAttempts(ctx context.Context, arg TaskStartAttemptsParams) ([]TaskStartAttemptsRow, error) {
+	rows, err := q.db.Query(ctx, taskStartAttempts,
 		arg.Worker,
 		arg.LeaseSeconds,
+		arg.Ids,
 		arg.OutcomeUncertain,
-		arg.ID,
 	)
-	var i TaskStartAttemptRow
-	err := row.Scan(&i.AttemptToken, &i.AttemptCount, &i.LeaseUntil)
-	return i, err
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []TaskStartAttemptsRow{}
+	for rows.Next() {
+		var i TaskStartAttemptsRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.AttemptToken,
+			&i.AttemptCount,
+			&i.LeaseUntil,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

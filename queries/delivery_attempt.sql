@@ -1,8 +1,12 @@
 -- name: AttemptStart :exec
--- Opens the attempt row of a claim, in the claim's transaction, before any call is made (R3): if the
--- worker dies during the call, this row stays open and the next claim marks it LEASE_EXPIRED.
+-- Opens the attempt rows of a claim, in the claim's transaction, before any call is made (R3): if the
+-- worker dies during the call, its row stays open and the next claim marks it LEASE_EXPIRED.
 INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
-VALUES (@task_id, @attempt_no, @attempt_token, @action, @worker::text);
+SELECT u.task_id, u.attempt_no, u.attempt_token, u.action, @worker::text
+FROM (SELECT unnest(@task_ids::bigint[]) AS task_id,
+             unnest(@attempt_nos::int[]) AS attempt_no,
+             unnest(@attempt_tokens::uuid[]) AS attempt_token,
+             unnest(@actions::text[]) AS action) AS u;
 
 -- name: AttemptMarkLeaseExpired :execrows
 -- Closes the open attempt of a holder whose lease ran out, when another claim takes the task over. Its
@@ -12,7 +16,7 @@ UPDATE delivery_attempt
 SET outcome     = 'LEASE_EXPIRED',
     finished_at = now(),
     error       = 'lease expired before the holder recorded a result; the call may have been accepted'
-WHERE attempt_token = @attempt_token
+WHERE attempt_token = ANY (@attempt_tokens::uuid[])
   AND outcome IS NULL;
 
 -- name: AttemptRecordSkip :exec
@@ -21,26 +25,34 @@ INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker
 VALUES (@task_id, @attempt_no, gen_random_uuid(), 'SKIP', @worker::text, now(), @outcome::text, @error::text);
 
 -- name: AttemptFinish :execrows
--- Records the holder's observation on its own attempt, in the same transaction as a TaskFinish that
--- matched. Written once: an attempt that already has an outcome is not changed (R3).
-UPDATE delivery_attempt
-SET outcome         = @outcome::text,
+-- Records each holder's observation on its own attempt, in the transaction whose TaskFinish matched
+-- that attempt's token. Written once: an attempt that already has an outcome is not changed (R3).
+UPDATE delivery_attempt a
+SET outcome         = u.outcome,
     finished_at     = now(),
-    provider_msg_id = sqlc.narg('provider_msg_id'),
-    error           = sqlc.narg('error')
-WHERE attempt_token = @attempt_token
-  AND outcome IS NULL;
+    provider_msg_id = nullif(u.provider_msg_id, ''),
+    error           = nullif(u.error, '')
+FROM (SELECT unnest(@attempt_tokens::uuid[]) AS attempt_token,
+             unnest(@outcomes::text[]) AS outcome,
+             unnest(@provider_msg_ids::text[]) AS provider_msg_id,
+             unnest(@errors::text[]) AS error) AS u
+WHERE a.attempt_token = u.attempt_token
+  AND a.outcome IS NULL;
 
 -- name: AttemptRecordLate :execrows
--- Keeps the observation of a superseded holder (TaskFinish matched 0 rows) on its own attempt without
--- touching its outcome (R3): late_outcome is written once, the task is not changed.
-UPDATE delivery_attempt
-SET late_outcome    = @outcome::text,
+-- Keeps the observations of superseded holders (TaskFinish did not return their task) on their own
+-- attempts without touching outcome (R3): late_outcome is written once, the task is not changed.
+UPDATE delivery_attempt a
+SET late_outcome    = u.outcome,
     late_at         = now(),
-    provider_msg_id = coalesce(provider_msg_id, sqlc.narg('provider_msg_id')),
-    error           = coalesce(error, sqlc.narg('error'))
-WHERE attempt_token = @attempt_token
-  AND late_outcome IS NULL;
+    provider_msg_id = coalesce(a.provider_msg_id, nullif(u.provider_msg_id, '')),
+    error           = coalesce(a.error, nullif(u.error, ''))
+FROM (SELECT unnest(@attempt_tokens::uuid[]) AS attempt_token,
+             unnest(@outcomes::text[]) AS outcome,
+             unnest(@provider_msg_ids::text[]) AS provider_msg_id,
+             unnest(@errors::text[]) AS error) AS u
+WHERE a.attempt_token = u.attempt_token
+  AND a.late_outcome IS NULL;
 
 -- name: AttemptRecordManual :exec
 -- The MANUAL_SENT / MANUAL_FAILED row of a resolution, in the transaction whose TaskResolveManually

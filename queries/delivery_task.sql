@@ -16,11 +16,11 @@ FROM delivery_task
 WHERE notification_id = @notification_id
 ORDER BY channel;
 
--- name: TaskClaimExpiredLease :one
--- Locks one SENDING task whose holder's lease ran out on the database clock (the holder died or stalled).
--- FOR UPDATE OF t SKIP LOCKED: two claimers never lock the same task; the preference switch and the
--- expiry are read in this same transaction. The partial index delivery_task_leased_idx holds only
--- SENDING rows, so finished history is never walked.
+-- name: TaskClaimExpiredLease :many
+-- Locks up to @max_tasks SENDING tasks whose holder's lease ran out on the database clock (the holder
+-- died or stalled). FOR UPDATE OF t SKIP LOCKED: two claimers never lock the same task; the preference
+-- switch and the expiry are read in this same transaction. The partial index delivery_task_leased_idx
+-- holds only SENDING rows, so finished history is never walked.
 SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
        t.attempt_token                  AS held_token,
        coalesce(p.enabled, false)::bool AS pref_enabled,
@@ -34,14 +34,14 @@ WHERE t.state = 'SENDING'
   AND t.lease_until < now()
   AND t.channel = ANY (@channels::text[])
 ORDER BY t.lease_until, t.id
-LIMIT 1
+LIMIT @max_tasks
 FOR UPDATE OF t SKIP LOCKED;
 
--- name: TaskClaimReady :one
--- Locks the task that has waited longest among those due (PENDING, or UNKNOWN and not parked) on the
--- given channels. Same locking and same-transaction reads as TaskClaimExpiredLease. Parked tasks have no
--- next_attempt_at (CHECK delivery_task_scheduled_iff_waiting), so this never selects them; the partial
--- index delivery_task_ready_idx holds only waiting rows.
+-- name: TaskClaimReady :many
+-- Locks up to @max_tasks of the longest-waiting due tasks (PENDING, or UNKNOWN and not parked) on the
+-- given channels. Same locking and same-transaction reads as TaskClaimExpiredLease. Parked and finished
+-- tasks have no next_attempt_at (CHECK delivery_task_scheduled_iff_waiting), so this never selects them
+-- and the partial index delivery_task_ready_idx never holds them.
 SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
        t.attempt_token                  AS held_token,
        coalesce(p.enabled, false)::bool AS pref_enabled,
@@ -55,25 +55,28 @@ WHERE t.next_attempt_at IS NOT NULL
   AND t.next_attempt_at <= now()
   AND t.channel = ANY (@channels::text[])
 ORDER BY t.next_attempt_at, t.id
-LIMIT 1
+LIMIT @max_tasks
 FOR UPDATE OF t SKIP LOCKED;
 
--- name: TaskStartAttempt :one
--- Makes the claimer the only holder of a task it has locked: a fresh attempt token (any earlier holder's
--- finish now matches 0 rows, R2), a lease on the database clock, and the uncertainty the attempt starts
--- with (true when an earlier attempt may have been accepted, including a lease that expired).
-UPDATE delivery_task
+-- name: TaskStartAttempts :many
+-- Makes the claimer the only holder of tasks it has locked in this transaction: per task a fresh attempt
+-- token (any earlier holder's finish now matches 0 rows, R2), a lease on the database clock, and the
+-- uncertainty the attempt starts with (true when an earlier attempt may have been accepted, including a
+-- lease that expired). The state condition repeats the claim's, so no other row can be started.
+UPDATE delivery_task t
 SET state             = 'SENDING',
     attempt_token     = gen_random_uuid(),
     lease_owner       = @worker::text,
     lease_until       = now() + make_interval(secs => @lease_seconds::float8),
     next_attempt_at   = NULL,
-    attempt_count     = attempt_count + 1,
-    outcome_uncertain = @outcome_uncertain,
+    attempt_count     = t.attempt_count + 1,
+    outcome_uncertain = u.outcome_uncertain,
     updated_at        = now()
-WHERE id = @id
-  AND (state = 'SENDING' OR (state IN ('PENDING', 'UNKNOWN') AND NOT needs_review))
-RETURNING attempt_token::uuid AS attempt_token, attempt_count, lease_until::timestamptz AS lease_until;
+FROM (SELECT unnest(@ids::bigint[]) AS id,
+             unnest(@outcome_uncertain::bool[]) AS outcome_uncertain) AS u
+WHERE t.id = u.id
+  AND (t.state = 'SENDING' OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review))
+RETURNING t.id, t.attempt_token::uuid AS attempt_token, t.attempt_count, t.lease_until::timestamptz AS lease_until;
 
 -- name: TaskSettleWithoutCall :one
 -- Claim-time decision not to call (preference disabled, notification expired). Guards R5 and R6: the
@@ -109,24 +112,36 @@ SET state             = 'UNKNOWN',
     updated_at        = now()
 WHERE id = @id;
 
--- name: TaskFinish :execrows
--- Records what the holder's call observed. Guarded by the attempt token (R2): 0 rows means this holder
--- was superseded (its lease expired and another claim took over) and must not change the task; its
--- observation goes to AttemptRecordLate instead. next_attempt_at is set only for states that wait for a
--- retry; NULL retry_after_seconds with UNKNOWN means parked (needs_review must then be true).
-UPDATE delivery_task
-SET state             = @state::text,
-    outcome_uncertain = @outcome_uncertain,
-    needs_review      = @needs_review,
-    provider_msg_id   = coalesce(sqlc.narg('provider_msg_id'), provider_msg_id),
-    last_error        = sqlc.narg('last_error'),
+-- name: TaskFinish :many
+-- Records what each holder's call observed, one row per attempt. Guarded per row by the attempt token
+-- (R2): a task changes only while it is SENDING with exactly that token. A task missing from the
+-- returned ids was superseded (its lease expired and another claim took over); its observation goes to
+-- AttemptRecordLate instead. next_attempt_at is set only for states that wait for a retry (a negative
+-- retry_after_seconds means none: finished, or parked with needs_review; the table's CHECKs refuse any
+-- other combination). An empty provider_msg_id or last_error means none.
+UPDATE delivery_task t
+SET state             = u.state,
+    outcome_uncertain = u.outcome_uncertain,
+    needs_review      = u.needs_review,
+    provider_msg_id   = coalesce(nullif(u.provider_msg_id, ''), t.provider_msg_id),
+    last_error        = nullif(u.last_error, ''),
     lease_owner       = NULL,
     lease_until       = NULL,
-    next_attempt_at   = now() + make_interval(secs => sqlc.narg('retry_after_seconds')::float8),
+    next_attempt_at   = CASE WHEN u.retry_after_seconds >= 0
+                             THEN now() + make_interval(secs => u.retry_after_seconds) END,
     updated_at        = now()
-WHERE id = @id
-  AND state = 'SENDING'
-  AND attempt_token = @attempt_token::uuid;
+FROM (SELECT unnest(@ids::bigint[]) AS id,
+             unnest(@attempt_tokens::uuid[]) AS attempt_token,
+             unnest(@states::text[]) AS state,
+             unnest(@outcome_uncertain::bool[]) AS outcome_uncertain,
+             unnest(@needs_review::bool[]) AS needs_review,
+             unnest(@provider_msg_ids::text[]) AS provider_msg_id,
+             unnest(@last_errors::text[]) AS last_error,
+             unnest(@retry_after_seconds::float8[]) AS retry_after_seconds) AS u
+WHERE t.id = u.id
+  AND t.state = 'SENDING'
+  AND t.attempt_token = u.attempt_token
+RETURNING t.id;
 
 -- name: TaskResolveManually :one
 -- A human's final word on a parked task, after checking with the channel. Only a parked task

@@ -2,11 +2,10 @@ package service
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/notifierhq/notifier/dbgen"
@@ -27,6 +26,7 @@ type DispatcherConfig struct {
 	CallTimeout time.Duration    // client timeout of one channel call, body included
 	DBTimeout   time.Duration    // bound on one claim or finish transaction
 	Backoff     Backoff
+	Batch       int // tasks claimed per transaction by RunBatch (default 1)
 }
 
 // Defaults for fields left zero.
@@ -72,6 +72,7 @@ func NewDispatcher(pool *pgxpool.Pool, cfg DispatcherConfig) (*Dispatcher, error
 	setDefault(&d.cfg.DBTimeout, DefaultDBTimeout)
 	setDefault(&d.cfg.Backoff.Base, DefaultBackoff)
 	setDefault(&d.cfg.Backoff.Max, DefaultMaxBackoff)
+	d.cfg.Batch = min(MaxBatch, max(1, d.cfg.Batch))
 	return d, nil
 }
 
@@ -97,15 +98,16 @@ const (
 
 // Result is what one claim-call-finish cycle did.
 type Result struct {
-	Kind     ResultKind `json:"result"`
-	TaskID   int64      `json:"task_id,omitempty"`
-	Channel  string     `json:"channel,omitempty"`
-	Attempt  int        `json:"attempt,omitempty"`
-	Action   Action     `json:"action,omitempty"`
-	Outcome  Outcome    `json:"outcome,omitempty"`
-	Token    string     `json:"token,omitempty"`
-	Detail   string     `json:"detail,omitempty"`
-	Duration string     `json:"-"`
+	Kind    ResultKind `json:"result"`
+	TaskID  int64      `json:"task_id,omitempty"`
+	Channel string     `json:"channel,omitempty"`
+	Attempt int        `json:"attempt,omitempty"`
+	Action  Action     `json:"action,omitempty"`
+	Outcome Outcome    `json:"outcome,omitempty"`
+	Token   string     `json:"token,omitempty"`
+	Detail  string     `json:"detail,omitempty"`
+	// CallDuration is how long the channel call took (set by the worker; zero without a call).
+	CallDuration time.Duration `json:"-"`
 }
 
 // Attempt is a claimed task this worker now holds: it must call the channel and then Finish.
@@ -128,103 +130,186 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (Result, error) {
 	if err != nil || a == nil {
 		return settled, err
 	}
-	obs := d.Call(ctx, a)
-	return d.Finish(ctx, a, obs)
+	return d.Finish(ctx, a, d.Call(ctx, a))
 }
 
-// Claim locks one due task (a SENDING task whose lease expired first, then the longest-waiting PENDING
-// or UNKNOWN one), decides what to do with it, and commits. When it returns an Attempt, the caller holds
-// the task's only valid token until the lease ends. Otherwise the Result says what was decided without
-// a call (NOTHING, SUPPRESSED, FAILED, PARKED).
+// RunBatch claims up to the configured batch size of due tasks in one transaction, calls their
+// channels concurrently outside any transaction, and records all observations in one transaction, each
+// still guarded by its own token. It returns the results of claim-time decisions and of calls; none
+// when nothing was due.
+func (d *Dispatcher) RunBatch(ctx context.Context) ([]Result, error) {
+	attempts, settled, err := d.ClaimBatch(ctx, d.cfg.Batch)
+	if err != nil || len(attempts) == 0 {
+		return settled, err
+	}
+	obs := make([]Observation, len(attempts))
+	var wg sync.WaitGroup
+	for i, a := range attempts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			obs[i] = d.Call(ctx, a)
+		}()
+	}
+	wg.Wait()
+	finished, err := d.FinishBatch(ctx, attempts, obs)
+	return append(settled, finished...), err
+}
+
+// Claim claims one task: ClaimBatch with a batch of one. Without an Attempt, the Result says what was
+// decided without a call (NOTHING, SUPPRESSED, FAILED, PARKED).
 func (d *Dispatcher) Claim(ctx context.Context) (*Attempt, Result, error) {
+	attempts, settled, err := d.ClaimBatch(ctx, 1)
+	switch {
+	case err != nil:
+		return nil, Result{}, err
+	case len(attempts) == 1:
+		a := attempts[0]
+		return a, Result{Kind: ResultKind(StateSending), TaskID: a.TaskID, Channel: a.Channel, Attempt: a.No,
+			Action: a.Action, Token: a.Token}, nil
+	case len(settled) == 1:
+		return nil, settled[0], nil
+	}
+	return nil, Result{Kind: ResultNothing}, nil
+}
+
+// ClaimBatch is the first correctness check. In one transaction it locks up to max due tasks (SENDING
+// tasks whose lease expired first, then the longest-waiting PENDING or UNKNOWN ones) with SKIP LOCKED,
+// closes the open attempts of expired leases as LEASE_EXPIRED, decides per task (Decide), and for the
+// tasks to call sets a fresh token and lease and opens their attempt rows. After the commit the caller
+// holds each returned Attempt's only valid token until its lease ends. Tasks settled without a call
+// come back as Results.
+func (d *Dispatcher) ClaimBatch(ctx context.Context, limit int) ([]*Attempt, []Result, error) {
+	limit = min(MaxBatch, max(1, limit))
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.DBTimeout)
 	defer cancel()
 	var (
-		attempt *Attempt
-		result  = Result{Kind: ResultNothing}
+		attempts []*Attempt
+		settled  []Result
 	)
 	err := inTx(ctx, d.pool, func(q *dbgen.Queries) error {
-		attempt, result = nil, Result{Kind: ResultNothing}
-		row, leaseExpired, err := d.lockNext(ctx, q)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		if err != nil {
+		attempts, settled = nil, nil
+		rows, leaseExpired, err := d.lockDue(ctx, q, limit)
+		if err != nil || len(rows) == 0 {
 			return err
 		}
-		route := d.cfg.Routes[row.Channel]
-		if leaseExpired && row.HeldToken != nil {
-			if _, err := q.AttemptMarkLeaseExpired(ctx, *row.HeldToken); err != nil {
-				return fmt.Errorf("close expired attempt: %w", err)
+		var (
+			expiredTokens  []string
+			startIDs       []int64
+			startUncertain []bool
+			decisions      = make(map[int64]ClaimDecision, len(rows))
+			byID           = make(map[int64]dbgen.TaskClaimReadyRow, len(rows))
+		)
+		for i, row := range rows {
+			if leaseExpired[i] && row.HeldToken != nil {
+				expiredTokens = append(expiredTokens, *row.HeldToken)
+			}
+			dec := Decide(ClaimFacts{
+				Uncertain: row.OutcomeUncertain, LeaseExpired: leaseExpired[i],
+				PrefEnabled: row.PrefEnabled, Expired: row.Expired,
+				AttemptCount: int(row.AttemptCount), MaxAttempts: int(row.MaxAttempts), Mode: d.cfg.Routes[row.Channel].Mode,
+			})
+			decisions[row.ID], byID[row.ID] = dec, row
+			if dec.Kind == ClaimCall {
+				startIDs, startUncertain = append(startIDs, row.ID), append(startUncertain, dec.Uncertain)
 			}
 		}
-		dec := Decide(ClaimFacts{
-			Uncertain: row.OutcomeUncertain, LeaseExpired: leaseExpired,
-			PrefEnabled: row.PrefEnabled, Expired: row.Expired,
-			AttemptCount: int(row.AttemptCount), MaxAttempts: int(row.MaxAttempts), Mode: route.Mode,
-		})
-		result = Result{TaskID: row.ID, Channel: row.Channel}
-		switch dec.Kind {
-		case ClaimPark:
-			result.Kind, result.Detail = ResultParked, dec.Reason
-			return q.TaskPark(ctx, dbgen.TaskParkParams{ID: row.ID, LastError: dec.Reason})
-		case ClaimSettle:
-			no, err := q.TaskSettleWithoutCall(ctx, dbgen.TaskSettleWithoutCallParams{
-				ID: row.ID, State: string(dec.State), NeedsReview: dec.State == StateUnknown,
-				OutcomeUncertain: dec.Uncertain, LastError: dec.Reason,
-			})
-			if err != nil {
-				return fmt.Errorf("settle task %d: %w", row.ID, err)
+		if len(expiredTokens) > 0 {
+			if _, err := q.AttemptMarkLeaseExpired(ctx, expiredTokens); err != nil {
+				return fmt.Errorf("close expired attempts: %w", err)
 			}
-			result.Kind, result.Attempt, result.Action, result.Outcome = settledKind(dec.State), int(no), ActionSkip, dec.Outcome
-			return q.AttemptRecordSkip(ctx, dbgen.AttemptRecordSkipParams{
-				TaskID: row.ID, AttemptNo: no, Worker: d.cfg.Worker, Outcome: string(dec.Outcome), Error: dec.Reason,
-			})
 		}
-		started, err := q.TaskStartAttempt(ctx, dbgen.TaskStartAttemptParams{
-			ID: row.ID, Worker: d.cfg.Worker, LeaseSeconds: d.cfg.Lease.Seconds(), OutcomeUncertain: dec.Uncertain,
+		for _, row := range rows {
+			if dec := decisions[row.ID]; dec.Kind != ClaimCall {
+				res, err := d.settle(ctx, q, row, dec)
+				if err != nil {
+					return err
+				}
+				settled = append(settled, res)
+			}
+		}
+		if len(startIDs) == 0 {
+			return nil
+		}
+		started, err := q.TaskStartAttempts(ctx, dbgen.TaskStartAttemptsParams{
+			Ids: startIDs, OutcomeUncertain: startUncertain, Worker: d.cfg.Worker, LeaseSeconds: d.cfg.Lease.Seconds(),
 		})
 		if err != nil {
-			return fmt.Errorf("start attempt on task %d: %w", row.ID, err)
+			return fmt.Errorf("start attempts: %w", err)
 		}
-		if err := q.AttemptStart(ctx, dbgen.AttemptStartParams{
-			TaskID: row.ID, AttemptNo: started.AttemptCount, AttemptToken: started.AttemptToken,
-			Action: string(dec.Action), Worker: d.cfg.Worker,
-		}); err != nil {
-			return fmt.Errorf("open attempt on task %d: %w", row.ID, err)
+		if len(started) != len(startIDs) {
+			return fmt.Errorf("start attempts: %d of %d locked tasks started", len(started), len(startIDs))
 		}
-		attempt = &Attempt{
-			TaskID: row.ID, Channel: row.Channel, Mode: route.Mode, No: int(started.AttemptCount),
-			MaxAttempts: int(row.MaxAttempts), Token: started.AttemptToken, Action: dec.Action,
-			PriorUncertain: dec.Uncertain, LeaseUntil: started.LeaseUntil,
-			Message: Message{Ref: Ref(row.ID), IdempotencyKey: IdempotencyKey(row.ID), To: row.Address, Body: row.Body},
+		open := dbgen.AttemptStartParams{Worker: d.cfg.Worker}
+		for _, s := range started {
+			row, dec := byID[s.ID], decisions[s.ID]
+			open.TaskIds = append(open.TaskIds, s.ID)
+			open.AttemptNos = append(open.AttemptNos, s.AttemptCount)
+			open.AttemptTokens = append(open.AttemptTokens, s.AttemptToken)
+			open.Actions = append(open.Actions, string(dec.Action))
+			attempts = append(attempts, &Attempt{
+				TaskID: s.ID, Channel: row.Channel, Mode: d.cfg.Routes[row.Channel].Mode, No: int(s.AttemptCount),
+				MaxAttempts: int(row.MaxAttempts), Token: s.AttemptToken, Action: dec.Action,
+				PriorUncertain: dec.Uncertain, LeaseUntil: s.LeaseUntil,
+				Message: Message{Ref: Ref(s.ID), IdempotencyKey: IdempotencyKey(s.ID), To: row.Address, Body: row.Body},
+			})
+		}
+		if err := q.AttemptStart(ctx, open); err != nil {
+			return fmt.Errorf("open attempts: %w", err)
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, Result{}, fmt.Errorf("claim: %w", err)
+		return nil, nil, fmt.Errorf("claim: %w", err)
 	}
-	if attempt != nil {
-		result = Result{Kind: ResultKind(StateSending), TaskID: attempt.TaskID, Channel: attempt.Channel,
-			Attempt: attempt.No, Action: attempt.Action, Token: attempt.Token}
-	}
-	return attempt, result, nil
+	return attempts, settled, nil
 }
 
-// lockNext prefers a task whose holder's lease expired over a due one: it has waited longest.
-func (d *Dispatcher) lockNext(ctx context.Context, q *dbgen.Queries) (dbgen.TaskClaimReadyRow, bool, error) {
-	expired, err := q.TaskClaimExpiredLease(ctx, d.channels)
-	if err == nil {
-		return dbgen.TaskClaimReadyRow(expired), true, nil
+// MaxBatch bounds how many tasks one claim locks.
+const MaxBatch = 1000
+
+// lockDue prefers tasks whose holder's lease expired over due ones: they have waited longest.
+func (d *Dispatcher) lockDue(ctx context.Context, q *dbgen.Queries, limit int) ([]dbgen.TaskClaimReadyRow, []bool, error) {
+	expired, err := q.TaskClaimExpiredLease(ctx, dbgen.TaskClaimExpiredLeaseParams{Channels: d.channels, MaxTasks: int32(limit)})
+	if err != nil {
+		return nil, nil, fmt.Errorf("lock expired leases: %w", err)
 	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return dbgen.TaskClaimReadyRow{}, false, fmt.Errorf("lock expired lease: %w", err)
+	rows := make([]dbgen.TaskClaimReadyRow, 0, limit)
+	leaseExpired := make([]bool, 0, limit)
+	for _, r := range expired {
+		rows, leaseExpired = append(rows, dbgen.TaskClaimReadyRow(r)), append(leaseExpired, true)
 	}
-	ready, err := q.TaskClaimReady(ctx, d.channels)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		err = fmt.Errorf("lock due task: %w", err)
+	if len(rows) == limit {
+		return rows, leaseExpired, nil
 	}
-	return ready, false, err
+	ready, err := q.TaskClaimReady(ctx, dbgen.TaskClaimReadyParams{Channels: d.channels, MaxTasks: int32(limit - len(rows))})
+	if err != nil {
+		return nil, nil, fmt.Errorf("lock due tasks: %w", err)
+	}
+	for _, r := range ready {
+		rows, leaseExpired = append(rows, r), append(leaseExpired, false)
+	}
+	return rows, leaseExpired, nil
+}
+
+// settle applies a claim-time decision not to call: park, or a state written with its SKIP attempt.
+func (d *Dispatcher) settle(ctx context.Context, q *dbgen.Queries, row dbgen.TaskClaimReadyRow, dec ClaimDecision) (Result, error) {
+	result := Result{TaskID: row.ID, Channel: row.Channel, Detail: dec.Reason}
+	if dec.Kind == ClaimPark {
+		result.Kind = ResultParked
+		return result, q.TaskPark(ctx, dbgen.TaskParkParams{ID: row.ID, LastError: dec.Reason})
+	}
+	no, err := q.TaskSettleWithoutCall(ctx, dbgen.TaskSettleWithoutCallParams{
+		ID: row.ID, State: string(dec.State), NeedsReview: dec.State == StateUnknown,
+		OutcomeUncertain: dec.Uncertain, LastError: dec.Reason,
+	})
+	if err != nil {
+		return result, fmt.Errorf("settle task %d: %w", row.ID, err)
+	}
+	result.Kind, result.Attempt, result.Action, result.Outcome = settledKind(dec.State), int(no), ActionSkip, dec.Outcome
+	return result, q.AttemptRecordSkip(ctx, dbgen.AttemptRecordSkipParams{
+		TaskID: row.ID, AttemptNo: no, Worker: d.cfg.Worker, Outcome: string(dec.Outcome), Error: dec.Reason,
+	})
 }
 
 func settledKind(s State) ResultKind {
@@ -246,44 +331,82 @@ func (d *Dispatcher) Call(ctx context.Context, a *Attempt) Observation {
 	return client.Send(ctx, a.Message)
 }
 
-// Finish records an observation: the task changes only if this attempt's token is still the valid
-// one; otherwise the observation is kept as the attempt's late_outcome and the result is STALE.
+// Finish records one observation: FinishBatch with a batch of one.
 func (d *Dispatcher) Finish(ctx context.Context, a *Attempt, obs Observation) (Result, error) {
+	results, err := d.FinishBatch(ctx, []*Attempt{a}, []Observation{obs})
+	if err != nil {
+		return Result{}, err
+	}
+	return results[0], nil
+}
+
+// FinishBatch is the second correctness check: in one transaction it maps each observation to the
+// task's next state (Next) and writes it only where the attempt's token is still the task's valid one;
+// those attempts get their outcome. Superseded attempts keep their observation as late_outcome and
+// their result is STALE. The results are in the order of attempts.
+func (d *Dispatcher) FinishBatch(ctx context.Context, attempts []*Attempt, obs []Observation) ([]Result, error) {
+	if len(attempts) != len(obs) {
+		return nil, fmt.Errorf("finish: %d attempts but %d observations", len(attempts), len(obs))
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
 	defer cancel()
-	t := Next(Facts{Outcome: obs.Outcome, PriorUncertain: a.PriorUncertain, BudgetLeft: a.No < a.MaxAttempts, Mode: a.Mode})
-	result := Result{TaskID: a.TaskID, Channel: a.Channel, Attempt: a.No, Action: a.Action, Outcome: obs.Outcome,
-		Token: a.Token, Detail: obs.Detail}
-	err := inTx(ctx, d.pool, func(q *dbgen.Queries) error {
-		var retry *float64
+	results := make([]Result, len(attempts))
+	finish := dbgen.TaskFinishParams{}
+	for i, a := range attempts {
+		o := obs[i]
+		t := Next(Facts{Outcome: o.Outcome, PriorUncertain: a.PriorUncertain, BudgetLeft: a.No < a.MaxAttempts, Mode: a.Mode})
+		results[i] = Result{Kind: resultKind(t), TaskID: a.TaskID, Channel: a.Channel, Attempt: a.No, Action: a.Action,
+			Outcome: o.Outcome, Token: a.Token, Detail: o.Detail}
+		retry := -1.0
 		if t.Retry {
-			retry = ptr(d.cfg.Backoff.Delay(a.No, obs.RetryAfter).Seconds())
+			retry = d.cfg.Backoff.Delay(a.No, o.RetryAfter).Seconds()
 		}
-		n, err := q.TaskFinish(ctx, dbgen.TaskFinishParams{
-			ID: a.TaskID, AttemptToken: a.Token, State: string(t.State), OutcomeUncertain: t.Uncertain,
-			NeedsReview: t.Park, ProviderMsgID: nonEmpty(obs.ProviderMsgID), LastError: errorText(obs),
-			RetryAfterSeconds: retry,
-		})
+		finish.Ids = append(finish.Ids, a.TaskID)
+		finish.AttemptTokens = append(finish.AttemptTokens, a.Token)
+		finish.States = append(finish.States, string(t.State))
+		finish.OutcomeUncertain = append(finish.OutcomeUncertain, t.Uncertain)
+		finish.NeedsReview = append(finish.NeedsReview, t.Park)
+		finish.ProviderMsgIds = append(finish.ProviderMsgIds, truncate(o.ProviderMsgID, 500))
+		finish.LastErrors = append(finish.LastErrors, errorText(o))
+		finish.RetryAfterSeconds = append(finish.RetryAfterSeconds, retry)
+	}
+	err := inTx(ctx, d.pool, func(q *dbgen.Queries) error {
+		changed, err := q.TaskFinish(ctx, finish)
 		if err != nil {
-			return fmt.Errorf("finish task %d: %w", a.TaskID, err)
+			return fmt.Errorf("finish tasks: %w", err)
 		}
-		if n == 0 {
-			result.Kind = ResultStale
-			_, err := q.AttemptRecordLate(ctx, dbgen.AttemptRecordLateParams{
-				AttemptToken: a.Token, Outcome: string(obs.Outcome), ProviderMsgID: nonEmpty(obs.ProviderMsgID), Error: nonEmpty(obs.Detail),
-			})
-			return err
+		current := make(map[int64]bool, len(changed))
+		for _, id := range changed {
+			current[id] = true
 		}
-		result.Kind = resultKind(t)
-		_, err = q.AttemptFinish(ctx, dbgen.AttemptFinishParams{
-			AttemptToken: a.Token, Outcome: string(obs.Outcome), ProviderMsgID: nonEmpty(obs.ProviderMsgID), Error: nonEmpty(obs.Detail),
-		})
-		return err
+		var done, late dbgen.AttemptFinishParams
+		for i, a := range attempts {
+			rec := &done
+			if !current[a.TaskID] {
+				rec = &late
+				results[i].Kind = ResultStale
+			}
+			rec.AttemptTokens = append(rec.AttemptTokens, a.Token)
+			rec.Outcomes = append(rec.Outcomes, string(obs[i].Outcome))
+			rec.ProviderMsgIds = append(rec.ProviderMsgIds, truncate(obs[i].ProviderMsgID, 500))
+			rec.Errors = append(rec.Errors, truncate(obs[i].Detail, MaxNoteLength))
+		}
+		if len(done.AttemptTokens) > 0 {
+			if _, err := q.AttemptFinish(ctx, done); err != nil {
+				return fmt.Errorf("record outcomes: %w", err)
+			}
+		}
+		if len(late.AttemptTokens) > 0 {
+			if _, err := q.AttemptRecordLate(ctx, dbgen.AttemptRecordLateParams(late)); err != nil {
+				return fmt.Errorf("record late outcomes: %w", err)
+			}
+		}
+		return nil
 	})
 	if err != nil {
-		return Result{}, fmt.Errorf("finish: %w", err)
+		return nil, fmt.Errorf("finish: %w", err)
 	}
-	return result, nil
+	return results, nil
 }
 
 func resultKind(t Transition) ResultKind {
@@ -293,23 +416,17 @@ func resultKind(t Transition) ResultKind {
 	return ResultKind(t.State)
 }
 
-func errorText(obs Observation) *string {
+// errorText is last_error for an observation: empty (none) for an acceptance.
+func errorText(obs Observation) string {
 	switch obs.Outcome {
 	case OutcomeAccepted, OutcomeAcceptedReplay, OutcomeQueryFound:
-		return nil
+		return ""
 	}
 	text := string(obs.Outcome)
 	if obs.Detail != "" {
 		text += ": " + obs.Detail
 	}
-	return ptr(truncate(text, MaxNoteLength))
-}
-
-func nonEmpty(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return ptr(truncate(s, 500))
+	return truncate(text, MaxNoteLength)
 }
 
 func truncate(s string, n int) string {

@@ -3,6 +3,7 @@ package service_test
 import (
 	"context"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -44,7 +45,24 @@ type dcfg struct {
 	modes   map[string]service.Mode // override a channel's declared mode (negative controls)
 }
 
-func (e *env) dispatcher(c dcfg) *service.Dispatcher {
+// testBatch is the claim batch size the seed tests run with: 1 (per task) by default,
+// NOTIFIER_TEST_BATCH=n runs every cycle through the batched claim and finish.
+var testBatch = func() int {
+	n, err := strconv.Atoi(os.Getenv("NOTIFIER_TEST_BATCH"))
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
+}()
+
+// dispatcher is a service.Dispatcher whose cycles run batched when testBatch > 1; results of a batch
+// are handed out one per runOnce, so tests read the same either way.
+type dispatcher struct {
+	*service.Dispatcher
+	pending []service.Result
+}
+
+func (e *env) dispatcher(c dcfg) *dispatcher {
 	e.t.Helper()
 	if c.worker == "" {
 		c.worker = "w-test"
@@ -72,12 +90,12 @@ func (e *env) dispatcher(c dcfg) *service.Dispatcher {
 	}
 	d, err := service.NewDispatcher(e.pool, service.DispatcherConfig{
 		Worker: c.worker, Routes: routes, Lease: c.lease, CallTimeout: c.timeout,
-		Backoff: service.Backoff{Base: c.backoff, Max: 10 * c.backoff},
+		Backoff: service.Backoff{Base: c.backoff, Max: 10 * c.backoff}, Batch: testBatch,
 	})
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return d
+	return &dispatcher{Dispatcher: d}
 }
 
 // user enables the given channels for user (and nothing else).
@@ -140,19 +158,34 @@ func (e *env) scalar(sql string, args ...any) int64 {
 	return n
 }
 
-// runOnce runs one cycle and fails the test on error.
-func runOnce(t testing.TB, d *service.Dispatcher) service.Result {
+// runOnce runs one cycle (or hands out the next result of a batched one) and fails the test on error.
+func runOnce(t testing.TB, d *dispatcher) service.Result {
 	t.Helper()
-	res, err := d.RunOnce(context.Background())
-	if err != nil {
-		t.Fatal(err)
+	if testBatch == 1 {
+		res, err := d.RunOnce(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
 	}
+	if len(d.pending) == 0 {
+		results, err := d.RunBatch(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.pending = results
+	}
+	if len(d.pending) == 0 {
+		return service.Result{Kind: service.ResultNothing}
+	}
+	res := d.pending[0]
+	d.pending = d.pending[1:]
 	return res
 }
 
 // runNext runs cycles until one finds a task (its backoff has passed on the database clock), for at most
 // 30 s: a wait for a condition, not a fixed sleep.
-func runNext(t testing.TB, d *service.Dispatcher) service.Result {
+func runNext(t testing.TB, d *dispatcher) service.Result {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {

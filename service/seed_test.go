@@ -134,12 +134,12 @@ func TestC1ConcurrentClaims(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for {
-					res, err := d.RunOnce(context.Background())
+					results, err := d.RunBatch(context.Background()) // per task, or batched with NOTIFIER_TEST_BATCH
 					if err != nil {
 						t.Error(err)
 						return
 					}
-					if res.Kind == service.ResultNothing {
+					if len(results) == 0 {
 						return
 					}
 				}

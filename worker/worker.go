@@ -14,44 +14,69 @@ import (
 // Config of a worker loop.
 type Config struct {
 	Concurrency int           // cycles running at once (default 1)
+	Batch       int           // tasks per cycle: claimed in one transaction, finished in one (default 1)
 	Poll        time.Duration // wait after finding nothing to do (default 200ms)
 	MaxBackoff  time.Duration // longest wait between retries while the database fails (default 10s)
 	Logger      *slog.Logger  // default slog.Default()
 	OnResult    func(service.Result)
 }
 
-// RunOnce performs one cycle and logs its events: CLAIMED, CALLED and RESULT.
+// RunOnce performs one cycle on one task and logs its events: CLAIMED, CALLED and RESULT.
 func RunOnce(ctx context.Context, d *service.Dispatcher, log *slog.Logger) (service.Result, error) {
+	results, err := RunBatch(ctx, d, 1, log)
+	if len(results) == 0 {
+		return service.Result{Kind: service.ResultNothing}, err
+	}
+	return results[0], err
+}
+
+// RunBatch performs one cycle on up to batch tasks: one claim transaction, the calls concurrently, one
+// finish transaction. It logs CLAIMED, CALLED and RESULT per task. No result means nothing was due.
+func RunBatch(ctx context.Context, d *service.Dispatcher, batch int, log *slog.Logger) ([]service.Result, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	a, res, err := d.Claim(ctx)
+	attempts, settled, err := d.ClaimBatch(ctx, batch)
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	if a == nil {
-		if res.Kind != service.ResultNothing {
-			log.Info("RESULT", "result", res.Kind, "task", res.TaskID, "channel", res.Channel, "attempt", res.Attempt,
-				"action", res.Action, "outcome", res.Outcome, "detail", res.Detail)
-		}
-		return res, nil
+	for _, res := range settled {
+		log.Info("RESULT", "result", res.Kind, "task", res.TaskID, "channel", res.Channel, "attempt", res.Attempt,
+			"action", res.Action, "outcome", res.Outcome, "detail", res.Detail)
 	}
-	log.Info("CLAIMED", "task", a.TaskID, "channel", a.Channel, "attempt", a.No, "action", a.Action,
-		"uncertain", a.PriorUncertain, "token", prefix(a.Token))
-	started := time.Now()
-	obs := d.Call(ctx, a)
-	log.Info("CALLED", "task", a.TaskID, "attempt", a.No, "action", a.Action, "outcome", obs.Outcome,
-		"msg", obs.ProviderMsgID, "ms", time.Since(started).Milliseconds(), "token", prefix(a.Token))
-	res, err = d.Finish(ctx, a, obs)
+	if len(attempts) == 0 {
+		return settled, nil
+	}
+	obs := make([]service.Observation, len(attempts))
+	elapsed := make([]time.Duration, len(attempts))
+	var wg sync.WaitGroup
+	for i, a := range attempts {
+		log.Info("CLAIMED", "task", a.TaskID, "channel", a.Channel, "attempt", a.No, "action", a.Action,
+			"uncertain", a.PriorUncertain, "token", prefix(a.Token))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			started := time.Now()
+			obs[i] = d.Call(ctx, a)
+			elapsed[i] = time.Since(started)
+			log.Info("CALLED", "task", a.TaskID, "attempt", a.No, "action", a.Action, "outcome", obs[i].Outcome,
+				"msg", obs[i].ProviderMsgID, "ms", elapsed[i].Milliseconds(), "token", prefix(a.Token))
+		}()
+	}
+	wg.Wait()
+	results, err := d.FinishBatch(ctx, attempts, obs)
 	if err != nil {
-		// The task stays SENDING with this token; lease expiry recovers it, as uncertain.
-		log.Error("finish failed; the task will be recovered after its lease", "task", a.TaskID, "attempt", a.No,
-			"outcome", obs.Outcome, "error", err)
-		return res, err
+		// The tasks stay SENDING with these tokens; lease expiry recovers them, as uncertain.
+		log.Error("finish failed; the tasks will be recovered after their lease", "tasks", len(attempts), "error", err)
+		return settled, err
 	}
-	log.Info("RESULT", "result", res.Kind, "task", a.TaskID, "attempt", a.No, "action", a.Action,
-		"outcome", obs.Outcome, "token", prefix(a.Token))
-	return res, nil
+	for i, res := range results {
+		res.CallDuration = elapsed[i]
+		results[i] = res
+		log.Info("RESULT", "result", res.Kind, "task", res.TaskID, "attempt", res.Attempt, "action", res.Action,
+			"outcome", res.Outcome, "token", prefix(res.Token))
+	}
+	return append(settled, results...), nil
 }
 
 // Run loops until ctx ends. On cancellation no new task is claimed; cycles already calling a channel
@@ -87,7 +112,7 @@ func loop(ctx context.Context, d *service.Dispatcher, cfg Config, health *dbHeal
 		if !sleep(ctx, wait) {
 			return
 		}
-		res, err := RunOnce(ctx, d, cfg.Logger)
+		results, err := RunBatch(ctx, d, cfg.Batch, cfg.Logger)
 		switch {
 		case ctx.Err() != nil && err != nil:
 			return
@@ -97,11 +122,13 @@ func loop(ctx context.Context, d *service.Dispatcher, cfg Config, health *dbHeal
 			continue
 		}
 		health.ok()
-		if cfg.OnResult != nil {
-			cfg.OnResult(res)
+		for _, res := range results {
+			if cfg.OnResult != nil {
+				cfg.OnResult(res)
+			}
 		}
 		wait = 0
-		if res.Kind == service.ResultNothing {
+		if len(results) == 0 {
 			wait = cfg.Poll
 		}
 	}
