@@ -50,8 +50,12 @@ VALUES ($1, $2, $3, $4)
 ON CONFLICT (user_id, channel) DO UPDATE
     SET address    = excluded.address,
         enabled    = excluded.enabled,
-        version    = channel_pref.version + 1,
-        updated_at = now()
+        version    = channel_pref.version
+                     + CASE WHEN (channel_pref.address, channel_pref.enabled)
+                                 IS DISTINCT FROM (excluded.address, excluded.enabled) THEN 1 ELSE 0 END,
+        updated_at = CASE WHEN (channel_pref.address, channel_pref.enabled)
+                               IS DISTINCT FROM (excluded.address, excluded.enabled)
+                          THEN now() ELSE channel_pref.updated_at END
 RETURNING user_id, channel, address, enabled, version, updated_at
 `
 
@@ -62,8 +66,9 @@ type PrefUpsertParams struct {
 	Enabled bool
 }
 
-// Sets a user's address and switch on one channel. version goes up on every change so a reader can tell
-// two settings apart. The switch is read again by every claim: disabling it stops any task not yet claimed.
+// Sets a user's address and switch on one channel. version goes up on every change (not on a repeat
+// of the same setting) so a reader can tell two settings apart. The switch is read again by every claim:
+// disabling it stops any task not yet claimed.
 func (q *Queries) PrefUpsert(ctx context.Context, arg PrefUpsertParams) (ChannelPref, error) {
 	row := q.db.QueryRow(ctx, prefUpsert,
 		arg.UserID,

@@ -220,8 +220,9 @@ func checkBody(body string) error {
 }
 
 func checkTTL(ttl time.Duration) error {
-	if ttl <= 0 || ttl > MaxTTL {
-		return &InputError{Field: "ttl", Reason: fmt.Sprintf("%s: must be more than 0 and at most %s", ttl, MaxTTL)}
+	// The database keeps microseconds; under a millisecond a notification would expire as it is created.
+	if ttl < time.Millisecond || ttl > MaxTTL {
+		return &InputError{Field: "ttl", Reason: fmt.Sprintf("%s: must be at least 1ms and at most %s", ttl, MaxTTL)}
 	}
 	return nil
 }

@@ -1,0 +1,277 @@
+package service_test
+
+// SPEC section 10: the seed's claim walked finished rows, so its cost grew with history. The claim queries
+// of this project must read only waiting (or leased) tasks, through their partial indexes, however many
+// finished tasks the table holds. This test runs the exact SQL of queries/delivery_task.sql under
+// EXPLAIN ANALYZE against 100,000 finished tasks.
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/matryer/is"
+)
+
+const claimHistoryTasks = 100_000
+
+func TestClaimIgnoresHistory(t *testing.T) {
+	e := newEnv(t)
+	ctx := e.ctx
+	is := is.New(t)
+	e.user("u1", "push", "sms")
+
+	// History: one notification and one finished task per row, in a single statement each. Every fourth
+	// task is parked (UNKNOWN, needs_review): parked tasks are history for the claim too.
+	_, err := e.pool.Exec(ctx, `
+		INSERT INTO notification (user_id, event_key, body, expires_at)
+		SELECT 'u1', 'hist-' || g, 'body ' || g, now() + interval '1 day'
+		FROM generate_series(1, $1::int) AS g`, claimHistoryTasks)
+	is.NoErr(err) // history notifications inserted
+	_, err = e.pool.Exec(ctx, `
+		INSERT INTO delivery_task (notification_id, channel, state, attempt_count, max_attempts, next_attempt_at,
+		                           outcome_uncertain, needs_review, provider_msg_id)
+		SELECT n.id,
+		       CASE WHEN n.id % 2 = 0 THEN 'push' ELSE 'sms' END,
+		       (ARRAY['SENT', 'FAILED', 'SUPPRESSED', 'UNKNOWN'])[n.id % 4 + 1],
+		       1, 3, NULL,
+		       n.id % 4 = 3,
+		       n.id % 4 = 3,
+		       CASE WHEN n.id % 4 = 0 THEN 'msg-' || n.id END
+		FROM notification n
+		WHERE n.event_key LIKE 'hist-%'`)
+	is.NoErr(err)                                                                                                                           // history tasks inserted
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE next_attempt_at IS NULL AND state <> 'SENDING'`), int64(claimHistoryTasks)) // 100,000 finished or parked tasks
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE needs_review`), int64(claimHistoryTasks/4))                                 // a quarter of them parked
+
+	// The live part: a handful of due tasks, some not yet due, some held under a live lease and a handful
+	// whose lease expired.
+	_, err = e.pool.Exec(ctx, `
+		INSERT INTO notification (user_id, event_key, body, expires_at)
+		SELECT 'u1', 'live-' || g, 'body ' || g, now() + interval '1 day'
+		FROM generate_series(1, 20) AS g`)
+	is.NoErr(err) // live notifications inserted
+	_, err = e.pool.Exec(ctx, `
+		INSERT INTO delivery_task (notification_id, channel, state, attempt_count, max_attempts, next_attempt_at,
+		                           attempt_token, lease_owner, lease_until, outcome_uncertain)
+		SELECT n.id, 'push', s.state, s.attempts, 3, s.next_at, s.token, s.owner, s.lease, s.state = 'UNKNOWN'
+		FROM (SELECT id, row_number() OVER (ORDER BY id) AS k FROM notification WHERE event_key LIKE 'live-%') n
+		CROSS JOIN LATERAL (
+		    SELECT CASE WHEN n.k <= 5 THEN 'PENDING' WHEN n.k <= 8 THEN 'UNKNOWN' WHEN n.k <= 12 THEN 'PENDING'
+		                ELSE 'SENDING' END AS state,
+		           CASE WHEN n.k <= 8 THEN 0 ELSE 1 END AS attempts,
+		           CASE WHEN n.k <= 8 THEN now() - make_interval(secs => n.k)
+		                WHEN n.k <= 12 THEN now() + interval '1 hour' END AS next_at,
+		           CASE WHEN n.k > 12 THEN gen_random_uuid() END AS token,
+		           CASE WHEN n.k > 12 THEN 'w-old' END AS owner,
+		           CASE WHEN n.k > 16 THEN now() - make_interval(secs => n.k)
+		                WHEN n.k > 12 THEN now() + interval '1 hour' END AS lease
+		) s`)
+	is.NoErr(err)                                                                                                      // live tasks inserted
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE next_attempt_at <= now()`), int64(8))                  // 8 due
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENDING' AND lease_until < now()`), int64(4)) // 4 with an expired lease
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task`), int64(claimHistoryTasks+20))                              // history dwarfs the live tasks
+	_, err = e.pool.Exec(ctx, `ANALYZE`)
+	is.NoErr(err) // statistics are current
+
+	claims := []struct {
+		query string
+		index string
+	}{
+		{"TaskClaimReady", "delivery_task_ready_idx"},
+		{"TaskClaimExpiredLease", "delivery_task_leased_idx"},
+	}
+	for _, c := range claims {
+		t.Run(c.query, func(t *testing.T) {
+			is := is.New(t)
+			sql, args := claimNamedQuery(t, filepath.Join("..", "queries", "delivery_task.sql"), c.query, claimArgs)
+			is.True(strings.Contains(sql, "FOR UPDATE OF t SKIP LOCKED")) // the production claim, with its lock
+
+			tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+			is.NoErr(err)                                            // a transaction to hold the locks
+			defer func() { _ = tx.Rollback(context.Background()) }() // EXPLAIN ANALYZE ran the query: release what it locked
+			p := explainClaim(t, tx, sql, args)
+
+			ok := true
+			check := func(cond bool, what string) {
+				if !cond {
+					ok = false
+					t.Errorf("%s: %s", c.query, what)
+				}
+			}
+			check(p.rootRows >= 1, "the claim finds no task: the plan did not run over the live rows")
+			for _, rel := range p.seqScans {
+				check(rel != "delivery_task", "Seq Scan on delivery_task")
+				check(rel != "notification", "Seq Scan on notification: the join walks history")
+			}
+			check(p.indexes[c.index], "partial index "+c.index+" not used")
+			check(p.taskRows < 100, "delivery_task rows read >= 100 with 100,000 finished rows")
+			check(p.taskBuffers < 100, "delivery_task buffers >= 100 with 100,000 finished rows")
+			if !ok {
+				t.Logf("SQL:\n%s\nplan:\n%s", sql, p.json)
+			}
+			is.True(ok) // the claim's cost does not grow with history (details above)
+			t.Logf("%s: %v rows and %v buffers read from delivery_task", c.query, p.taskRows, p.taskBuffers)
+		})
+	}
+
+	// Negative control: without the partial indexes the same queries walk the history, and the checks
+	// above would see it. Proves the test can fail.
+	t.Run("without partial indexes", func(t *testing.T) {
+		is := is.New(t)
+		tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		is.NoErr(err)                                            // the indexes are dropped only inside this transaction
+		defer func() { _ = tx.Rollback(context.Background()) }() // and come back with the rollback
+		_, err = tx.Exec(ctx, `DROP INDEX delivery_task_ready_idx, delivery_task_leased_idx`)
+		is.NoErr(err) // drop the claim indexes
+		for _, c := range claims {
+			sql, args := claimNamedQuery(t, filepath.Join("..", "queries", "delivery_task.sql"), c.query, claimArgs)
+			p := explainClaim(t, tx, sql, args)
+			if p.taskRows < 1000 {
+				t.Logf("SQL:\n%s\nplan:\n%s", sql, p.json)
+			}
+			is.True(p.rootRows >= 1)     // the claim still finds a task
+			is.True(p.taskRows >= 1000)  // but reads the history to do it (so the check above can fail)
+			is.True(!p.indexes[c.index]) // the index is really gone
+		}
+	})
+}
+
+// claimPlan is what TestClaimIgnoresHistory reads from one EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON).
+type claimPlan struct {
+	json        string          // the whole plan, indented, for the log
+	rootRows    float64         // rows the query returned
+	seqScans    []string        // relations read by a Seq Scan
+	indexes     map[string]bool // indexes used
+	taskRows    float64         // rows read from delivery_task (returned + removed by filter), all loops
+	taskBuffers float64         // shared buffers hit or read by delivery_task scans
+}
+
+// explain runs the query under EXPLAIN ANALYZE in tx (it really runs: the caller rolls back).
+func explainClaim(t *testing.T, tx pgx.Tx, sql string, args []any) claimPlan {
+	t.Helper()
+	var raw []byte
+	if err := tx.QueryRow(context.Background(), "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
+		t.Fatalf("explain: %v\n%s", err, sql)
+	}
+	var plans []struct {
+		Plan claimPlanNode `json:"Plan"`
+	}
+	if err := json.Unmarshal(raw, &plans); err != nil || len(plans) != 1 {
+		t.Fatalf("explain: want one JSON plan, got %d (%v):\n%s", len(plans), err, raw)
+	}
+	root := plans[0].Plan
+	p := claimPlan{json: claimIndentJSON(raw), rootRows: root.ActualRows, indexes: map[string]bool{}}
+	root.walk(func(n *claimPlanNode) {
+		if n.NodeType == "Seq Scan" {
+			p.seqScans = append(p.seqScans, n.RelationName)
+		}
+		if n.IndexName != "" {
+			p.indexes[n.IndexName] = true
+		}
+		onTask := n.RelationName == "delivery_task" || strings.HasPrefix(n.IndexName, "delivery_task_")
+		if onTask && strings.Contains(n.NodeType, "Scan") {
+			loops := max(n.ActualLoops, 1)
+			p.taskRows += (n.ActualRows + n.RowsRemovedByFilter + n.RowsRemovedByIndexRecheck) * loops
+			p.taskBuffers += n.SharedHitBlocks + n.SharedReadBlocks
+		}
+	})
+	return p
+}
+
+// claimPlanNode is the part of an EXPLAIN (FORMAT JSON) node this test reads.
+type claimPlanNode struct {
+	NodeType                  string          `json:"Node Type"`
+	RelationName              string          `json:"Relation Name"`
+	IndexName                 string          `json:"Index Name"`
+	ActualRows                float64         `json:"Actual Rows"`
+	ActualLoops               float64         `json:"Actual Loops"`
+	RowsRemovedByFilter       float64         `json:"Rows Removed by Filter"`
+	RowsRemovedByIndexRecheck float64         `json:"Rows Removed by Index Recheck"`
+	SharedHitBlocks           float64         `json:"Shared Hit Blocks"`
+	SharedReadBlocks          float64         `json:"Shared Read Blocks"`
+	Plans                     []claimPlanNode `json:"Plans"`
+}
+
+func (n *claimPlanNode) walk(fn func(*claimPlanNode)) {
+	fn(n)
+	for i := range n.Plans {
+		n.Plans[i].walk(fn)
+	}
+}
+
+// claimArgs are the values bound to the claim queries' sqlc parameters, by name.
+var claimArgs = map[string]any{
+	"channels":  []string{"push", "sms"},
+	"max_tasks": int64(10), // a batch claim (when the query takes one) still reads only due rows
+}
+
+var claimSQLCParam = regexp.MustCompile(`@([a-z_][a-z0-9_]*)`)
+
+// claimNamedQuery returns the SQL of the sqlc query `-- name: <name> :...` in file, with its comment lines
+// removed and its trailing semicolon dropped, and its sqlc parameters (@channels::text[], ...) replaced by
+// $1, $2, ... in order of first use (casts kept), with the values from args to bind to them.
+func claimNamedQuery(t *testing.T, file, name string, args map[string]any) (string, []any) {
+	t.Helper()
+	src, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(src)
+	start := strings.Index(text, "-- name: "+name+" :")
+	if start < 0 {
+		t.Fatalf("%s: no query %s", file, name)
+	}
+	text = text[start:]
+	text = text[strings.Index(text, "\n")+1:]
+	if end := strings.Index(text, "-- name:"); end >= 0 {
+		text = text[:end]
+	}
+	var lines []string
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(line), "--") {
+			lines = append(lines, line)
+		}
+	}
+	sql := strings.TrimSpace(strings.Join(lines, "\n"))
+	sql = strings.TrimSuffix(sql, ";")
+	if !strings.Contains(sql, "@channels::text[]") {
+		t.Fatalf("%s: no @channels::text[] parameter:\n%s", name, sql)
+	}
+	position := map[string]int{}
+	var values []any
+	sql = claimSQLCParam.ReplaceAllStringFunc(sql, func(m string) string {
+		param := m[1:]
+		if _, seen := position[param]; !seen {
+			v, ok := args[param]
+			if !ok {
+				t.Fatalf("%s: no value for parameter @%s", name, param)
+			}
+			values = append(values, v)
+			position[param] = len(values)
+		}
+		return "$" + strconv.Itoa(position[param])
+	})
+	if strings.Contains(sql, "sqlc.") || strings.Contains(sql, ";") {
+		t.Fatalf("%s: unexpected sqlc macro or second statement left:\n%s", name, sql)
+	}
+	return sql, values
+}
+
+func claimIndentJSON(raw []byte) string {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return string(raw)
+	}
+	out, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return string(raw)
+	}
+	return string(out)
+}
