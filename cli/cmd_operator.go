@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/notifierhq/notifier/service"
+)
+
+// resolveOutput is what resolve prints when it changed the task.
+type resolveOutput struct {
+	TaskID  int64         `json:"task_id"`
+	State   service.State `json:"state"`
+	Changed bool          `json:"changed"`
+}
+
+func resolveCommand(e *env) *cli.Command {
+	return &cli.Command{
+		Name:      "resolve",
+		Usage:     "settle a parked task by hand: SENT or FAILED",
+		UsageText: "notifier resolve --task N --state SENT|FAILED --note TEXT [--operator NAME]",
+		Description: `A human's final word on a parked task (state UNKNOWN, needs review; see notifier review), after
+checking with the channel whether the message went out. Appends a MANUAL_SENT or MANUAL_FAILED
+attempt with the note and the operator. Only a parked task changes; a second resolve of the same
+task changes nothing.
+
+Prints one JSON object on stdout when the task changed (exit 0):
+  {"task_id":7,"state":"SENT","changed":true}
+When nothing changed it prints nothing on stdout, says why on stderr (no such task, not parked,
+already resolved) and exits 3.
+
+` + exitCodesHelp,
+		Flags: []cli.Flag{
+			&cli.Int64Flag{Name: "task", Usage: "task id (required)"},
+			&cli.StringFlag{Name: "state", Usage: "SENT or FAILED (required)"},
+			&cli.StringFlag{Name: "note", Usage: "why, e.g. what the channel's support said (required)"},
+			&cli.StringFlag{Name: "operator", Usage: "who resolves (default: $USER, else \"operator\")"},
+		},
+		Action: func(c *cli.Context) error {
+			if err := required(c, "task", "state", "note"); err != nil {
+				return err
+			}
+			taskID := c.Int64("task")
+			if taskID <= 0 {
+				return usagef("invalid --task %d: must be a task id (more than 0)", taskID)
+			}
+			final := service.State(strings.ToUpper(strings.TrimSpace(c.String("state"))))
+			if final != service.StateSent && final != service.StateFailed {
+				return usagef("invalid --state %q: want SENT or FAILED", c.String("state"))
+			}
+			operator := c.String("operator")
+			if !c.IsSet("operator") {
+				if operator = e.getenv("USER"); operator == "" {
+					operator = "operator"
+				}
+			}
+			pool, err := e.pool(0)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			n := service.NewNotifier(pool)
+			ctx, cancel := e.dbContext(c.Context)
+			defer cancel()
+			changed, err := n.ResolveManually(ctx, taskID, final, c.String("note"), operator)
+			if err != nil {
+				return err
+			}
+			if !changed {
+				return whyUnchanged(ctx, n, taskID)
+			}
+			e.log.Info("resolved", "task", taskID, "state", final, "operator", operator)
+			return e.printJSON(resolveOutput{TaskID: taskID, State: final, Changed: true})
+		},
+	}
+}
+
+// whyUnchanged tells which case left a task unchanged by resolve.
+func whyUnchanged(ctx context.Context, n *service.Notifier, taskID int64) error {
+	task, err := n.Task(ctx, taskID)
+	if errors.Is(err, service.ErrNotFound) {
+		return &unchangedError{msg: fmt.Sprintf("task %d not changed: no such task", taskID)}
+	}
+	if err != nil {
+		return &unchangedError{msg: fmt.Sprintf("task %d not changed (reading it failed: %v)", taskID, err)}
+	}
+	attempts, err := n.Attempts(ctx, taskID)
+	if err == nil && len(attempts) > 0 {
+		if last := attempts[len(attempts)-1]; last.Action == service.ActionManual {
+			return &unchangedError{msg: fmt.Sprintf("task %d not changed: already resolved (state %s, %s by %s)",
+				taskID, task.State, last.Outcome, last.Worker)}
+		}
+	}
+	if task.State == service.StateUnknown && task.NeedsReview {
+		return &unchangedError{msg: fmt.Sprintf("task %d not changed: it was resolved concurrently", taskID)}
+	}
+	return &unchangedError{msg: fmt.Sprintf("task %d not changed: not parked (state %s); only a task waiting for review can be resolved", taskID, task.State)}
+}
+
+func reviewCommand(e *env) *cli.Command {
+	return &cli.Command{
+		Name:      "review",
+		Usage:     "list parked tasks, waiting for a human, with their attempts",
+		UsageText: "notifier review [--limit 50] [--after ID]",
+		Description: `Lists tasks parked for a human (state UNKNOWN, needs review): the channel may or may not have
+accepted the message and the service will not guess. Oldest first, with every attempt verbatim.
+Settle each one with notifier resolve.
+
+Prints JSON lines on stdout, one object per parked task (nothing when there is none):
+  {"task_id":7,"notification_id":3,"channel":"none","state":"UNKNOWN",...,"user_id":"u1",
+   "event_key":"order-1","attempts":[{"attempt":1,"action":"SEND","outcome":"TIMEOUT",...}]}
+Page with --after set to the last task_id printed.
+
+` + exitCodesHelp,
+		Flags: []cli.Flag{
+			&cli.IntFlag{Name: "limit", Value: 50, Usage: "at most this many tasks (1-1000)"},
+			&cli.Int64Flag{Name: "after", Usage: "only tasks with an id greater than this"},
+		},
+		Action: func(c *cli.Context) error {
+			limit, after := c.Int("limit"), c.Int64("after")
+			if limit < 1 || limit > 1000 {
+				return usagef("invalid --limit %d: want 1 to 1000", limit)
+			}
+			if after < 0 {
+				return usagef("invalid --after %d: must not be negative", after)
+			}
+			pool, err := e.pool(0)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			ctx, cancel := e.dbContext(c.Context)
+			defer cancel()
+			parked, err := service.NewNotifier(pool).Parked(ctx, after, limit)
+			if err != nil {
+				return err
+			}
+			for _, p := range parked {
+				if err := e.printJSON(p); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+}
+
+func statusCommand(e *env) *cli.Command {
+	return &cli.Command{
+		Name:      "status",
+		Usage:     "count tasks by channel and state; parked tasks; age of the oldest due task",
+		UsageText: "notifier status [--json]",
+		Description: `Prints a snapshot for operators: the number of tasks per channel and state (parked UNKNOWN
+tasks separately), the number of parked tasks, and how long the oldest due task has waited
+(a growing age means workers are missing or failing).
+
+Without --json: an aligned table for people. With --json: one JSON object for scripts:
+  {"counts":[{"channel":"push","state":"SENT","parked":false,"tasks":12}],"parked":0,
+   "oldest_ready_seconds":0}
+
+` + exitCodesHelp,
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "json", Usage: "print JSON instead of a table"},
+		},
+		Action: func(c *cli.Context) error {
+			pool, err := e.pool(0)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			ctx, cancel := e.dbContext(c.Context)
+			defer cancel()
+			st, err := service.NewNotifier(pool).Status(ctx)
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				if st.Counts == nil {
+					st.Counts = []service.StateCount{}
+				}
+				return e.printJSON(st)
+			}
+			return printStatus(e, st)
+		},
+	}
+}
+
+func printStatus(e *env, st service.Status) error {
+	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "CHANNEL\tSTATE\tTASKS")
+	for _, sc := range st.Counts {
+		state := string(sc.State)
+		if sc.Parked {
+			state += " (parked)"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\n", sc.Channel, state, sc.Tasks)
+	}
+	if len(st.Counts) == 0 {
+		fmt.Fprintln(w, "-\t-\t0")
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "parked tasks:\t%d\n", st.Parked)
+	oldest := "none due"
+	if st.OldestReadySeconds > 0 {
+		oldest = fmt.Sprintf("%.1fs", st.OldestReadySeconds)
+	}
+	fmt.Fprintf(w, "oldest due task waiting:\t%s\n", oldest)
+	if err := w.Flush(); err != nil {
+		return fmt.Errorf("write status: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,273 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/urfave/cli/v2"
+
+	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/httpchannel"
+	"github.com/notifierhq/notifier/worker"
+)
+
+// leaseMargin is how much longer than the client timeout a lease must be: the time from the claim's
+// commit (when the database starts the lease) to the call, the client's own timer slack, and the
+// finish transaction, so that a live holder records its result before anyone may take the task
+// over. 2 s covers a commit on a busy database; half the timeout keeps the margin proportional for
+// slow channels. Shorter leases let two holders call the channel at once (SPEC section 10) and are
+// refused unless --allow-lease-overlap.
+func leaseMargin(timeout time.Duration) time.Duration {
+	return max(2*time.Second, timeout/2)
+}
+
+const workDescription = `Runs delivery: claims due tasks of the given channels, calls each channel over HTTP outside any
+transaction, and records the outcome (SENT, retry later, or parked for a human when the outcome is
+unknown and the channel cannot be asked).
+
+--channel NAME=MODE,URL, once per channel served (e.g. push=idempotent,http://127.0.0.1:8081).
+MODE says what the channel's contract allows after a call without an answer:
+  idempotent  resend with the same Idempotency-Key; the channel dedupes
+  queryable   ask GET URL/messages?ref= first, resend only if not found
+  none        neither: park the task for notifier review / notifier resolve
+
+--lease must be longer than --timeout plus a margin of max(2s, timeout/2) (claim commit, timer
+slack and the finish transaction), or two workers could call the channel for one task at once;
+--allow-lease-overlap accepts a shorter lease (for tests of that failure).
+
+Without --once: runs until SIGTERM or SIGINT. On the signal it stops claiming, lets calls in flight
+finish (each bounded by --timeout) and record their outcome, then exits 0. Events CLAIMED, CALLED
+and RESULT are logged on stderr. With --metrics-addr it serves Prometheus metrics at /metrics
+(port 0 picks a free port; the address is logged as "serving metrics").
+
+With --once: runs one claim-call-finish cycle and prints one JSON object on stdout:
+  {"result":"NOTHING"}
+  {"result":"SENT","task_id":1,"channel":"push","attempt":1,"action":"SEND","outcome":"ACCEPTED","token":"..."}
+result is one of NOTHING, SENT, PENDING, UNKNOWN, PARKED, FAILED, SUPPRESSED, STALE; exit code 0
+whatever the result.
+
+` + exitCodesHelp
+
+func workCommand(e *env) *cli.Command {
+	return &cli.Command{
+		Name:  "work",
+		Usage: "run a delivery worker (claim, call the channel, record the outcome)",
+		UsageText: "notifier work --channel NAME=MODE,URL [--channel ...] [--worker-id W] [--once]\n" +
+			"   [--concurrency N] [--batch N] [--lease 30s] [--timeout 10s] [--backoff 2s] [--poll 200ms]\n" +
+			"   [--allow-lease-overlap] [--metrics-addr 127.0.0.1:9464] [--ca-file F]",
+		Description: workDescription,
+		Flags: []cli.Flag{
+			&cli.StringSliceFlag{Name: "channel", Usage: "NAME=MODE,URL with MODE idempotent|queryable|none (required, repeatable)"},
+			&cli.StringFlag{Name: "worker-id", Usage: "recorded on every claim and attempt (default: hostname-pid)"},
+			&cli.BoolFlag{Name: "once", Usage: "run one cycle, print its result as JSON and exit"},
+			&cli.IntFlag{Name: "concurrency", Value: 1, Usage: "cycles running at once (1-256)"},
+			&cli.IntFlag{Name: "batch", Value: 1, Usage: fmt.Sprintf("tasks per cycle: claimed in one transaction, called concurrently, finished in one (1-%d; not with --once)", service.MaxBatch)},
+			&cli.DurationFlag{Name: "lease", Value: service.DefaultLease, Usage: "how long a claim holds a task"},
+			&cli.DurationFlag{Name: "timeout", Value: service.DefaultCallTimeout, Usage: "client timeout of one channel call"},
+			&cli.DurationFlag{Name: "backoff", Value: service.DefaultBackoff, Usage: "first retry delay, doubled per attempt"},
+			&cli.DurationFlag{Name: "poll", Value: 200 * time.Millisecond, Usage: "wait after finding nothing to do"},
+			&cli.BoolFlag{Name: "allow-lease-overlap", Usage: "accept a lease not longer than timeout + margin"},
+			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics at http://ADDR/metrics"},
+			&cli.StringFlag{Name: "ca-file", Usage: "extra PEM root certificates for https channels"},
+		},
+		Action: func(c *cli.Context) error { return work(c, e) },
+	}
+}
+
+// channelSpec is one parsed --channel value.
+type channelSpec struct {
+	Name string
+	Mode service.Mode
+	URL  string
+}
+
+// parseChannel parses NAME=MODE,URL. Errors quote the value with any URL password removed.
+func parseChannel(value string) (channelSpec, error) {
+	shown := redactURLs(value)
+	name, rest, ok := strings.Cut(value, "=")
+	if !ok {
+		return channelSpec{}, usagef("invalid --channel %q: want NAME=MODE,URL, e.g. push=idempotent,http://127.0.0.1:8081", shown)
+	}
+	modeText, rawURL, ok := strings.Cut(rest, ",")
+	if !ok {
+		return channelSpec{}, usagef("invalid --channel %q: no URL: want NAME=MODE,URL, e.g. push=idempotent,http://127.0.0.1:8081", shown)
+	}
+	name, modeText, rawURL = strings.TrimSpace(name), strings.TrimSpace(modeText), strings.TrimSpace(rawURL)
+	if name == "" {
+		return channelSpec{}, usagef("invalid --channel %q: empty channel name", shown)
+	}
+	mode, err := service.ParseMode(modeText)
+	if err != nil {
+		return channelSpec{}, usagef("invalid --channel %q: unknown mode %q: want idempotent, queryable or none", shown, modeText)
+	}
+	if rawURL == "" {
+		return channelSpec{}, usagef("invalid --channel %q: empty URL", shown)
+	}
+	return channelSpec{Name: name, Mode: mode, URL: rawURL}, nil
+}
+
+// workConfig is the validated work command line.
+type workConfig struct {
+	dispatcher service.DispatcherConfig
+	specs      []channelSpec
+	once       bool
+	loop       worker.Config
+	metrics    string
+}
+
+func parseWork(c *cli.Context, e *env) (workConfig, error) {
+	values := c.StringSlice("channel")
+	if len(values) == 0 {
+		return workConfig{}, usagef("%s: missing required flag --channel (NAME=MODE,URL)", commandName(c))
+	}
+	cfg := workConfig{once: c.Bool("once"), metrics: c.String("metrics-addr")}
+	d := &cfg.dispatcher
+	d.Worker = c.String("worker-id")
+	if !c.IsSet("worker-id") {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "worker"
+		}
+		d.Worker = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	d.Lease, d.CallTimeout, d.DBTimeout = c.Duration("lease"), c.Duration("timeout"), e.dbTimeout
+	d.Backoff = service.Backoff{Base: c.Duration("backoff")}
+	for name, v := range map[string]time.Duration{"lease": d.Lease, "timeout": d.CallTimeout, "backoff": d.Backoff.Base, "poll": c.Duration("poll")} {
+		if v <= 0 {
+			return workConfig{}, usagef("invalid --%s %s: must be more than 0", name, v)
+		}
+	}
+	if n := c.Int("concurrency"); n < 1 || n > 256 {
+		return workConfig{}, usagef("invalid --concurrency %d: want 1 to 256", n)
+	}
+	if n := c.Int("batch"); n < 1 || n > service.MaxBatch {
+		return workConfig{}, usagef("invalid --batch %d: want 1 to %d", n, service.MaxBatch)
+	} else if n > 1 && cfg.once {
+		return workConfig{}, usagef("--batch %d with --once: --once runs one task and prints one result", n)
+	}
+	d.Batch = c.Int("batch")
+	if need := d.CallTimeout + leaseMargin(d.CallTimeout); d.Lease <= need && !c.Bool("allow-lease-overlap") {
+		return workConfig{}, usagef("--lease %s is not longer than --timeout %s plus a margin of %s: two workers could call the channel for one task at once; use a lease over %s, or --allow-lease-overlap",
+			d.Lease, d.CallTimeout, leaseMargin(d.CallTimeout), need)
+	}
+	if cfg.metrics != "" {
+		if _, _, err := net.SplitHostPort(cfg.metrics); err != nil {
+			return workConfig{}, usagef("invalid --metrics-addr %q: want host:port, e.g. 127.0.0.1:9464", cfg.metrics)
+		}
+	}
+	d.Routes = map[string]service.Route{}
+	for _, v := range values {
+		spec, err := parseChannel(v)
+		if err != nil {
+			return workConfig{}, err
+		}
+		if _, dup := d.Routes[spec.Name]; dup {
+			return workConfig{}, usagef("invalid --channel %q: channel %q given twice", redactURLs(v), spec.Name)
+		}
+		client, err := httpchannel.New(spec.URL, httpchannel.Options{CAFile: c.String("ca-file")})
+		if err != nil {
+			if errors.Is(err, service.ErrInvalidInput) {
+				return workConfig{}, usagef("invalid --channel %q: %v", redactURLs(v), err)
+			}
+			return workConfig{}, err // e.g. the CA file cannot be read
+		}
+		d.Routes[spec.Name] = service.Route{Mode: spec.Mode, Client: client}
+		cfg.specs = append(cfg.specs, spec)
+	}
+	cfg.loop = worker.Config{Concurrency: c.Int("concurrency"), Batch: d.Batch, Poll: c.Duration("poll"), Logger: e.log}
+	return cfg, nil
+}
+
+func work(c *cli.Context, e *env) error {
+	cfg, err := parseWork(c, e)
+	if err != nil {
+		return err
+	}
+	var m *metrics
+	if cfg.metrics != "" {
+		m = newMetrics()
+		for name, r := range cfg.dispatcher.Routes {
+			r.Client = measuredChannel{name: name, next: r.Client, m: m}
+			cfg.dispatcher.Routes[name] = r
+		}
+		cfg.loop.OnResult = m.onResult
+	}
+	pool, err := e.pool(int32(cfg.loop.Concurrency + 2))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	d, err := service.NewDispatcher(pool, cfg.dispatcher)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := e.dbContext(c.Context)
+	err = pool.Ping(ctx)
+	cancel()
+	if err != nil {
+		if c.Context.Err() != nil {
+			return nil // stopped before starting
+		}
+		return err
+	}
+	if m != nil {
+		stop, err := serveMetrics(e, cfg.metrics, m)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	channels := make([]string, len(cfg.specs))
+	for i, s := range cfg.specs {
+		channels[i] = fmt.Sprintf("%s=%s,%s", s.Name, strings.ToLower(string(s.Mode)), httpchannel.Redact(s.URL))
+	}
+	log := e.log.With("worker", cfg.dispatcher.Worker)
+
+	if cfg.once {
+		log.Debug("worker cycle", "channels", channels, "lease", cfg.dispatcher.Lease.String(), "timeout", cfg.dispatcher.CallTimeout.String())
+		res, err := worker.RunOnce(c.Context, d, log)
+		if err != nil {
+			return err
+		}
+		if m != nil {
+			m.onResult(res)
+		}
+		return e.printJSON(res)
+	}
+
+	log.Info("worker started", "channels", channels, "concurrency", cfg.loop.Concurrency, "batch", cfg.loop.Batch,
+		"lease", cfg.dispatcher.Lease.String(), "timeout", cfg.dispatcher.CallTimeout.String())
+	stopLog := context.AfterFunc(c.Context, func() {
+		log.Info("stopping: no new claims; calls in flight finish and are recorded")
+	})
+	defer stopLog()
+	cfg.loop.Logger = log
+	worker.Run(c.Context, d, cfg.loop)
+	log.Info("worker stopped")
+	return nil
+}
+
+// serveMetrics serves m at http://addr/metrics until the returned stop is called.
+func serveMetrics(e *env, addr string, m *metrics) (stop func(), err error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{Registry: m.registry}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	e.log.Info("serving metrics", "addr", l.Addr().String(), "url", "http://"+l.Addr().String()+"/metrics")
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}

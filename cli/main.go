@@ -1,0 +1,124 @@
+// Command notifier is the operator's and the scheduler's entry point to the notifier service: it sets
+// preferences, submits events, runs delivery workers, lists and resolves parked tasks, reports status,
+// and serves the fake channels for local runs.
+//
+// Results are JSON on stdout; logs (slog) and the one-line error go to stderr. Exit codes: 0 ok,
+// 1 runtime error (database down, ...), 2 usage or bad input, 3 nothing changed.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"regexp"
+	"strings"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/urfave/cli/v2"
+
+	"github.com/notifierhq/notifier/service"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	context.AfterFunc(ctx, stop) // after the first signal, a second one terminates at once
+	os.Exit(exitCode(run(ctx, os.Args, os.Getenv, os.Stdin, os.Stdout, os.Stderr)))
+}
+
+// Exit codes of every command.
+const (
+	exitOK        = 0
+	exitRuntime   = 1 // the database is unreachable, a query failed, ...
+	exitUsage     = 2 // unknown command or flag, missing or bad value, input the service refuses
+	exitUnchanged = 3 // the command was valid but changed nothing (e.g. resolve of a task not parked)
+)
+
+// run executes one command line. It writes results to stdout and, when it fails, one line
+// "notifier: ..." to stderr, with any URL password removed.
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
+	e := &env{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
+	err := newApp(e).RunContext(ctx, args)
+	if err != nil {
+		fmt.Fprintln(stderr, "notifier: "+errorLine(err, e.secret))
+	}
+	return err
+}
+
+// usageError is a command line or input the program refuses: exit 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error {
+	return &usageError{err: fmt.Errorf(format, args...)}
+}
+
+// unchangedError is a valid command that changed nothing: exit 3.
+type unchangedError struct{ msg string }
+
+func (e *unchangedError) Error() string { return e.msg }
+
+func exitCode(err error) int {
+	var (
+		usage     *usageError
+		unchanged *unchangedError
+		exitCoder cli.ExitCoder // only urfave's own usage errors ("No help topic ..."); we never create one
+	)
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &unchanged):
+		return exitUnchanged
+	case errors.As(err, &usage), errors.Is(err, service.ErrInvalidInput), errors.As(err, &exitCoder):
+		return exitUsage
+	default:
+		return exitRuntime
+	}
+}
+
+// urlPassword matches the password of a URL written as scheme://user:password@host.
+var urlPassword = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*):[^@/\s]*@`)
+
+// keyValuePassword matches password=... in a key=value connection string or a URL query.
+var keyValuePassword = regexp.MustCompile(`(?i)(password=)[^\s&]*`)
+
+// redactURLs replaces every URL password in s, and any password=..., with xxxxx.
+func redactURLs(s string) string {
+	s = urlPassword.ReplaceAllString(s, "${1}:xxxxx@")
+	return keyValuePassword.ReplaceAllString(s, "${1}xxxxx")
+}
+
+// errorLine is err as one line, without URL passwords and without the database password (which
+// may also appear in a key=value connection string).
+func errorLine(err error, secret string) string {
+	s := err.Error()
+	if connErr := (*pgconn.ConnectError)(nil); errors.As(err, &connErr) {
+		s = "database unreachable: " + s
+	}
+	s = redactURLs(s)
+	if len(secret) >= 3 {
+		s = strings.ReplaceAll(s, secret, "xxxxx")
+	}
+	// pgx reports one line per connection attempt, often the same one twice (sslmode=prefer).
+	var lines []string
+	seen := map[string]bool{}
+	for _, l := range strings.Split(s, "\n") {
+		l = strings.Join(strings.Fields(l), " ")
+		if l != "" && !seen[l] {
+			seen[l] = true
+			lines = append(lines, l)
+		}
+	}
+	switch len(lines) {
+	case 0:
+		return "error"
+	case 1:
+		return lines[0]
+	}
+	return lines[0] + " " + strings.Join(lines[1:], "; ")
+}

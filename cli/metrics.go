@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/notifierhq/notifier/service"
+)
+
+// metrics are a worker's Prometheus metrics, on a private registry (no global state, one set per
+// run). Claims, finishes and parks are counted from each cycle's service.Result; calls and their
+// duration are measured around the channel client itself, so a call is counted even when the
+// finish transaction fails afterwards.
+type metrics struct {
+	registry     *prometheus.Registry
+	claims       *prometheus.CounterVec
+	calls        *prometheus.CounterVec
+	finishes     *prometheus.CounterVec
+	parked       prometheus.Counter
+	callDuration *prometheus.HistogramVec
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "notifier_claims_total",
+			Help: "Tasks claimed by this worker (including those settled at claim time without a call).",
+		}, []string{"channel"}),
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "notifier_calls_total",
+			Help: "Channel calls made, by what they observed.",
+		}, []string{"channel", "action", "outcome"}),
+		finishes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "notifier_finish_total",
+			Help: "Completed cycles by result (SENT, PENDING, UNKNOWN, PARKED, FAILED, SUPPRESSED, STALE).",
+		}, []string{"result"}),
+		parked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "notifier_parked_total",
+			Help: "Tasks this worker parked for a human (notifier review).",
+		}),
+		callDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "notifier_call_duration_seconds",
+			Help:    "Duration of channel calls, up to the client timeout.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"channel", "action"}),
+	}
+	m.registry.MustRegister(m.claims, m.calls, m.finishes, m.parked, m.callDuration,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// onResult counts one completed cycle.
+func (m *metrics) onResult(r service.Result) {
+	if r.Kind == service.ResultNothing {
+		return
+	}
+	m.claims.WithLabelValues(r.Channel).Inc()
+	m.finishes.WithLabelValues(string(r.Kind)).Inc()
+	if r.Kind == service.ResultParked {
+		m.parked.Inc()
+	}
+}
+
+func (m *metrics) observeCall(channel string, action service.Action, outcome service.Outcome, d time.Duration) {
+	m.calls.WithLabelValues(channel, string(action), string(outcome)).Inc()
+	m.callDuration.WithLabelValues(channel, string(action)).Observe(d.Seconds())
+}
+
+// measuredChannel wraps a channel client to count and time its calls.
+type measuredChannel struct {
+	name string
+	next service.Channel
+	m    *metrics
+}
+
+func (c measuredChannel) Send(ctx context.Context, msg service.Message) service.Observation {
+	start := time.Now()
+	obs := c.next.Send(ctx, msg)
+	c.m.observeCall(c.name, service.ActionSend, obs.Outcome, time.Since(start))
+	return obs
+}
+
+func (c measuredChannel) Query(ctx context.Context, ref string) service.Observation {
+	start := time.Now()
+	obs := c.next.Query(ctx, ref)
+	c.m.observeCall(c.name, service.ActionQuery, obs.Outcome, time.Since(start))
+	return obs
+}

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/service"
+)
+
+// oneTask creates a preference and a notification with one task on channel; it returns the task id.
+func oneTask(t *testing.T, pool *pgxpool.Pool, channel string) int64 {
+	t.Helper()
+	is := is.New(t)
+	n := service.NewNotifier(pool)
+	ctx := context.Background()
+	_, err := n.SetPreference(ctx, "u1", channel, "device-1", true)
+	is.NoErr(err) // preference
+	_, _, tasks, err := n.Create(ctx, "u1", "order-1", "shipped", time.Hour, 3)
+	is.NoErr(err)           // notification
+	is.Equal(len(tasks), 1) // one task
+	return tasks[0].TaskID
+}
+
+// waitLeaseExpired waits, on the database clock, until the task's lease has run out.
+func waitLeaseExpired(t *testing.T, pool *pgxpool.Pool, taskID int64) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "the lease to expire", func() bool {
+		var expired bool
+		err := pool.QueryRow(context.Background(),
+			`SELECT lease_until < now() FROM delivery_task WHERE id = $1`, taskID).Scan(&expired)
+		if err != nil {
+			t.Fatalf("read lease: %v", err)
+		}
+		return expired
+	})
+}
+
+// TestP1KilledWorkerLeaseExpires (SPEC P1): a worker process is SIGKILLed while its call hangs after
+// the channel accepted. The task stays SENDING; a probe during the lease claims nothing; after the
+// lease a second process resends with the same key (ACCEPTED_REPLAY) and the task is SENT with one
+// outbound message; attempt 1 reads LEASE_EXPIRED.
+func TestP1KilledWorkerLeaseExpires(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	c, pool := newCLI(t)
+	n := service.NewNotifier(pool)
+	ctx := context.Background()
+	push := startFake(t, fakes.Push)
+	taskID := oneTask(t, pool, "push")
+	ref := service.Ref(taskID)
+	push.ScriptSend(ref, fakes.Step{Hang: true})
+	channel := "push=idempotent," + push.URL()
+
+	a := c.start("work", "--once", "--worker-id", "A", "--channel", channel,
+		"--lease", "3s", "--timeout", "60s", "--allow-lease-overlap")
+	waitCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	is.NoErr(push.WaitOutbound(waitCtx, ref, 1)) // A's send was accepted; the answer hangs
+	is.Equal(a.stop(syscall.SIGKILL), -1)        // A is killed, no chance to record anything
+
+	task, err := n.Task(ctx, taskID)
+	is.NoErr(err)                              // the task reads back
+	is.Equal(task.State, service.StateSending) // still held by the dead worker
+	is.Equal(task.LeaseOwner, "A")             // by A
+
+	r := c.ok("work", "--once", "--worker-id", "probe", "--channel", channel)
+	is.Equal(r.stdout, "{\"result\":\"NOTHING\"}\n") // during the lease nobody else may claim it
+
+	waitLeaseExpired(t, pool, taskID)
+	r = c.ok("work", "--once", "--worker-id", "B", "--channel", channel)
+	var res service.Result
+	decode(t, r.stdout, &res)
+	is.Equal(res.Kind, service.ResultSent)               // B completes
+	is.Equal(res.Attempt, 2)                             // as attempt 2
+	is.Equal(res.Action, service.ActionSend)             // resending (idempotent channel)
+	is.Equal(res.Outcome, service.OutcomeAcceptedReplay) // and the channel replays the original
+
+	attempts, err := n.Attempts(ctx, taskID)
+	is.NoErr(err)                                                // attempts read back
+	is.Equal(len(attempts), 2)                                   // two attempts
+	is.Equal(attempts[0].Outcome, service.OutcomeLeaseExpired)   // A's, closed by B's claim
+	is.Equal(attempts[1].Outcome, service.OutcomeAcceptedReplay) // B's
+	is.Equal(push.Outbound(ref), 1)                              // the user got one message
+	is.Equal(push.Sends(ref), 2)                                 // from two sends
+}
+
+// TestP2StoppedWorkerIsStale (SPEC P2): lease 1 s, client timeout 1.5 s, so holders can overlap on
+// purpose. Worker A is SIGSTOPped after the channel accepted; after the lease worker B takes over and
+// completes (ACCEPTED_REPLAY, SENT); A resumes, times out and finishes with its old token: 0 rows,
+// STALE, the observation kept as attempt 1's late_outcome; the task stays SENT.
+func TestP2StoppedWorkerIsStale(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	c, pool := newCLI(t)
+	n := service.NewNotifier(pool)
+	ctx := context.Background()
+	push := startFake(t, fakes.Push)
+	taskID := oneTask(t, pool, "push")
+	ref := service.Ref(taskID)
+	push.ScriptSend(ref, fakes.Step{Delay: 10 * time.Second}) // accepted, answered far too late
+	channel := "push=idempotent," + push.URL()
+
+	a := c.start("work", "--once", "--worker-id", "A", "--channel", channel,
+		"--lease", "1s", "--timeout", "1500ms", "--allow-lease-overlap")
+	waitCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	is.NoErr(push.WaitOutbound(waitCtx, ref, 1))                 // A's send was accepted
+	is.NoErr(a.cmd.Process.Signal(syscall.SIGSTOP))              // A freezes mid-call
+	defer func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) }() // never leave it stopped
+
+	waitLeaseExpired(t, pool, taskID)
+	r := c.ok("work", "--once", "--worker-id", "B", "--channel", channel, "--timeout", "5s")
+	var b service.Result
+	decode(t, r.stdout, &b)
+	is.Equal(b.Kind, service.ResultSent)               // B completes
+	is.Equal(b.Attempt, 2)                             // as attempt 2
+	is.Equal(b.Outcome, service.OutcomeAcceptedReplay) // replayed by the channel
+
+	is.NoErr(a.cmd.Process.Signal(syscall.SIGCONT)) // A resumes, past its client timeout
+	select {
+	case <-a.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("worker A did not finish; stderr:\n%s", a.stderr)
+	}
+	is.Equal(a.cmd.ProcessState.ExitCode(), 0) // A ends normally
+	var stale service.Result
+	decode(t, a.stdout.String(), &stale)
+	is.Equal(stale.Kind, service.ResultStale)       // its finish changed nothing
+	is.Equal(stale.Attempt, 1)                      // for attempt 1
+	is.Equal(stale.Outcome, service.OutcomeTimeout) // which timed out
+
+	task, err := n.Task(ctx, taskID)
+	is.NoErr(err)                           // the task reads back
+	is.Equal(task.State, service.StateSent) // still SENT: the late observation did not overwrite it
+	attempts, err := n.Attempts(ctx, taskID)
+	is.NoErr(err)                                                // attempts read back
+	is.Equal(len(attempts), 2)                                   // two attempts
+	is.Equal(attempts[0].Outcome, service.OutcomeLeaseExpired)   // A's, closed by B's claim
+	is.Equal(attempts[0].LateOutcome, service.OutcomeTimeout)    // with A's late observation kept
+	is.Equal(attempts[1].Outcome, service.OutcomeAcceptedReplay) // B's
+	is.Equal(push.Outbound(ref), 1)                              // one message for the user
+}

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/service"
+)
+
+// syncBuffer is a bytes.Buffer a running process writes while the test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// process is the binary running in the background.
+type process struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	stdout *syncBuffer
+	stderr *syncBuffer
+	done   chan struct{}
+}
+
+// start runs the binary in the background; it is killed at the end of the test if still running.
+func (c notifierCLI) start(args ...string) *process {
+	c.t.Helper()
+	cmd := c.command(context.Background(), args...)
+	p := &process{t: c.t, cmd: cmd, stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.stdout, p.stderr
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("start notifier: %v", err)
+	}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	c.t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	return p
+}
+
+// stop sends sig and waits for the exit code.
+func (p *process) stop(sig syscall.Signal) int {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		p.t.Fatalf("signal: %v", err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		p.t.Fatalf("notifier did not exit after %v; stderr:\n%s", sig, p.stderr)
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// waitFor polls until ok or fails the test after timeout.
+func waitFor(t *testing.T, timeout time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestSIGTERMFinishesInFlightCall: SIGTERM during a call lets the call end and its outcome be
+// recorded; the worker exits 0 and the task is SENT, not left SENDING.
+func TestSIGTERMFinishesInFlightCall(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	c, pool := newCLI(t)
+	n := service.NewNotifier(pool)
+	ctx := context.Background()
+	push := startFake(t, fakes.Push)
+	push.ScriptAll(fakes.Step{Delay: time.Second}) // accepted at once, answered after 1 s
+	_, err := n.SetPreference(ctx, "u1", "push", "device-1", true)
+	is.NoErr(err) // preference
+	_, _, tasks, err := n.Create(ctx, "u1", "order-1", "shipped", time.Hour, 3)
+	is.NoErr(err)           // notification
+	is.Equal(len(tasks), 1) // one task
+	taskID := tasks[0].TaskID
+
+	p := c.start("work", "--worker-id", "w-term", "--channel", "push=idempotent,"+push.URL(), "--timeout", "3s", "--poll", "50ms")
+	waitCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	is.NoErr(push.WaitOutbound(waitCtx, service.Ref(taskID), 1)) // the call is in flight (accepted, not answered)
+
+	is.Equal(p.stop(syscall.SIGTERM), 0) // a clean stop
+	task, err := n.Task(ctx, taskID)
+	is.NoErr(err)                           // the task reads back
+	is.Equal(task.State, service.StateSent) // the in-flight call's outcome was recorded
+	attempts, err := n.Attempts(ctx, taskID)
+	is.NoErr(err)                                            // attempts read back
+	is.Equal(len(attempts), 1)                               // one attempt
+	is.Equal(attempts[0].Outcome, service.OutcomeAccepted)   // accepted
+	is.Equal(push.Outbound(service.Ref(taskID)), 1)          // one message
+	is.True(strings.Contains(p.stderr.String(), "stopping")) // the shutdown is logged
+	is.Equal(p.stdout.String(), "")                          // a long-running worker prints no result
+}
+
+// TestMetrics: a worker with --metrics-addr 127.0.0.1:0 logs its address and counts a delivery.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	c, pool := newCLI(t)
+	n := service.NewNotifier(pool)
+	ctx := context.Background()
+	push := startFake(t, fakes.Push)
+	_, err := n.SetPreference(ctx, "u1", "push", "device-1", true)
+	is.NoErr(err) // preference
+	_, _, _, err = n.Create(ctx, "u1", "order-1", "shipped", time.Hour, 3)
+	is.NoErr(err) // a due task
+
+	p := c.start("--log-format", "json", "work", "--channel", "push=idempotent,"+push.URL(),
+		"--metrics-addr", "127.0.0.1:0", "--poll", "50ms")
+	var addr string
+	waitFor(t, 20*time.Second, "the metrics address in the log", func() bool {
+		sc := bufio.NewScanner(strings.NewReader(p.stderr.String()))
+		for sc.Scan() {
+			var line struct {
+				Msg  string `json:"msg"`
+				Addr string `json:"addr"`
+			}
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "serving metrics" {
+				addr = line.Addr
+				return true
+			}
+		}
+		return false
+	})
+
+	var body string
+	waitFor(t, 20*time.Second, "the delivery in the metrics", func() bool {
+		body = scrape(t, "http://"+addr+"/metrics")
+		return strings.Contains(body, `notifier_finish_total{result="SENT"} 1`)
+	})
+	for _, want := range []string{
+		`notifier_calls_total{action="SEND",channel="push",outcome="ACCEPTED"} 1`,
+		`notifier_claims_total{channel="push"} 1`,
+		`notifier_call_duration_seconds_count{action="SEND",channel="push"} 1`,
+		`notifier_parked_total 0`,
+	} {
+		is.True(strings.Contains(body, want)) // the metric is exposed
+	}
+	is.Equal(p.stop(syscall.SIGTERM), 0) // a clean stop
+}
+
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("scrape: status %d, %v", resp.StatusCode, err)
+	}
+	return string(b)
+}
+
+// TestHelp: the root and every command document themselves, exit codes and JSON output included.
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	c := notifierCLI{t: t}
+	for _, args := range [][]string{
+		{"--help"}, {"-h"}, {"help"},
+		{"pref", "--help"}, {"pref", "set", "--help"}, {"create", "--help"}, {"work", "--help"},
+		{"resolve", "--help"}, {"review", "--help"}, {"status", "--help"}, {"fake", "--help"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			is := is.New(t)
+			r := c.in(t).run("", args...)
+			is.Equal(r.code, 0)                               // help is not an error
+			is.True(strings.Contains(r.stdout, "Exit codes")) // documents the exit codes
+			is.True(strings.Contains(r.stdout, "3 nothing changed"))
+			is.True(strings.Contains(r.stdout, "JSON")) // and the JSON output
+			is.Equal(r.stderr, "")                      // nothing on stderr
+		})
+	}
+}
+
+// TestFake: notifier fake prints its URLs as one JSON line, serves the channels and the control API,
+// and stops cleanly on SIGTERM.
+func TestFake(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	c := notifierCLI{t: t}
+	p := c.start("fake")
+	var urls fakeOutput
+	waitFor(t, 20*time.Second, "the fake's URLs", func() bool {
+		line, ok := strings.CutSuffix(p.stdout.String(), "\n")
+		return ok && json.Unmarshal([]byte(line), &urls) == nil
+	})
+	for _, u := range []string{urls.Push, urls.SMS, urls.None, urls.Control} {
+		is.True(strings.HasPrefix(u, "http://127.0.0.1:")) // every server listens
+	}
+
+	resp, err := http.Post(urls.Push+"/send", "application/json", strings.NewReader(`{"ref":"task-1","to":"d","body":"b"}`))
+	is.NoErr(err) // the push fake answers
+	resp.Body.Close()
+	is.Equal(resp.StatusCode, http.StatusOK) // and accepts
+	var counts fakes.Counts
+	is.NoErr(json.Unmarshal([]byte(scrape(t, urls.Control+"/control/push/counts")), &counts)) // the control API answers
+	is.Equal(counts.Outbound["task-1"], 1)                                                    // with the push fake's counts
+
+	is.Equal(p.stop(syscall.SIGTERM), 0)                // a clean stop
+	is.Equal(strings.Count(p.stdout.String(), "\n"), 1) // exactly one line on stdout
+}
