@@ -75,6 +75,7 @@ func newApp(e *env) *cli.App {
 			reviewCommand(e),
 			statusCommand(e),
 			fakeCommand(e),
+			demoCommand(e),
 		},
 	}
 	for _, c := range app.Commands {
