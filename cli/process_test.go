@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -76,10 +77,13 @@ func TestP1KilledWorkerLeaseExpires(t *testing.T) {
 	r = c.ok("work", "--once", "--worker-id", "B", "--channel", channel)
 	var res service.Result
 	decode(t, r.stdout, &res)
-	is.Equal(res.Kind, service.ResultSent)               // B completes
-	is.Equal(res.Attempt, 2)                             // as attempt 2
-	is.Equal(res.Action, service.ActionSend)             // resending (idempotent channel)
-	is.Equal(res.Outcome, service.OutcomeAcceptedReplay) // and the channel replays the original
+	is.Equal(res.Kind, service.ResultSent)                                     // B completes
+	is.Equal(res.Attempt, 2)                                                   // as attempt 2
+	is.Equal(res.Action, service.ActionSend)                                   // resending (idempotent channel)
+	is.Equal(res.Outcome, service.OutcomeAcceptedReplay)                       // and the channel replays the original
+	logged(t, r.stderr, "msg=CLAIMED", "worker=B", "attempt=2", "action=SEND") // B's log: the claim
+	logged(t, r.stderr, "msg=CALLED", "attempt=2", "outcome=ACCEPTED_REPLAY")  // the call
+	logged(t, r.stderr, "msg=RESULT", "result=SENT", "attempt=2")              // the result
 
 	attempts, err := n.Attempts(ctx, taskID)
 	is.NoErr(err)                                                // attempts read back
@@ -131,9 +135,11 @@ func TestP2StoppedWorkerIsStale(t *testing.T) {
 	is.Equal(a.cmd.ProcessState.ExitCode(), 0) // A ends normally
 	var stale service.Result
 	decode(t, a.stdout.String(), &stale)
-	is.Equal(stale.Kind, service.ResultStale)       // its finish changed nothing
-	is.Equal(stale.Attempt, 1)                      // for attempt 1
-	is.Equal(stale.Outcome, service.OutcomeTimeout) // which timed out
+	is.Equal(stale.Kind, service.ResultStale)                                 // its finish changed nothing
+	is.Equal(stale.Attempt, 1)                                                // for attempt 1
+	is.Equal(stale.Outcome, service.OutcomeTimeout)                           // which timed out
+	logged(t, a.stderr.String(), "msg=CALLED", "worker=A", "outcome=TIMEOUT") // A's log: the late call
+	logged(t, a.stderr.String(), "msg=RESULT", "result=STALE", "attempt=1")   // and its refused finish
 
 	task, err := n.Task(ctx, taskID)
 	is.NoErr(err)                           // the task reads back
@@ -145,4 +151,19 @@ func TestP2StoppedWorkerIsStale(t *testing.T) {
 	is.Equal(attempts[0].LateOutcome, service.OutcomeTimeout)    // with A's late observation kept
 	is.Equal(attempts[1].Outcome, service.OutcomeAcceptedReplay) // B's
 	is.Equal(push.Outbound(ref), 1)                              // one message for the user
+}
+
+// logged fails unless one line of a worker's text log has every one of fields.
+func logged(t *testing.T, log string, fields ...string) {
+	t.Helper()
+	for _, line := range strings.Split(log, "\n") {
+		all := true
+		for _, f := range fields {
+			all = all && strings.Contains(line, f)
+		}
+		if all {
+			return
+		}
+	}
+	t.Fatalf("no log line with %v in:\n%s", fields, log)
 }
