@@ -16,7 +16,10 @@ SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attem
        coalesce(p.enabled, false)::bool AS pref_enabled,
        coalesce(p.address, '')::text    AS address,
        n.body,
-       (n.expires_at <= now())::bool    AS expired
+       n.expires_at,
+       (n.expires_at <= now())::bool    AS expired,
+       -- how long the uncertainty has lasted; for a lease that just expired, since the lost attempt began
+       extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
 FROM delivery_task t
 JOIN notification n ON n.id = t.notification_id
 LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel
@@ -34,18 +37,20 @@ type TaskClaimExpiredLeaseParams struct {
 }
 
 type TaskClaimExpiredLeaseRow struct {
-	ID               int64
-	NotificationID   int64
-	Channel          string
-	State            string
-	AttemptCount     int32
-	MaxAttempts      int32
-	OutcomeUncertain bool
-	HeldToken        *string
-	PrefEnabled      bool
-	Address          string
-	Body             string
-	Expired          bool
+	ID                  int64
+	NotificationID      int64
+	Channel             string
+	State               string
+	AttemptCount        int32
+	MaxAttempts         int32
+	OutcomeUncertain    bool
+	HeldToken           *string
+	PrefEnabled         bool
+	Address             string
+	Body                string
+	ExpiresAt           time.Time
+	Expired             bool
+	UncertainAgeSeconds float64
 }
 
 // Locks up to @max_tasks SENDING tasks whose holder's lease ran out on the database clock (the holder
@@ -73,7 +78,9 @@ func (q *Queries) TaskClaimExpiredLease(ctx context.Context, arg TaskClaimExpire
 			&i.PrefEnabled,
 			&i.Address,
 			&i.Body,
+			&i.ExpiresAt,
 			&i.Expired,
+			&i.UncertainAgeSeconds,
 		); err != nil {
 			return nil, err
 		}
@@ -91,7 +98,10 @@ SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attem
        coalesce(p.enabled, false)::bool AS pref_enabled,
        coalesce(p.address, '')::text    AS address,
        n.body,
-       (n.expires_at <= now())::bool    AS expired
+       n.expires_at,
+       (n.expires_at <= now())::bool    AS expired,
+       -- how long the uncertainty has lasted; for a lease that just expired, since the lost attempt began
+       extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
 FROM delivery_task t
 JOIN notification n ON n.id = t.notification_id
 LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel
@@ -109,18 +119,20 @@ type TaskClaimReadyParams struct {
 }
 
 type TaskClaimReadyRow struct {
-	ID               int64
-	NotificationID   int64
-	Channel          string
-	State            string
-	AttemptCount     int32
-	MaxAttempts      int32
-	OutcomeUncertain bool
-	HeldToken        *string
-	PrefEnabled      bool
-	Address          string
-	Body             string
-	Expired          bool
+	ID                  int64
+	NotificationID      int64
+	Channel             string
+	State               string
+	AttemptCount        int32
+	MaxAttempts         int32
+	OutcomeUncertain    bool
+	HeldToken           *string
+	PrefEnabled         bool
+	Address             string
+	Body                string
+	ExpiresAt           time.Time
+	Expired             bool
+	UncertainAgeSeconds float64
 }
 
 // Locks up to @max_tasks of the longest-waiting due tasks (PENDING, or UNKNOWN and not parked) on the
@@ -148,7 +160,9 @@ func (q *Queries) TaskClaimReady(ctx context.Context, arg TaskClaimReadyParams) 
 			&i.PrefEnabled,
 			&i.Address,
 			&i.Body,
+			&i.ExpiresAt,
 			&i.Expired,
+			&i.UncertainAgeSeconds,
 		); err != nil {
 			return nil, err
 		}
@@ -204,6 +218,8 @@ const taskFinish = `-- name: TaskFinish :many
 UPDATE delivery_task t
 SET state             = u.state,
     outcome_uncertain = u.outcome_uncertain,
+    -- updated_at is still this attempt's claim time: nothing else changes a SENDING row with our token
+    uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
     needs_review      = u.needs_review,
     provider_msg_id   = coalesce(nullif(u.provider_msg_id, ''), t.provider_msg_id),
     last_error        = nullif(u.last_error, ''),
@@ -274,16 +290,36 @@ func (q *Queries) TaskFinish(ctx context.Context, arg TaskFinishParams) ([]int64
 
 const taskGet = `-- name: TaskGet :one
 SELECT id, notification_id, channel, state, attempt_count, max_attempts, attempt_token, lease_owner,
-       lease_until, next_attempt_at, outcome_uncertain, needs_review, provider_msg_id, last_error,
-       created_at, updated_at
+       lease_until, next_attempt_at, outcome_uncertain, uncertain_since, needs_review, provider_msg_id,
+       last_error, created_at, updated_at
 FROM delivery_task
 WHERE id = $1
 `
 
+type TaskGetRow struct {
+	ID               int64
+	NotificationID   int64
+	Channel          string
+	State            string
+	AttemptCount     int32
+	MaxAttempts      int32
+	AttemptToken     *string
+	LeaseOwner       *string
+	LeaseUntil       *time.Time
+	NextAttemptAt    *time.Time
+	OutcomeUncertain bool
+	UncertainSince   *time.Time
+	NeedsReview      bool
+	ProviderMsgID    *string
+	LastError        *string
+	CreatedAt        time.Time
+	UpdatedAt        time.Time
+}
+
 // One task as the service knows it.
-func (q *Queries) TaskGet(ctx context.Context, id int64) (DeliveryTask, error) {
+func (q *Queries) TaskGet(ctx context.Context, id int64) (TaskGetRow, error) {
 	row := q.db.QueryRow(ctx, taskGet, id)
-	var i DeliveryTask
+	var i TaskGetRow
 	err := row.Scan(
 		&i.ID,
 		&i.NotificationID,
@@ -296,6 +332,7 @@ func (q *Queries) TaskGet(ctx context.Context, id int64) (DeliveryTask, error) {
 		&i.LeaseUntil,
 		&i.NextAttemptAt,
 		&i.OutcomeUncertain,
+		&i.UncertainSince,
 		&i.NeedsReview,
 		&i.ProviderMsgID,
 		&i.LastError,
@@ -463,6 +500,7 @@ UPDATE delivery_task
 SET state             = 'UNKNOWN',
     needs_review      = true,
     outcome_uncertain = true,
+    uncertain_since   = coalesce(uncertain_since, updated_at),
     next_attempt_at   = NULL,
     lease_owner       = NULL,
     lease_until       = NULL,
@@ -520,6 +558,7 @@ UPDATE delivery_task
 SET state             = $1::text,
     needs_review      = $2,
     outcome_uncertain = $3,
+    uncertain_since   = CASE WHEN $3::bool THEN coalesce(uncertain_since, updated_at) END,
     next_attempt_at   = NULL,
     lease_owner       = NULL,
     lease_until       = NULL,
@@ -565,6 +604,7 @@ SET state             = 'SENDING',
     next_attempt_at   = NULL,
     attempt_count     = t.attempt_count + 1,
     outcome_uncertain = u.outcome_uncertain,
+    uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
     updated_at        = now()
 FROM (SELECT unnest($3::bigint[]) AS id,
              unnest($4::bool[]) AS outcome_uncertain) AS u
@@ -590,7 +630,8 @@ type TaskStartAttemptsRow struct {
 // Makes the claimer the only holder of tasks it has locked in this transaction: per task a fresh attempt
 // token (any earlier holder's finish now matches 0 rows, R2), a lease on the database clock, and the
 // uncertainty the attempt starts with (true when an earlier attempt may have been accepted, including a
-// lease that expired). The state condition repeats the claim's, so no other row can be started.
+// lease that expired: then it began when the lost attempt was claimed, the row's updated_at). The state
+// condition repeats the claim's, so no other row can be started.
 func (q *Queries) TaskStartAttempts(ctx context.Context, arg TaskStartAttemptsParams) ([]TaskStartAttemptsRow, error) {
 	rows, err := q.db.Query(ctx, taskStartAttempts,
 		arg.Worker,

@@ -51,6 +51,7 @@ type DeliveryTask struct {
 	LastError        *string
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
+	UncertainSince   *time.Time
 }
 
 type Notification struct {

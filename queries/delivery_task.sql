@@ -26,7 +26,10 @@ SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attem
        coalesce(p.enabled, false)::bool AS pref_enabled,
        coalesce(p.address, '')::text    AS address,
        n.body,
-       (n.expires_at <= now())::bool    AS expired
+       n.expires_at,
+       (n.expires_at <= now())::bool    AS expired,
+       -- how long the uncertainty has lasted; for a lease that just expired, since the lost attempt began
+       extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
 FROM delivery_task t
 JOIN notification n ON n.id = t.notification_id
 LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel
@@ -47,7 +50,10 @@ SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attem
        coalesce(p.enabled, false)::bool AS pref_enabled,
        coalesce(p.address, '')::text    AS address,
        n.body,
-       (n.expires_at <= now())::bool    AS expired
+       n.expires_at,
+       (n.expires_at <= now())::bool    AS expired,
+       -- how long the uncertainty has lasted; for a lease that just expired, since the lost attempt began
+       extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
 FROM delivery_task t
 JOIN notification n ON n.id = t.notification_id
 LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel
@@ -62,7 +68,8 @@ FOR UPDATE OF t SKIP LOCKED;
 -- Makes the claimer the only holder of tasks it has locked in this transaction: per task a fresh attempt
 -- token (any earlier holder's finish now matches 0 rows, R2), a lease on the database clock, and the
 -- uncertainty the attempt starts with (true when an earlier attempt may have been accepted, including a
--- lease that expired). The state condition repeats the claim's, so no other row can be started.
+-- lease that expired: then it began when the lost attempt was claimed, the row's updated_at). The state
+-- condition repeats the claim's, so no other row can be started.
 UPDATE delivery_task t
 SET state             = 'SENDING',
     attempt_token     = gen_random_uuid(),
@@ -71,6 +78,7 @@ SET state             = 'SENDING',
     next_attempt_at   = NULL,
     attempt_count     = t.attempt_count + 1,
     outcome_uncertain = u.outcome_uncertain,
+    uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
     updated_at        = now()
 FROM (SELECT unnest(@ids::bigint[]) AS id,
              unnest(@outcome_uncertain::bool[]) AS outcome_uncertain) AS u
@@ -86,6 +94,7 @@ UPDATE delivery_task
 SET state             = @state::text,
     needs_review      = @needs_review,
     outcome_uncertain = @outcome_uncertain,
+    uncertain_since   = CASE WHEN @outcome_uncertain::bool THEN coalesce(uncertain_since, updated_at) END,
     next_attempt_at   = NULL,
     lease_owner       = NULL,
     lease_until       = NULL,
@@ -105,6 +114,7 @@ UPDATE delivery_task
 SET state             = 'UNKNOWN',
     needs_review      = true,
     outcome_uncertain = true,
+    uncertain_since   = coalesce(uncertain_since, updated_at),
     next_attempt_at   = NULL,
     lease_owner       = NULL,
     lease_until       = NULL,
@@ -122,6 +132,8 @@ WHERE id = @id;
 UPDATE delivery_task t
 SET state             = u.state,
     outcome_uncertain = u.outcome_uncertain,
+    -- updated_at is still this attempt's claim time: nothing else changes a SENDING row with our token
+    uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
     needs_review      = u.needs_review,
     provider_msg_id   = coalesce(nullif(u.provider_msg_id, ''), t.provider_msg_id),
     last_error        = nullif(u.last_error, ''),
@@ -163,8 +175,8 @@ RETURNING attempt_count;
 -- name: TaskGet :one
 -- One task as the service knows it.
 SELECT id, notification_id, channel, state, attempt_count, max_attempts, attempt_token, lease_owner,
-       lease_until, next_attempt_at, outcome_uncertain, needs_review, provider_msg_id, last_error,
-       created_at, updated_at
+       lease_until, next_attempt_at, outcome_uncertain, uncertain_since, needs_review, provider_msg_id,
+       last_error, created_at, updated_at
 FROM delivery_task
 WHERE id = @id;
 

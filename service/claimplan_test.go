@@ -36,12 +36,13 @@ func TestClaimIgnoresHistory(t *testing.T) {
 	is.NoErr(err) // history notifications inserted
 	_, err = e.pool.Exec(ctx, `
 		INSERT INTO delivery_task (notification_id, channel, state, attempt_count, max_attempts, next_attempt_at,
-		                           outcome_uncertain, needs_review, provider_msg_id)
+		                           outcome_uncertain, uncertain_since, needs_review, provider_msg_id)
 		SELECT n.id,
 		       CASE WHEN n.id % 2 = 0 THEN 'push' ELSE 'sms' END,
 		       (ARRAY['SENT', 'FAILED', 'SUPPRESSED', 'UNKNOWN'])[n.id % 4 + 1],
 		       1, 3, NULL,
 		       n.id % 4 = 3,
+		       CASE WHEN n.id % 4 = 3 THEN now() END,
 		       n.id % 4 = 3,
 		       CASE WHEN n.id % 4 = 0 THEN 'msg-' || n.id END
 		FROM notification n
@@ -59,8 +60,9 @@ func TestClaimIgnoresHistory(t *testing.T) {
 	is.NoErr(err) // live notifications inserted
 	_, err = e.pool.Exec(ctx, `
 		INSERT INTO delivery_task (notification_id, channel, state, attempt_count, max_attempts, next_attempt_at,
-		                           attempt_token, lease_owner, lease_until, outcome_uncertain)
-		SELECT n.id, 'push', s.state, s.attempts, 3, s.next_at, s.token, s.owner, s.lease, s.state = 'UNKNOWN'
+		                           attempt_token, lease_owner, lease_until, outcome_uncertain, uncertain_since)
+		SELECT n.id, 'push', s.state, s.attempts, 3, s.next_at, s.token, s.owner, s.lease, s.state = 'UNKNOWN',
+		       CASE WHEN s.state = 'UNKNOWN' THEN now() END
 		FROM (SELECT id, row_number() OVER (ORDER BY id) AS k FROM notification WHERE event_key LIKE 'live-%') n
 		CROSS JOIN LATERAL (
 		    SELECT CASE WHEN n.k <= 5 THEN 'PENDING' WHEN n.k <= 8 THEN 'UNKNOWN' WHEN n.k <= 12 THEN 'PENDING'

@@ -14,8 +14,32 @@ import (
 // Route is one channel a dispatcher serves: its name (as in channel_pref.channel), its contract, and
 // the client that calls it.
 type Route struct {
-	Mode   Mode
-	Client Channel
+	Mode     Mode
+	Contract Contract
+	Client   Channel
+}
+
+// Contract refines a channel's Mode with what its provider documents. The zero value is the fakes'
+// contract: keys never expire, queries are immediately consistent, 5xx is answered before acceptance.
+type Contract struct {
+	// IdempotencyWindow is how long the channel remembers an idempotency key. A resend later than this
+	// after the first uncertain attempt began would not be deduplicated, so the task is parked instead.
+	// 0: forever.
+	IdempotencyWindow time.Duration
+	// QuerySettle is how long after an uncertain attempt began its query may still miss it. A
+	// QUERY_NOT_FOUND before then proves nothing: the task stays uncertain and is queried again later.
+	// 0: the query is immediately consistent.
+	QuerySettle time.Duration
+	// MaxInFlightAge bounds automatic recovery: once the first uncertain attempt began this long ago,
+	// the task is parked rather than retried again. 0: no bound beyond the attempt budget.
+	MaxInFlightAge time.Duration
+	// ServerErrorsUncertain makes 5xx and 429 count as "may have been accepted", for providers that do
+	// not promise to refuse before accepting.
+	ServerErrorsUncertain bool
+	// ResendWithTopic lets a NONE channel that supports replacement of undelivered messages (Web Push
+	// Topic, RFC 8030 section 5.4) resend after an uncertain attempt (action TOPIC_RESEND) instead of
+	// parking. It replaces the first message only if that one was not delivered yet.
+	ResendWithTopic bool
 }
 
 // DispatcherConfig configures a worker's claim-call-finish cycle.
@@ -115,12 +139,15 @@ type Attempt struct {
 	TaskID         int64
 	Channel        string
 	Mode           Mode
+	Contract       Contract
 	No             int // attempt_no, 1-based
 	MaxAttempts    int
 	Token          string
 	Action         Action
 	PriorUncertain bool
+	UncertainAge   time.Duration // with PriorUncertain: how long ago the uncertain attempt began, at claim
 	LeaseUntil     time.Time
+	claimed        time.Time // local monotonic clock at claim, to age UncertainAge at finish
 	Message        Message
 }
 
@@ -193,6 +220,7 @@ func (d *Dispatcher) ClaimBatch(ctx context.Context, limit int) ([]*Attempt, []R
 		if err != nil || len(rows) == 0 {
 			return err
 		}
+		claimed := time.Now()
 		var (
 			expiredTokens  []string
 			startIDs       []int64
@@ -207,7 +235,9 @@ func (d *Dispatcher) ClaimBatch(ctx context.Context, limit int) ([]*Attempt, []R
 			dec := Decide(ClaimFacts{
 				Uncertain: row.OutcomeUncertain, LeaseExpired: leaseExpired[i],
 				PrefEnabled: row.PrefEnabled, Expired: row.Expired,
-				AttemptCount: int(row.AttemptCount), MaxAttempts: int(row.MaxAttempts), Mode: d.cfg.Routes[row.Channel].Mode,
+				AttemptCount: int(row.AttemptCount), MaxAttempts: int(row.MaxAttempts),
+				Mode: d.cfg.Routes[row.Channel].Mode, Contract: d.cfg.Routes[row.Channel].Contract,
+				UncertainAge: seconds(row.UncertainAgeSeconds),
 			})
 			decisions[row.ID], byID[row.ID] = dec, row
 			if dec.Kind == ClaimCall {
@@ -247,11 +277,14 @@ func (d *Dispatcher) ClaimBatch(ctx context.Context, limit int) ([]*Attempt, []R
 			open.AttemptNos = append(open.AttemptNos, s.AttemptCount)
 			open.AttemptTokens = append(open.AttemptTokens, s.AttemptToken)
 			open.Actions = append(open.Actions, string(dec.Action))
+			route := d.cfg.Routes[row.Channel]
 			attempts = append(attempts, &Attempt{
-				TaskID: s.ID, Channel: row.Channel, Mode: d.cfg.Routes[row.Channel].Mode, No: int(s.AttemptCount),
+				TaskID: s.ID, Channel: row.Channel, Mode: route.Mode, Contract: route.Contract, No: int(s.AttemptCount),
 				MaxAttempts: int(row.MaxAttempts), Token: s.AttemptToken, Action: dec.Action,
-				PriorUncertain: dec.Uncertain, LeaseUntil: s.LeaseUntil,
-				Message: Message{Ref: Ref(s.ID), IdempotencyKey: IdempotencyKey(s.ID), To: row.Address, Body: row.Body},
+				PriorUncertain: dec.Uncertain, UncertainAge: seconds(row.UncertainAgeSeconds), claimed: claimed,
+				LeaseUntil: s.LeaseUntil,
+				Message: Message{Ref: Ref(s.ID), IdempotencyKey: IdempotencyKey(s.ID), To: row.Address, Body: row.Body,
+					ExpiresAt: row.ExpiresAt, Action: dec.Action},
 			})
 		}
 		if err := q.AttemptStart(ctx, open); err != nil {
@@ -264,6 +297,8 @@ func (d *Dispatcher) ClaimBatch(ctx context.Context, limit int) ([]*Attempt, []R
 	}
 	return attempts, settled, nil
 }
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // MaxBatch bounds how many tasks one claim locks.
 const MaxBatch = 1000
@@ -354,12 +389,13 @@ func (d *Dispatcher) FinishBatch(ctx context.Context, attempts []*Attempt, obs [
 	finish := dbgen.TaskFinishParams{}
 	for i, a := range attempts {
 		o := obs[i]
-		t := Next(Facts{Outcome: o.Outcome, PriorUncertain: a.PriorUncertain, BudgetLeft: a.No < a.MaxAttempts, Mode: a.Mode})
+		t := Next(Facts{Outcome: o.Outcome, PriorUncertain: a.PriorUncertain, BudgetLeft: a.No < a.MaxAttempts,
+			Mode: a.Mode, Contract: a.Contract, UncertainAge: a.UncertainAge + time.Since(a.claimed)})
 		results[i] = Result{Kind: resultKind(t), TaskID: a.TaskID, Channel: a.Channel, Attempt: a.No, Action: a.Action,
 			Outcome: o.Outcome, Token: a.Token, Detail: o.Detail}
 		retry := -1.0
 		if t.Retry {
-			retry = d.cfg.Backoff.Delay(a.No, o.RetryAfter).Seconds()
+			retry = max(d.cfg.Backoff.Delay(a.No, o.RetryAfter), t.NotBefore).Seconds()
 		}
 		finish.Ids = append(finish.Ids, a.TaskID)
 		finish.AttemptTokens = append(finish.AttemptTokens, a.Token)

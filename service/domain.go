@@ -48,10 +48,11 @@ func (m Mode) Recoverable() bool { return m == ModeIdempotent || m == ModeQuerya
 type Action string
 
 const (
-	ActionSend   Action = "SEND"   // POST the message (with the task's idempotency key)
-	ActionQuery  Action = "QUERY"  // look the task's reference up at the channel
-	ActionSkip   Action = "SKIP"   // decided at claim time not to call
-	ActionManual Action = "MANUAL" // a human's resolution
+	ActionSend        Action = "SEND"         // POST the message (with the task's idempotency key)
+	ActionTopicResend Action = "TOPIC_RESEND" // resend that replaces the first copy only if still undelivered
+	ActionQuery       Action = "QUERY"        // look the task's reference up at the channel
+	ActionSkip        Action = "SKIP"         // decided at claim time not to call
+	ActionManual      Action = "MANUAL"       // a human's resolution
 )
 
 // Outcome is what one attempt observed. Attempt rows keep it verbatim.
@@ -94,8 +95,10 @@ type Observation struct {
 type Message struct {
 	Ref            string // task-<id>
 	IdempotencyKey string // ntf-task-<id>
-	To             string
+	To             string // the user's address on the channel (channel_pref.address)
 	Body           string
+	ExpiresAt      time.Time // the notification's expiry: a channel should not deliver after it
+	Action         Action    // SEND, or TOPIC_RESEND for a resend meant to replace an undelivered copy
 }
 
 // Channel is one external channel as the dispatcher calls it. Implementations never return an error:

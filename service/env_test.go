@@ -38,11 +38,12 @@ func newEnv(t testing.TB) *env {
 
 // dcfg are the knobs tests turn; zero fields get short test defaults.
 type dcfg struct {
-	worker  string
-	lease   time.Duration
-	timeout time.Duration
-	backoff time.Duration
-	modes   map[string]service.Mode // override a channel's declared mode (negative controls)
+	worker    string
+	lease     time.Duration
+	timeout   time.Duration
+	backoff   time.Duration
+	modes     map[string]service.Mode     // override a channel's declared mode (negative controls)
+	contracts map[string]service.Contract // a channel's contract settings
 }
 
 // testBatch is the claim batch size the seed tests run with: 1 (per task) by default,
@@ -86,7 +87,7 @@ func (e *env) dispatcher(c dcfg) *dispatcher {
 		if m, ok := c.modes[name]; ok {
 			mode = m
 		}
-		routes[name] = service.Route{Mode: mode, Client: client}
+		routes[name] = service.Route{Mode: mode, Contract: c.contracts[name], Client: client}
 	}
 	d, err := service.NewDispatcher(e.pool, service.DispatcherConfig{
 		Worker: c.worker, Routes: routes, Lease: c.lease, CallTimeout: c.timeout,

@@ -23,6 +23,7 @@ type Task struct {
 	LeaseUntil       *time.Time `json:"lease_until,omitempty"`
 	NextAttemptAt    *time.Time `json:"next_attempt_at,omitempty"`
 	OutcomeUncertain bool       `json:"outcome_uncertain"`
+	UncertainSince   *time.Time `json:"uncertain_since,omitempty"`
 	NeedsReview      bool       `json:"needs_review"`
 	ProviderMsgID    string     `json:"provider_msg_id,omitempty"`
 	LastError        string     `json:"last_error,omitempty"`
@@ -55,7 +56,7 @@ func (n *Notifier) Task(ctx context.Context, id int64) (Task, error) {
 	return Task{
 		ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, State: State(r.State),
 		AttemptCount: int(r.AttemptCount), MaxAttempts: int(r.MaxAttempts), LeaseOwner: deref(r.LeaseOwner),
-		LeaseUntil: r.LeaseUntil, NextAttemptAt: r.NextAttemptAt, OutcomeUncertain: r.OutcomeUncertain,
+		LeaseUntil: r.LeaseUntil, NextAttemptAt: r.NextAttemptAt, OutcomeUncertain: r.OutcomeUncertain, UncertainSince: r.UncertainSince,
 		NeedsReview: r.NeedsReview, ProviderMsgID: deref(r.ProviderMsgID), LastError: deref(r.LastError), UpdatedAt: r.UpdatedAt,
 	}, nil
 }

@@ -430,7 +430,7 @@ func TestNC3LateFinish(t *testing.T) {
 	is.Equal(history[0].Outcome, service.OutcomeLeaseExpired) // A's attempt keeps its outcome
 	is.Equal(history[0].LateOutcome, service.OutcomeTimeout)  // and the late observation is kept beside it
 
-	tag, err := e.pool.Exec(e.ctx, `UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true,
+	tag, err := e.pool.Exec(e.ctx, `UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true, uncertain_since = now(),
 		next_attempt_at = now() WHERE id = $1`, id) // the unsafe finish: by id only
 	is.NoErr(err)
 	is.Equal(tag.RowsAffected(), int64(1))           // damage: 1 row

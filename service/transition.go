@@ -8,14 +8,22 @@ type Facts struct {
 	PriorUncertain bool // an earlier attempt of this task may have been accepted (incl. an expired lease)
 	BudgetLeft     bool // attempt_count < max_attempts after this attempt
 	Mode           Mode
+	Contract       Contract
+	UncertainAge   time.Duration // with PriorUncertain: how long ago the uncertain attempt began
 }
 
 // Transition is the task's next state after an observation.
 type Transition struct {
 	State     State
-	Uncertain bool // outcome_uncertain after this attempt
-	Park      bool // needs_review: stop automatic processing
-	Retry     bool // schedule another attempt after a backoff
+	Uncertain bool          // outcome_uncertain after this attempt
+	Park      bool          // needs_review: stop automatic processing
+	Retry     bool          // schedule another attempt after a backoff
+	NotBefore time.Duration // with Retry: wait at least this long, whatever the backoff
+}
+
+// recoverable reports whether an uncertain task on this channel may be retried without a human.
+func recoverable(m Mode, c Contract) bool {
+	return m.Recoverable() || (m == ModeNone && c.ResendWithTopic)
 }
 
 // Next maps one observation to the task's next state: SPEC section 7, plus two rules of this project:
@@ -28,13 +36,26 @@ func Next(f Facts) Transition {
 		return Transition{State: StateSent}
 
 	case OutcomeQueryNotFound:
-		// Trusted only under the contract of an immediately consistent query: nothing was accepted.
+		// Proof that nothing was accepted only once the query has had time to see the uncertain attempt
+		// (immediately, for a consistent query). Before that, ask again when it has.
+		if settle := f.Contract.QuerySettle; f.PriorUncertain && f.UncertainAge < settle {
+			t := uncertain(f)
+			if t.Retry {
+				t.NotBefore = settle - f.UncertainAge
+			}
+			return t
+		}
 		if f.BudgetLeft {
 			return Transition{State: StatePending, Retry: true}
 		}
 		return Transition{State: StateFailed}
 
-	case OutcomeHTTP5xx, OutcomeThrottled, OutcomeConnectFailed:
+	case OutcomeHTTP5xx, OutcomeThrottled:
+		if f.Contract.ServerErrorsUncertain { // the provider may refuse after accepting
+			return uncertain(f)
+		}
+		fallthrough
+	case OutcomeConnectFailed:
 		// Refused before acceptance: this attempt was not accepted, an earlier one still may have been.
 		if f.PriorUncertain {
 			return uncertain(f)
@@ -56,7 +77,7 @@ func Next(f Facts) Transition {
 }
 
 func uncertain(f Facts) Transition {
-	if !f.BudgetLeft || !f.Mode.Recoverable() {
+	if !f.BudgetLeft || !recoverable(f.Mode, f.Contract) {
 		return Transition{State: StateUnknown, Uncertain: true, Park: true}
 	}
 	return Transition{State: StateUnknown, Uncertain: true, Retry: true}
@@ -71,6 +92,8 @@ type ClaimFacts struct {
 	AttemptCount int
 	MaxAttempts  int
 	Mode         Mode
+	Contract     Contract
+	UncertainAge time.Duration // how long ago the uncertain attempt began (with Uncertain or LeaseExpired)
 }
 
 // ClaimKind says what a claim does with the task it locked.
@@ -108,19 +131,30 @@ func Decide(f ClaimFacts) ClaimDecision {
 		}
 		return ClaimDecision{Kind: ClaimSettle, State: state, Outcome: outcome, Reason: reason}
 	}
-	if uncertain && !f.Mode.Recoverable() {
-		return ClaimDecision{Kind: ClaimPark, Uncertain: true,
-			Reason: "an earlier attempt may have been accepted and the channel offers neither idempotency key nor query"}
-	}
 	if f.AttemptCount >= f.MaxAttempts {
 		return ClaimDecision{Kind: ClaimPark, Uncertain: true,
 			Reason: "attempt budget used up while the last attempt's outcome is unknown"}
 	}
-	action := ActionSend
-	if uncertain && f.Mode == ModeQueryable {
-		action = ActionQuery
+	if !uncertain {
+		return ClaimDecision{Kind: ClaimCall, Action: ActionSend}
 	}
-	return ClaimDecision{Kind: ClaimCall, Action: action, Uncertain: uncertain}
+	c := f.Contract
+	switch {
+	case c.MaxInFlightAge > 0 && f.UncertainAge >= c.MaxInFlightAge:
+		return ClaimDecision{Kind: ClaimPark, Uncertain: true,
+			Reason: "outcome unknown for longer than the channel's max_in_flight_age"}
+	case f.Mode == ModeQueryable:
+		return ClaimDecision{Kind: ClaimCall, Action: ActionQuery, Uncertain: true}
+	case f.Mode == ModeIdempotent && c.IdempotencyWindow > 0 && f.UncertainAge >= c.IdempotencyWindow:
+		return ClaimDecision{Kind: ClaimPark, Uncertain: true,
+			Reason: "the channel's idempotency window has passed: a resend would not be deduplicated"}
+	case f.Mode == ModeIdempotent:
+		return ClaimDecision{Kind: ClaimCall, Action: ActionSend, Uncertain: true}
+	case f.Mode == ModeNone && c.ResendWithTopic:
+		return ClaimDecision{Kind: ClaimCall, Action: ActionTopicResend, Uncertain: true}
+	}
+	return ClaimDecision{Kind: ClaimPark, Uncertain: true,
+		Reason: "an earlier attempt may have been accepted and the channel offers neither idempotency key nor query"}
 }
 
 // Backoff spaces retries: Base doubled per attempt already made, at most Max.

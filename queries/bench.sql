@@ -1,0 +1,100 @@
+-- Queries of `notifier bench` only (cli/cmd_bench.go): load figures and the checks after a load run.
+-- None of them is run by a worker, by create or by an operator command. The bench writes test data:
+-- run it on a throwaway database only.
+
+-- name: BenchSeedClaim :one
+-- The SEED's claim (SPEC section 5), verbatim: one OR over states, ORDER BY t.id over the whole table.
+-- It does not use the claim order of delivery_task_ready_idx, so its cost grows with the finished history
+-- in front of the first due task (SPEC section 10). Kept ONLY as a benchmark baseline: the bench runs it
+-- in a transaction it rolls back (it claims nothing). Never used by workers; they run TaskClaimExpiredLease
+-- and TaskClaimReady.
+SELECT t.id, t.state, t.channel, t.attempt_count, t.outcome_uncertain,
+       (t.state = 'SENDING') AS lease_expired,
+       coalesce(p.enabled, false), p.address, n.body, n.expires_at <= now()
+  FROM delivery_task t
+  JOIN notification n ON n.id = t.notification_id
+  LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel
+ WHERE (t.state IN ('PENDING', 'UNKNOWN') AND t.next_attempt_at <= now())
+    OR (t.state = 'SENDING' AND t.lease_until < now())
+ ORDER BY t.id
+ LIMIT 1
+ FOR UPDATE OF t SKIP LOCKED;
+
+-- name: BenchFillHistory :execrows
+-- Inserts finished history fast, in one statement: @notifications notifications (event keys
+-- @tag-<g> for g from @first on, created a day ago), each with a SENT task on push and on sms, and one
+-- ACCEPTED attempt per task. Finished tasks carry no next_attempt_at (CHECK
+-- delivery_task_scheduled_iff_waiting), so they are in none of the claim indexes. Returns the number of
+-- attempts (= tasks) inserted. The parameters sit in their own CTE (arg): sqlc v1.31 mis-edits named
+-- parameters inside a data-modifying CTE.
+WITH arg AS (
+    SELECT @tag::text AS tag, @first::bigint AS first, @notifications::bigint AS notifications
+), n AS (
+    INSERT INTO notification (user_id, event_key, body, created_at, expires_at)
+    SELECT 'bench-history-u' || (g % 1000), arg.tag || '-' || g, 'history ' || g,
+           now() - interval '1 day', now() - interval '23 hours'
+    FROM arg CROSS JOIN generate_series(arg.first, arg.first + arg.notifications - 1) AS g
+    RETURNING id, created_at
+), t AS (
+    INSERT INTO delivery_task (notification_id, channel, state, attempt_count, max_attempts, attempt_token,
+                               next_attempt_at, provider_msg_id, created_at, updated_at)
+    SELECT n.id, c.channel, 'SENT', 1, 3, gen_random_uuid(), NULL, c.channel || '-history-' || n.id,
+           n.created_at, n.created_at + interval '1 second'
+    FROM n CROSS JOIN (VALUES ('push'), ('sms')) AS c (channel)
+    RETURNING id, attempt_token, provider_msg_id, created_at, updated_at
+)
+INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, started_at, finished_at,
+                              outcome, provider_msg_id)
+SELECT t.id, 1, t.attempt_token, 'SEND', 'bench-history', t.created_at, t.updated_at, 'ACCEPTED', t.provider_msg_id
+FROM t;
+
+-- name: BenchAnalyze :exec
+-- Fresh planner statistics after BenchFillHistory, as autovacuum would eventually give them.
+ANALYZE notification, delivery_task, delivery_attempt, channel_pref;
+
+-- name: BenchXactCommit :one
+-- Committed transactions of this database so far (cumulative statistics, flushed by each backend at
+-- most about once a second): the delta over a phase divided by its deliveries.
+SELECT coalesce(xact_commit, 0)::bigint AS xact_commit
+FROM pg_catalog.pg_stat_database
+WHERE datname = current_database();
+
+-- name: BenchFinishedTasks :one
+-- Tasks no claim will select again (finished or parked): the history a claim must not walk.
+SELECT count(*)::bigint AS tasks
+FROM delivery_task
+WHERE next_attempt_at IS NULL AND state <> 'SENDING';
+
+-- name: BenchRunCheck :one
+-- The final check of a bench run over its users (user_id starting with @user_prefix): notifications,
+-- (user, event_key) pairs with more than one notification (must be 0, R1), tasks, and tasks not SENT.
+SELECT (SELECT count(*) FROM notification n
+        WHERE left(n.user_id, length(@user_prefix::text)) = @user_prefix::text)::bigint AS notifications,
+       (SELECT count(*) FROM (SELECT 1 FROM notification n
+                              WHERE left(n.user_id, length(@user_prefix::text)) = @user_prefix::text
+                              GROUP BY n.user_id, n.event_key
+                              HAVING count(*) > 1) AS d)::bigint AS duplicate_events,
+       (SELECT count(*) FROM delivery_task t JOIN notification n ON n.id = t.notification_id
+        WHERE left(n.user_id, length(@user_prefix::text)) = @user_prefix::text)::bigint AS tasks,
+       (SELECT count(*) FROM delivery_task t JOIN notification n ON n.id = t.notification_id
+        WHERE left(n.user_id, length(@user_prefix::text)) = @user_prefix::text
+          AND t.state <> 'SENT')::bigint AS not_sent;
+
+-- name: BenchSentLatency :one
+-- Create -> SENT latency of the tasks of notifications @min_id..@max_id: from notification.created_at
+-- (the create transaction's start) to the task's updated_at when it became SENT (the finish
+-- transaction's start), in milliseconds.
+SELECT count(*)::bigint AS sent,
+       (1000 * coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM t.updated_at - n.created_at)), 0))::float8 AS p50_ms,
+       (1000 * coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM t.updated_at - n.created_at)), 0))::float8 AS p99_ms
+FROM delivery_task t
+JOIN notification n ON n.id = t.notification_id
+WHERE n.id BETWEEN @min_id::bigint AND @max_id::bigint
+  AND t.state = 'SENT';
+
+-- name: BenchSettings :one
+-- The server settings a throughput figure depends on, printed with it.
+SELECT current_setting('server_version')::text     AS server_version,
+       current_setting('fsync')::text              AS fsync,
+       current_setting('synchronous_commit')::text AS synchronous_commit,
+       current_setting('shared_buffers')::text     AS shared_buffers;
