@@ -94,10 +94,12 @@ type Channel struct {
 	changed  chan struct{} // closed and replaced whenever an outbound is recorded
 }
 
-// queues holds scripted steps: one queue per ref plus a shared default.
+// queues holds scripted steps: one queue per ref plus a shared default, and a generator for when both
+// are empty.
 type queues struct {
-	byRef map[string][]Step
-	all   []Step
+	byRef    map[string][]Step
+	all      []Step
+	fallback func() Step
 }
 
 // push appends steps for ref; ref "" means the shared default queue.
@@ -124,6 +126,9 @@ func (q *queues) pop(ref string) Step {
 		s := q.all[0]
 		q.all = q.all[1:]
 		return s
+	}
+	if q.fallback != nil {
+		return q.fallback()
 	}
 	return Step{}
 }
@@ -213,6 +218,15 @@ func (c *Channel) ScriptQuery(ref string, steps ...Step) {
 // ScriptAll appends steps to the shared send queue used, in order, by any
 // ref whose own queue is empty.
 func (c *Channel) ScriptAll(steps ...Step) { c.ScriptSend("", steps...) }
+
+// SetFallback makes send and query draw a step from a generator once every scripted queue is empty
+// (fault injection for soak tests); nil restores "accept at once". The generators are called with the
+// channel's lock held: they must be quick and must not call the channel.
+func (c *Channel) SetFallback(send, query func() Step) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sendQ.fallback, c.queryQ.fallback = send, query
+}
 
 // Sends counts POST /send requests for ref, whatever their outcome.
 func (c *Channel) Sends(ref string) int { return c.count(c.sends, ref) }

@@ -1,0 +1,412 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/service"
+)
+
+// The soak runs notifier work processes under faults for a while, drains, and checks the invariants
+// that say "nothing is lost, nothing is written off that might have gone out". The short mode runs in
+// CI; the long one by flag: go test ./cli -run Soak -soak.duration 20m -timeout 40m -v
+var (
+	soakDuration = flag.Duration("soak.duration", 40*time.Second, "how long the faults go on")
+	soakWorkers  = flag.Int("soak.workers", 3, "worker processes")
+	soakSeed     = flag.Uint64("soak.seed", 0, "random seed (0: time-based, printed)")
+)
+
+func TestSoak(t *testing.T) {
+	if testing.Short() {
+		t.Skip("soak: not in -short")
+	}
+	is := is.New(t)
+	seed := *soakSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("soak: seed %d, %s of faults, %d workers", seed, *soakDuration, *soakWorkers)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	var rngMu sync.Mutex
+	chance := func(p float64) bool { rngMu.Lock(); defer rngMu.Unlock(); return rng.Float64() < p }
+	pick := func(n int) int { rngMu.Lock(); defer rngMu.Unlock(); return rng.IntN(n) }
+
+	c, pool := newCLI(t)
+	n := service.NewNotifier(pool)
+	ctx := context.Background()
+	s := &soak{t: t, c: c, pool: pool, n: n}
+
+	// Channels that misbehave at random: accept-then-timeout, hang, 503, 400, 409, 429, malformed 2xx,
+	// slow bodies; queries fail now and then.
+	s.push, s.sms, s.none = startFake(t, fakes.Push), startFake(t, fakes.SMS), startFake(t, fakes.None)
+	faults := func() fakes.Step {
+		rngMu.Lock()
+		defer rngMu.Unlock()
+		switch r := rng.Float64(); {
+		case r < 0.55:
+			return fakes.Step{}
+		case r < 0.65:
+			return fakes.Step{Delay: 800 * time.Millisecond} // accepted, answered after the timeout
+		case r < 0.67:
+			return fakes.Step{Hang: true}
+		case r < 0.74:
+			return fakes.Step{Status: 503}
+		case r < 0.76:
+			return fakes.Step{Status: 400}
+		case r < 0.81:
+			return fakes.Step{Status: 409}
+		case r < 0.86:
+			return fakes.Step{Status: 429, RetryAfter: "1"}
+		case r < 0.93:
+			return fakes.Step{Malformed: true}
+		default:
+			return fakes.Step{SlowBody: time.Second}
+		}
+	}
+	queryFaults := func() fakes.Step {
+		if chance(0.2) {
+			return fakes.Step{Status: 503}
+		}
+		return fakes.Step{}
+	}
+	for _, ch := range []*fakes.Channel{s.push, s.sms, s.none} {
+		ch.SetFallback(faults, queryFaults)
+	}
+
+	users := []string{"u1", "u2", "u3", "u4", "u5", "u6"}
+	for i, u := range users {
+		for j, ch := range []string{"push", "sms", "none"} {
+			if (i+j)%3 != 2 { // every user has two of the three channels
+				_, err := n.SetPreference(ctx, u, ch, u+"@"+ch, true)
+				is.NoErr(err) // preference
+			}
+		}
+	}
+
+	for i := range *soakWorkers {
+		s.startWorker(i)
+	}
+
+	// Faults: kill, stop/continue and restart workers; duplicate creates; preference toggles; short TTLs;
+	// the database restarted mid-run.
+	deadline := time.Now().Add(*soakDuration)
+	restartAt := map[int]bool{} // fractions of the run (in tenths) at which PostgreSQL restarts
+	for _, f := range []int{3, 7} {
+		restartAt[f] = true
+	}
+	events := 0
+	for time.Now().Before(deadline) {
+		tenth := int(10 * (1 - time.Until(deadline).Seconds()/soakDuration.Seconds()))
+		switch {
+		case restartAt[tenth] && pgtest.Cluster() != nil:
+			delete(restartAt, tenth)
+			s.restartDatabase()
+		case chance(0.5):
+			user := users[pick(len(users))]
+			ttl := time.Hour
+			if chance(0.1) {
+				ttl = 1500 * time.Millisecond // expires mid-flight
+			}
+			events++
+			s.createConcurrently(user, fmt.Sprintf("ev-%d", events), ttl, 1+pick(3))
+		case chance(0.3):
+			s.killAndRestart(pick(*soakWorkers))
+		case chance(0.3):
+			s.stopAndContinue(pick(*soakWorkers), time.Duration(200+pick(1300))*time.Millisecond)
+		case chance(0.2):
+			u, ch := users[pick(len(users))], []string{"push", "sms", "none"}[pick(3)]
+			_, _ = n.SetPreference(ctx, u, ch, u+"@"+ch, chance(0.5))
+		}
+		time.Sleep(time.Duration(50+pick(150)) * time.Millisecond)
+	}
+
+	// Drain: no more faults, every worker running, until every task is final or parked.
+	for _, ch := range []*fakes.Channel{s.push, s.sms, s.none} {
+		ch.SetFallback(nil, nil)
+	}
+	s.continueAll()
+	waitFor(t, 3*time.Minute, "the tasks to drain", func() bool {
+		var open int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM delivery_task
+			WHERE state IN ('PENDING', 'SENDING') OR (state = 'UNKNOWN' AND NOT needs_review)`).Scan(&open); err != nil {
+			return false // the pool may still be reconnecting after a restart
+		}
+		return open == 0
+	})
+	s.stopAll()
+	s.check(is)
+}
+
+type soak struct {
+	t               *testing.T
+	c               notifierCLI
+	pool            *pgxpool.Pool
+	n               *service.Notifier
+	push, sms, none *fakes.Channel
+
+	mu                             sync.Mutex
+	workers                        map[int]*process
+	logs                           []*syncBuffer // every worker process's stderr, killed ones included
+	kills, stops, starts, restarts int
+	creates, duplicates            int
+}
+
+func (s *soak) startWorker(i int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.workers == nil {
+		s.workers = map[int]*process{}
+	}
+	p := s.c.start("--log-format", "json", "work", "--worker-id", fmt.Sprintf("soak-%d-%d", i, s.starts),
+		"--channel", "push=idempotent,"+s.push.URL(),
+		"--channel", "sms=queryable,"+s.sms.URL(),
+		"--channel", "none=none,"+s.none.URL(),
+		"--timeout", "300ms", "--lease", "2500ms", "--backoff", "100ms", "--poll", "50ms", "--concurrency", "2")
+	s.workers[i] = p
+	s.logs = append(s.logs, p.stderr)
+	s.starts++
+}
+
+func (s *soak) killAndRestart(i int) {
+	s.mu.Lock()
+	p := s.workers[i]
+	s.kills++
+	s.mu.Unlock()
+	_ = p.cmd.Process.Signal(syscall.SIGCONT) // a stopped process dies too, but make it certain
+	_ = p.cmd.Process.Kill()
+	<-p.done
+	s.startWorker(i)
+}
+
+// stopAndContinue freezes a worker for d (shorter than the lease minus the client timeout, so that a
+// frozen holder is not taken over: overlap is P2's subject, not the soak's).
+func (s *soak) stopAndContinue(i int, d time.Duration) {
+	s.mu.Lock()
+	p := s.workers[i]
+	s.stops++
+	s.mu.Unlock()
+	if p.cmd.Process.Signal(syscall.SIGSTOP) == nil {
+		time.AfterFunc(d, func() { _ = p.cmd.Process.Signal(syscall.SIGCONT) })
+	}
+}
+
+func (s *soak) continueAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.workers {
+		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
+
+func (s *soak) stopAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, p := range s.workers {
+		if code := p.stop(syscall.SIGTERM); code != 0 {
+			s.t.Errorf("worker %d exited %d on SIGTERM; stderr tail:\n%s", i, code, tail(p.stderr.String(), 2000))
+		}
+	}
+}
+
+func (s *soak) restartDatabase() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := pgtest.Cluster().Restart(ctx, true); err != nil { // pg_ctl stop -m immediate, then start
+		s.t.Fatalf("restart PostgreSQL: %v", err)
+	}
+	s.mu.Lock()
+	s.restarts++
+	s.mu.Unlock()
+}
+
+// createConcurrently submits one event several times at once, as a retrying client would.
+func (s *soak) createConcurrently(user, event string, ttl time.Duration, copies int) {
+	var wg sync.WaitGroup
+	for range copies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, created, _, err := s.n.Create(ctx, user, event, "soak "+event, ttl, 3)
+			if err != nil {
+				return // the database may be restarting: a client would retry; the checks count what exists
+			}
+			s.mu.Lock()
+			if created {
+				s.creates++
+			} else {
+				s.duplicates++
+			}
+			s.mu.Unlock()
+		}()
+	}
+	wg.Wait()
+}
+
+// check runs the invariant checker and prints the counts.
+func (s *soak) check(is *is.I) {
+	ctx := context.Background()
+	count := func(sql string, args ...any) int64 {
+		var n int64
+		if err := s.pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+			s.t.Fatalf("%s: %v", sql, err)
+		}
+		return n
+	}
+	accepted := map[string]map[string]int{}
+	for name, ch := range map[string]*fakes.Channel{"push": s.push, "sms": s.sms, "none": s.none} {
+		accepted[name] = ch.Snapshot().Outbound
+	}
+	type task struct {
+		id                int64
+		channel, state    string
+		uncertain, parked bool
+		manualSent        bool
+	}
+	rows, err := s.pool.Query(ctx, `SELECT t.id, t.channel, t.state, t.outcome_uncertain, t.needs_review,
+		EXISTS (SELECT FROM delivery_attempt a WHERE a.task_id = t.id AND a.outcome = 'MANUAL_SENT')
+		FROM delivery_task t`)
+	is.NoErr(err) // read tasks
+	var tasks []task
+	for rows.Next() {
+		var tk task
+		is.NoErr(rows.Scan(&tk.id, &tk.channel, &tk.state, &tk.uncertain, &tk.parked, &tk.manualSent))
+		tasks = append(tasks, tk)
+	}
+	is.NoErr(rows.Err())
+
+	violations := map[string]int{}
+	invariants := []string{
+		"I1 duplicate notifications",
+		"I2 written off although accepted",
+		"I3 SENT without an accepted outbound",
+		"I4 push sent more than once",
+		"I4 sms sent more than once",
+		"I5 UNKNOWN not parked after draining",
+		"I5 PENDING after draining",
+		"I5 SENDING after draining",
+		"I6 parked without uncertain history",
+		"I6 open attempt after draining",
+		"I7 append-only trigger missing",
+		"I7 recorded outcome differs from the observation",
+	}
+	var sent, parked, failed, suppressed int
+	for _, tk := range tasks {
+		out := accepted[tk.channel][service.Ref(tk.id)]
+		switch tk.state {
+		case "SENT":
+			sent++
+			if out == 0 && !tk.manualSent {
+				violations["I3 SENT without an accepted outbound"]++
+			}
+		case "FAILED", "SUPPRESSED":
+			if tk.state == "FAILED" {
+				failed++
+			} else {
+				suppressed++
+			}
+			if out > 0 {
+				violations["I2 written off although accepted"]++
+			}
+		case "UNKNOWN":
+			if !tk.parked {
+				violations["I5 UNKNOWN not parked after draining"]++
+			}
+			parked++
+			if !tk.uncertain {
+				violations["I6 parked without uncertain history"]++
+			}
+		default:
+			violations["I5 "+tk.state+" after draining"]++
+		}
+		if (tk.channel == "push" || tk.channel == "sms") && out > 1 {
+			violations["I4 "+tk.channel+" sent more than once"]++
+		}
+	}
+	violations["I1 duplicate notifications"] += int(count(`SELECT count(*) FROM (SELECT FROM notification
+		GROUP BY user_id, event_key HAVING count(*) > 1) d`))
+	violations["I6 open attempt after draining"] += int(count(`SELECT count(*) FROM delivery_attempt WHERE outcome IS NULL`))
+	violations["I7 append-only trigger missing"] += int(1 - count(`SELECT count(*) FROM pg_trigger
+		WHERE tgname = 'delivery_attempt_append_only' AND tgenabled <> 'D'`))
+
+	// I7: what each worker observed (its CALLED log line) is in the attempt row, as outcome or, when the
+	// attempt was superseded, as late_outcome; never overwritten by anything else.
+	calls, mismatched := 0, 0
+	for _, log := range s.logs {
+		sc := bufio.NewScanner(strings.NewReader(log.String()))
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var ev struct {
+				Msg     string `json:"msg"`
+				Task    int64  `json:"task"`
+				Attempt int    `json:"attempt"`
+				Outcome string `json:"outcome"`
+				Result  string `json:"result"`
+			}
+			if json.Unmarshal(sc.Bytes(), &ev) != nil || ev.Msg != "RESULT" || ev.Attempt == 0 || ev.Outcome == "" {
+				continue
+			}
+			calls++
+			var outcome, late *string
+			err := s.pool.QueryRow(ctx, `SELECT outcome, late_outcome FROM delivery_attempt WHERE task_id = $1 AND attempt_no = $2`,
+				ev.Task, ev.Attempt).Scan(&outcome, &late)
+			switch {
+			case err != nil:
+				mismatched++
+			case ev.Result == "STALE":
+				if late == nil || *late != ev.Outcome {
+					mismatched++
+				}
+			case outcome == nil || *outcome != ev.Outcome:
+				mismatched++
+			}
+		}
+	}
+	violations["I7 recorded outcome differs from the observation"] += mismatched
+
+	s.mu.Lock()
+	s.t.Logf("soak counts: worker kills %d, stops %d, worker starts %d, database restarts %d, events created %d, duplicate submissions %d",
+		s.kills, s.stops, s.starts, s.restarts, s.creates, s.duplicates)
+	s.mu.Unlock()
+	s.t.Logf("soak counts: tasks %d: SENT %d, parked %d, FAILED %d, SUPPRESSED %d; outbound push %d, sms %d, none %d; results checked against attempt rows %d",
+		len(tasks), sent, parked, failed, suppressed, s.push.TotalOutbound(), s.sms.TotalOutbound(), s.none.TotalOutbound(), calls)
+	total := 0
+	for name, v := range violations {
+		if !slices.Contains(invariants, name) {
+			invariants = append(invariants, name)
+		}
+		total += v
+	}
+	for _, name := range invariants {
+		s.t.Logf("soak invariant %-50s violations %d", name, violations[name])
+	}
+	is.Equal(total, 0)       // every invariant holds
+	is.True(len(tasks) > 20) // the soak did real work
+	is.True(calls > 20)      // and checked real observations
+	if pgtest.Cluster() != nil {
+		is.True(s.restarts >= 1) // PostgreSQL was restarted mid-run
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[len(s)-n:]
+}
