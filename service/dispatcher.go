@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -465,7 +466,11 @@ func errorText(obs Observation) string {
 	return truncate(text, MaxNoteLength)
 }
 
+// truncate makes s storable as PostgreSQL text of at most n characters: whatever a channel answered,
+// a finish must not fail on it (and lose the observations of its whole batch). Invalid UTF-8 and NUL,
+// which PostgreSQL text refuses, become "?".
 func truncate(s string, n int) string {
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "?"), "\x00", "?")
 	r := []rune(s)
 	if len(r) <= n {
 		return s

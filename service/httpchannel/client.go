@@ -19,6 +19,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/notifierhq/notifier/service"
 )
@@ -167,7 +169,7 @@ func ClassifySend(status int, header http.Header, body []byte) service.Observati
 	switch {
 	case status == http.StatusOK || status == http.StatusCreated || status == http.StatusAccepted:
 		var r sendResponse
-		if len(body) > MaxResponseBytes || json.Unmarshal(body, &r) != nil || r.ID == "" || len(r.ID) > 500 {
+		if len(body) > MaxResponseBytes || json.Unmarshal(body, &r) != nil || !plausibleID(r.ID) {
 			return service.Observation{Outcome: service.OutcomeMalformed, Detail: fmt.Sprintf("HTTP %d with an unreadable body", status)}
 		}
 		if r.Replayed {
@@ -202,7 +204,8 @@ func ClassifyQuery(status int, body []byte) service.Observation {
 		return service.Observation{Outcome: service.OutcomeQueryFailed, Detail: "HTTP " + strconv.Itoa(status)}
 	}
 	var r queryResponse
-	if len(body) > MaxResponseBytes || json.Unmarshal(body, &r) != nil || r.Found == nil || *r.Found < 0 || len(r.ID) > 500 {
+	if len(body) > MaxResponseBytes || json.Unmarshal(body, &r) != nil || r.Found == nil || *r.Found < 0 ||
+		(*r.Found > 0 && r.ID != "" && !plausibleID(r.ID)) {
 		return service.Observation{Outcome: service.OutcomeQueryFailed, Detail: "HTTP 200 with an unreadable body"}
 	}
 	if *r.Found == 0 {
@@ -226,6 +229,20 @@ func retryAfter(h http.Header) time.Duration {
 	return max(0, min(d, MaxRetryAfter))
 }
 
+// plausibleID accepts a provider id we can store and show: 1-500 bytes of printable UTF-8.
+func plausibleID(id string) bool {
+	if id == "" || len(id) > 500 || !utf8.ValidString(id) {
+		return false
+	}
+	for _, r := range id {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// snippet is the start of an error body for last_error: printable characters only.
 func snippet(body []byte) string {
 	s := strings.TrimSpace(string(body))
 	if s == "" {
@@ -234,7 +251,13 @@ func snippet(body []byte) string {
 	if len(s) > 200 {
 		s = s[:200]
 	}
-	return ": " + strings.ToValidUTF8(s, "?")
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) {
+			return r
+		}
+		return '?'
+	}, strings.ToValidUTF8(s, "?"))
+	return ": " + s
 }
 
 // Redact removes a password from a URL for logs and errors.

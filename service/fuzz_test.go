@@ -1,0 +1,208 @@
+package service_test
+
+// Fuzz targets for the two pure halves of the protocol: Next (finish: observation -> task state) and
+// Decide (claim: what to do with a locked task). Their properties are R6 and the table's CHECKs: a task
+// that may have been accepted is never written off as SUPPRESSED or FAILED, and every transition they
+// produce is one delivery_task accepts (a refused one would abort a whole batch's finish).
+//
+//	go test -run '^$' -fuzz '^FuzzNext$' -fuzztime 5m ./service/
+//	go test -run '^$' -fuzz '^FuzzDecide$' -fuzztime 5m ./service/
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/notifierhq/notifier/service"
+)
+
+// Observations of a call: every outcome a channel client may report, and then some.
+var fuzzOutcomes = []service.Outcome{
+	service.OutcomeAccepted, service.OutcomeAcceptedReplay, service.OutcomeQueryFound, service.OutcomeQueryNotFound,
+	service.OutcomeQueryFailed, service.OutcomeTimeout, service.OutcomeIOError, service.OutcomeConnectFailed,
+	service.OutcomeInFlight, service.OutcomeMalformed, service.OutcomeHTTP5xx, service.OutcomeThrottled,
+	service.OutcomeRejected, service.OutcomeLeaseExpired, service.OutcomePrefDisabled, service.OutcomeManualSent,
+}
+
+var fuzzModes = []service.Mode{service.ModeIdempotent, service.ModeQueryable, service.ModeNone}
+
+// accepted are the observations that prove the channel took the message.
+func accepted(o service.Outcome) bool {
+	return o == service.OutcomeAccepted || o == service.OutcomeAcceptedReplay || o == service.OutcomeQueryFound
+}
+
+// certainlyNotAccepted are the observations that prove this attempt was not accepted: a refusal before
+// acceptance, or a consistent query that found nothing.
+func certainlyNotAccepted(o service.Outcome) bool {
+	switch o {
+	case service.OutcomeQueryNotFound, service.OutcomeHTTP5xx, service.OutcomeThrottled,
+		service.OutcomeConnectFailed, service.OutcomeRejected:
+		return true
+	}
+	return false
+}
+
+func FuzzNext(f *testing.F) {
+	for _, o := range fuzzOutcomes {
+		for _, m := range fuzzModes {
+			for _, prior := range []bool{false, true} {
+				for _, budget := range []bool{false, true} {
+					f.Add(string(o), prior, budget, string(m))
+				}
+			}
+		}
+	}
+	f.Add("", false, true, "IDEMPOTENT")                  // no outcome at all
+	f.Add("accepted", false, true, "IDEMPOTENT")          // wrong case: not an acceptance
+	f.Add("ACCEPTED ", false, true, "QUERYABLE")          // trailing space
+	f.Add("REJECTED", true, true, "idempotent")           // unknown mode spelling
+	f.Add("HTTP_5XX", false, true, "")                    // no mode
+	f.Add("QUERY_NOT_FOUND", true, false, "NONE")         // the one way from uncertain to FAILED
+	f.Add("TTL_EXPIRED_UNCERTAIN", true, true, "NONE")    // a claim-time outcome at finish
+	f.Add("\x00\xff", true, true, "QUERYABLE\x00")        // bytes that are no text
+	f.Add(strings.Repeat("A", 300), false, false, "NONE") // long garbage
+
+	f.Fuzz(func(t *testing.T, outcome string, priorUncertain, budgetLeft bool, mode string) {
+		o, m := service.Outcome(outcome), service.Mode(mode)
+		tr := service.Next(service.Facts{Outcome: o, PriorUncertain: priorUncertain, BudgetLeft: budgetLeft, Mode: m})
+		fail := func(why string) {
+			t.Helper()
+			t.Fatalf("Next(outcome=%q prior=%v budget=%v mode=%q) = %+v: %s", outcome, priorUncertain, budgetLeft, mode, tr, why)
+		}
+
+		switch tr.State {
+		case service.StatePending, service.StateSent, service.StateUnknown, service.StateFailed:
+		default:
+			fail("a finish writes PENDING, SENT, UNKNOWN or FAILED only") // SENDING, SUPPRESSED, junk
+		}
+		// R6: with a history that may have been accepted, nothing is written off ...
+		if priorUncertain || !(accepted(o) || certainlyNotAccepted(o)) {
+			if tr.State == service.StateSuppressed {
+				fail("SUPPRESSED with an uncertain history")
+			}
+			if tr.State == service.StateFailed && o != service.OutcomeQueryNotFound {
+				fail("FAILED with an uncertain history, and not by a query that found nothing")
+			}
+		}
+		// ... and the uncertainty is kept until an acceptance or a query that found nothing settles it.
+		if priorUncertain && !accepted(o) && o != service.OutcomeQueryNotFound && !(tr.State == service.StateUnknown && tr.Uncertain) {
+			fail("an uncertain history lost its uncertainty")
+		}
+		if tr.Park && (tr.State != service.StateUnknown || tr.Retry || !tr.Uncertain) {
+			fail("park must be UNKNOWN, uncertain, and not scheduled")
+		}
+		if (tr.State == service.StateSent) != accepted(o) {
+			fail("SENT exactly for ACCEPTED, ACCEPTED_REPLAY and QUERY_FOUND")
+		}
+		if tr.Uncertain != (tr.State == service.StateUnknown) {
+			fail("outcome_uncertain exactly for UNKNOWN")
+		}
+		// delivery_task_scheduled_iff_waiting: next_attempt_at (Retry) exactly for PENDING/UNKNOWN not parked.
+		if tr.Retry != ((tr.State == service.StatePending || tr.State == service.StateUnknown) && !tr.Park) {
+			fail("scheduled exactly when waiting (CHECK delivery_task_scheduled_iff_waiting)")
+		}
+		if tr.Retry && !budgetLeft {
+			fail("retry without attempt budget")
+		}
+		if tr.State == service.StateUnknown && !m.Recoverable() && !tr.Park {
+			fail("an uncertain task on a channel that cannot recover is not parked")
+		}
+	})
+}
+
+func FuzzDecide(f *testing.F) {
+	for _, m := range append(fuzzModes, "", "bogus") {
+		for bits := range 16 {
+			f.Add(bits&1 != 0, bits&2 != 0, bits&4 != 0, bits&8 != 0, 1, 3, string(m))
+		}
+		f.Add(false, false, true, false, 3, 3, string(m))  // budget used up, nothing uncertain
+		f.Add(true, false, true, false, 3, 3, string(m))   // budget used up, uncertain
+		f.Add(false, true, true, false, 100, 1, string(m)) // lease expired, budget overspent
+	}
+	f.Add(false, false, true, false, -1, 0, "IDEMPOTENT")             // nonsense counts
+	f.Add(true, true, false, true, 1<<31-1, -1<<31, "QUERYABLE")      // extremes
+	f.Add(false, false, true, false, 0, 1, "QUERYABLE\x00")           // a mode with junk
+	f.Add(true, false, false, false, 1, 3, strings.Repeat("N", 1000)) // long junk mode
+
+	f.Fuzz(func(t *testing.T, uncertain, leaseExpired, prefEnabled, expired bool, attemptCount, maxAttempts int, mode string) {
+		facts := service.ClaimFacts{Uncertain: uncertain, LeaseExpired: leaseExpired, PrefEnabled: prefEnabled,
+			Expired: expired, AttemptCount: attemptCount, MaxAttempts: maxAttempts, Mode: service.Mode(mode)}
+		d := service.Decide(facts)
+		fail := func(why string) {
+			t.Helper()
+			t.Fatalf("Decide(%+v) = %+v: %s", facts, d, why)
+		}
+		mayBeAccepted := uncertain || leaseExpired
+
+		// R6: an uncertain or lease-expired task never settles SUPPRESSED or FAILED.
+		if mayBeAccepted && (d.State == service.StateSuppressed || d.State == service.StateFailed) {
+			fail("written off with an uncertain history")
+		}
+		if mayBeAccepted && !d.Uncertain {
+			fail("an uncertain history lost its uncertainty")
+		}
+		// R5: a disabled preference or an expired notification is never called.
+		if (!prefEnabled || expired) && d.Kind == service.ClaimCall {
+			fail("called although the preference is disabled or the notification expired")
+		}
+		switch d.Kind {
+		case service.ClaimCall:
+			if d.Action != service.ActionSend && d.Action != service.ActionQuery {
+				fail("a call sends or queries")
+			}
+			if d.Action == service.ActionQuery && !(mayBeAccepted && service.Mode(mode) == service.ModeQueryable) {
+				fail("a query only for an uncertain task on a QUERYABLE channel")
+			}
+			if mayBeAccepted && service.Mode(mode) == service.ModeQueryable && d.Action != service.ActionQuery {
+				fail("an uncertain task on a QUERYABLE channel is queried before any resend")
+			}
+			if mayBeAccepted && !service.Mode(mode).Recoverable() {
+				fail("R4: a channel that can neither dedupe nor be queried is called again after uncertainty")
+			}
+			if attemptCount >= maxAttempts {
+				fail("called beyond the attempt budget")
+			}
+			if d.Uncertain != mayBeAccepted {
+				fail("the attempt's uncertainty differs from the task's history")
+			}
+		case service.ClaimSettle:
+			if prefEnabled && !expired {
+				fail("settled without a reason")
+			}
+			want := map[service.State][]service.Outcome{
+				service.StateSuppressed: {service.OutcomePrefDisabled},
+				service.StateFailed:     {service.OutcomeTTLExpired},
+				service.StateUnknown:    {service.OutcomePrefDisabledUncertain, service.OutcomeTTLExpiredUncertain},
+			}[d.State]
+			if !containsOutcome(want, d.Outcome) {
+				fail("settle state and attempt outcome do not match (or the outcome is not one the table accepts)")
+			}
+			if (d.State == service.StateUnknown) != mayBeAccepted {
+				fail("UNKNOWN (parked) exactly for an uncertain history")
+			}
+			if d.State == service.StateSuppressed && prefEnabled || d.State == service.StateFailed && !(prefEnabled && expired) {
+				fail("the settle reason does not match the facts")
+			}
+			if d.Reason == "" {
+				fail("no reason for last_error")
+			}
+		case service.ClaimPark:
+			if !d.Uncertain || !mayBeAccepted && attemptCount < maxAttempts {
+				fail("parked without an uncertain history or a spent budget")
+			}
+			if d.Reason == "" {
+				fail("no reason for last_error")
+			}
+		default:
+			fail("unknown kind")
+		}
+	})
+}
+
+func containsOutcome(list []service.Outcome, o service.Outcome) bool {
+	for _, x := range list {
+		if x == o {
+			return true
+		}
+	}
+	return false
+}
