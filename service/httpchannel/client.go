@@ -142,8 +142,15 @@ func (c *Client) do(req *http.Request) (int, http.Header, []byte, error) {
 // transportObservation tells a request that certainly never left (no connection) from one that may
 // have been received (timeout, broken connection).
 func transportObservation(ctx context.Context, err error) service.Observation {
-	var opErr *net.OpError
+	var (
+		opErr   *net.OpError
+		certErr *tls.CertificateVerificationError
+		recErr  tls.RecordHeaderError
+	)
 	switch {
+	case errors.As(err, &certErr) || errors.As(err, &recErr):
+		// The TLS handshake failed: no request was ever sent.
+		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "TLS: " + redactErr(err)}
 	case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 		return service.Observation{Outcome: service.OutcomeTimeout, Detail: "no response within the client timeout"}
 	case errors.As(err, &opErr) && opErr.Op == "dial":
@@ -263,7 +270,10 @@ func snippet(body []byte) string {
 // Redact removes a password from a URL for logs and errors.
 func Redact(raw string) string {
 	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
+	if err != nil {
+		return "(unparsable URL)" // it might hold a password we cannot find
+	}
+	if u.User == nil {
 		return raw
 	}
 	return u.Redacted()

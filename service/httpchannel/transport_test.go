@@ -1,0 +1,109 @@
+package httpchannel_test
+
+import (
+	"context"
+	"encoding/pem"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/httpchannel"
+)
+
+var msg = service.Message{Ref: "task-1", IdempotencyKey: "ntf-task-1", To: "a", Body: "b"}
+
+func accepting(hits *atomic.Int32) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.Write([]byte(`{"id":"m-1","replayed":false}`))
+	}
+}
+
+// TLS is always verified: an unknown certificate means no request left (CONNECT_FAILED, certain), and
+// a CA file makes a private channel reachable.
+func TestTLSVerification(t *testing.T) {
+	is := is.New(t)
+	var hits atomic.Int32
+	srv := httptest.NewTLSServer(accepting(&hits))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+
+	plain, err := httpchannel.New(srv.URL, httpchannel.Options{})
+	is.NoErr(err)
+	obs := plain.Send(ctx, msg)
+	is.Equal(obs.Outcome, service.OutcomeConnectFailed) // an unverifiable certificate: nothing was sent
+	is.Equal(hits.Load(), int32(0))                     // the handler never ran
+
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	is.NoErr(os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600))
+	private, err := httpchannel.New(srv.URL, httpchannel.Options{CAFile: caFile})
+	is.NoErr(err)
+	is.Equal(private.Send(ctx, msg).Outcome, service.OutcomeAccepted) // verified against the given CA
+	is.Equal(hits.Load(), int32(1))
+
+	_, err = httpchannel.New(srv.URL, httpchannel.Options{CAFile: filepath.Join(t.TempDir(), "missing.pem")})
+	is.True(err != nil) // a missing CA file is a configuration error, not a silent fallback
+}
+
+// A POST is never replayed somewhere else behind our back: a redirect is a refusal.
+func TestRedirectNotFollowed(t *testing.T) {
+	is := is.New(t)
+	var hits atomic.Int32
+	target := httptest.NewServer(accepting(&hits))
+	defer target.Close()
+	redirect := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target.URL+"/send", http.StatusTemporaryRedirect)
+	}))
+	defer redirect.Close()
+	c, err := httpchannel.New(redirect.URL, httpchannel.Options{})
+	is.NoErr(err)
+	obs := c.Send(context.Background(), msg)
+	is.Equal(obs.Outcome, service.OutcomeRejected) // 307 is not an acceptance
+	is.Equal(hits.Load(), int32(0))                // and the target was never called
+}
+
+// The client timeout bounds the whole call, body included: a server that dribbles its body forever
+// cannot hold a worker.
+func TestTimeoutIncludesBody(t *testing.T) {
+	is := is.New(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.Write([]byte(`{"id":`))
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second):
+		}
+	}))
+	defer srv.Close()
+	c, err := httpchannel.New(srv.URL, httpchannel.Options{})
+	is.NoErr(err)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	obs := c.Send(ctx, msg)
+	is.Equal(obs.Outcome, service.OutcomeTimeout) // headers came, the body did not: outcome unknown
+	is.True(time.Since(start) < 5*time.Second)    // bounded by the client timeout, not the server
+}
+
+// Credentials in a channel URL never show in what the client reports.
+func TestCredentialsNotShown(t *testing.T) {
+	is := is.New(t)
+	c, err := httpchannel.New("http://user:s3cret@127.0.0.1:1", httpchannel.Options{})
+	is.NoErr(err)
+	is.True(!strings.Contains(c.String(), "s3cret")) // String redacts
+	obs := c.Send(context.Background(), msg)
+	is.Equal(obs.Outcome, service.OutcomeConnectFailed) // nothing listens there
+	is.True(!strings.Contains(obs.Detail, "s3cret"))    // the error text is redacted too
+	_, err = httpchannel.New("http://user:s3cret@host:notaport/", httpchannel.Options{})
+	is.True(err != nil && !strings.Contains(err.Error(), "s3cret")) // a bad URL is refused without echoing it
+}
