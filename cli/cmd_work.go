@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/channelconfig"
 	"github.com/notifierhq/notifier/service/httpchannel"
 	"github.com/notifierhq/notifier/worker"
 )
@@ -38,6 +40,29 @@ MODE says what the channel's contract allows after a call without an answer:
   queryable   ask GET URL/messages?ref= first, resend only if not found
   none        neither: park the task for notifier review / notifier resolve
 
+--channels FILE reads channels from a TOML file instead of (or as well as) --channel: real
+channel kinds (http, webhook = Standard Webhooks, webpush = Web Push with VAPID, smtp = email)
+and their contract (idempotency_window, query_settle, max_in_flight_age,
+server_errors_uncertain, resend_with_topic). Example:
+  [channels.push]
+  kind = "http"
+  mode = "idempotent"
+  url = "https://push.internal.example"
+  idempotency_window = "24h"
+  [channels.email]
+  kind = "smtp"
+  addr = "smtp.example:587"
+  starttls = "required"
+  username = "notifier"
+  password_env = "SMTP_PASSWORD"
+  from = "noreply@example.com"
+Secrets come only from the environment or files (password_env/password_file,
+secret_env/secret_file, vapid_private_key_env/vapid_private_key_file). The whole file is checked
+at start: an unknown key, a mode the kind cannot honour (smtp with mode idempotent, ...), an
+inline secret or a channel defined both in the file and by --channel exits 2 with one line naming
+the channel and the key. --ca-file applies to --channel only; the file has ca_file per channel.
+See README, "Real channels".
+
 --lease must be longer than --timeout plus a margin of max(2s, timeout/2) (claim commit, timer
 slack and the finish transaction), or two workers could call the channel for one task at once;
 --allow-lease-overlap accepts a shorter lease (for tests of that failure).
@@ -59,12 +84,13 @@ func workCommand(e *env) *cli.Command {
 	return &cli.Command{
 		Name:  "work",
 		Usage: "run a delivery worker (claim, call the channel, record the outcome)",
-		UsageText: "notifier work --channel NAME=MODE,URL [--channel ...] [--worker-id W] [--once]\n" +
+		UsageText: "notifier work {--channel NAME=MODE,URL [--channel ...] | --channels FILE} [--worker-id W] [--once]\n" +
 			"   [--concurrency N] [--batch N] [--lease 30s] [--timeout 10s] [--backoff 2s] [--poll 200ms]\n" +
 			"   [--allow-lease-overlap] [--metrics-addr 127.0.0.1:9464] [--ca-file F]",
 		Description: workDescription,
 		Flags: []cli.Flag{
-			&cli.StringSliceFlag{Name: "channel", Usage: "NAME=MODE,URL with MODE idempotent|queryable|none (required, repeatable)"},
+			&cli.StringSliceFlag{Name: "channel", Usage: "NAME=MODE,URL with MODE idempotent|queryable|none (repeatable; this or --channels is required)"},
+			&cli.StringFlag{Name: "channels", Usage: "TOML `FILE` of channels (kinds http, webhook, webpush, smtp; see the description)"},
 			&cli.StringFlag{Name: "worker-id", Usage: "recorded on every claim and attempt (default: hostname-pid)"},
 			&cli.BoolFlag{Name: "once", Usage: "run one cycle, print its result as JSON and exit"},
 			&cli.IntFlag{Name: "concurrency", Value: 1, Usage: "cycles running at once (1-256)"},
@@ -123,9 +149,9 @@ type workConfig struct {
 }
 
 func parseWork(c *cli.Context, e *env) (workConfig, error) {
-	values := c.StringSlice("channel")
-	if len(values) == 0 {
-		return workConfig{}, usagef("%s: missing required flag --channel (NAME=MODE,URL)", commandName(c))
+	values, channelsFile := c.StringSlice("channel"), c.String("channels")
+	if len(values) == 0 && channelsFile == "" {
+		return workConfig{}, usagef("%s: missing required flag --channel (NAME=MODE,URL) or --channels FILE", commandName(c))
 	}
 	cfg := workConfig{once: c.Bool("once"), metrics: c.String("metrics-addr")}
 	d := &cfg.dispatcher
@@ -163,10 +189,31 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 		}
 	}
 	d.Routes = map[string]service.Route{}
+	fromFile := map[string]bool{}
+	if channelsFile != "" {
+		routes, err := channelconfig.Load(channelsFile, e.getenv)
+		if err != nil {
+			return workConfig{}, usagef("invalid --channels: %v", err)
+		}
+		names := make([]string, 0, len(routes))
+		for name := range routes {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			r := routes[name]
+			d.Routes[name], fromFile[name] = r, true
+			cfg.specs = append(cfg.specs, channelSpec{Name: name, Mode: r.Mode, URL: fmt.Sprint(r.Client)})
+		}
+	}
 	for _, v := range values {
 		spec, err := parseChannel(v)
 		if err != nil {
 			return workConfig{}, err
+		}
+		if fromFile[spec.Name] {
+			return workConfig{}, usagef("invalid --channel %q: channel %q is also defined in --channels %s: a channel may be defined once",
+				redactURLs(v), spec.Name, channelsFile)
 		}
 		if _, dup := d.Routes[spec.Name]; dup {
 			return workConfig{}, usagef("invalid --channel %q: channel %q given twice", redactURLs(v), spec.Name)

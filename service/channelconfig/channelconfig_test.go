@@ -1,0 +1,227 @@
+package channelconfig_test
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/channelconfig"
+	"github.com/notifierhq/notifier/service/httpchannel"
+	"github.com/notifierhq/notifier/service/smtpchannel"
+	"github.com/notifierhq/notifier/service/webhook"
+	"github.com/notifierhq/notifier/service/webpush"
+)
+
+const webhookSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw" // 24 bytes, the spec's example form
+
+func env(vars map[string]string) func(string) string {
+	return func(k string) string { return vars[k] }
+}
+
+// writeDir writes files into a fresh directory and returns the path of the first one named
+// channels.toml.
+func writeDir(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return filepath.Join(dir, "channels.toml")
+}
+
+func vapidPEM(t *testing.T) string {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}))
+}
+
+func TestConfigValid(t *testing.T) {
+	is := is.New(t)
+	path := writeDir(t, map[string]string{
+		"channels.toml": `
+[channels.push]
+kind = "http"
+mode = "idempotent"
+url = "https://push.internal.example"
+idempotency_window = "24h"
+max_in_flight_age = "1h"
+
+[channels.sms]
+kind = "http"
+mode = "queryable"
+url = "https://sms.internal.example/v1"
+query_settle = "30s"
+server_errors_uncertain = true
+
+[channels.email]
+kind = "smtp"
+addr = "smtp.example:587"
+starttls = "required"
+username = "notifier"
+password_env = "SMTP_PASSWORD"
+from = "Notifier <noreply@example.com>"
+message_id_domain = "notify.example.com"
+subject_prefix = "[Shop] "
+
+[channels.hooks]
+kind = "webhook"
+secret_file = "webhook-secret"   # relative to this file
+
+[channels.browser]
+kind = "webpush"
+vapid_private_key_file = "vapid.pem"
+vapid_subject = "mailto:ops@example.com"
+urgency = "high"
+resend_with_topic = true
+`,
+		"webhook-secret": webhookSecret + "\n",
+		"vapid.pem":      vapidPEM(t),
+	})
+	routes, err := channelconfig.Load(path, env(map[string]string{"SMTP_PASSWORD": "pw"}))
+	is.NoErr(err)            // valid
+	is.Equal(len(routes), 5) // every channel
+
+	push := routes["push"]
+	is.Equal(push.Mode, service.ModeIdempotent)                                                             // push mode
+	is.Equal(push.Contract, service.Contract{IdempotencyWindow: 24 * time.Hour, MaxInFlightAge: time.Hour}) // push contract
+	_, ok := push.Client.(*httpchannel.Client)
+	is.True(ok) // push is the generic HTTP protocol
+
+	sms := routes["sms"]
+	is.Equal(sms.Mode, service.ModeQueryable)                                                            // sms mode
+	is.Equal(sms.Contract, service.Contract{QuerySettle: 30 * time.Second, ServerErrorsUncertain: true}) // sms contract
+
+	email := routes["email"]
+	is.Equal(email.Mode, service.ModeNone) // smtp is NONE
+	c, ok := email.Client.(*smtpchannel.Client)
+	is.True(ok)                                                            // smtp client
+	is.Equal(c.MessageID("ntf-task-1"), "<ntf-task-1@notify.example.com>") // configured domain
+
+	hooks := routes["hooks"]
+	is.Equal(hooks.Mode, service.ModeIdempotent) // webhook defaults to IDEMPOTENT
+	_, ok = hooks.Client.(*webhook.Client)
+	is.True(ok) // webhook client
+
+	browser := routes["browser"]
+	is.Equal(browser.Mode, service.ModeNone)                            // webpush is NONE
+	is.Equal(browser.Contract, service.Contract{ResendWithTopic: true}) // with topic resend
+	_, ok = browser.Client.(*webpush.Client)
+	is.True(ok) // webpush client
+}
+
+func TestConfigSecretsFromEnv(t *testing.T) {
+	is := is.New(t)
+	key := vapidPEM(t)
+	path := writeDir(t, map[string]string{"channels.toml": `
+[channels.hooks]
+kind = "webhook"
+mode = "none"
+secret_env = "HOOK_SECRET"
+[channels.browser]
+kind = "webpush"
+vapid_private_key_env = "VAPID_KEY"
+vapid_subject = "https://example.com/contact"
+`})
+	routes, err := channelconfig.Load(path, env(map[string]string{"HOOK_SECRET": webhookSecret, "VAPID_KEY": key}))
+	is.NoErr(err)                                    // valid
+	is.Equal(routes["hooks"].Mode, service.ModeNone) // a webhook may claim less than it offers
+}
+
+func TestConfigInvalid(t *testing.T) {
+	vapidKey := vapidPEM(t)
+	const httpOK = "[channels.push]\nkind = \"http\"\nmode = \"idempotent\"\nurl = \"https://push.example\"\n"
+	cases := []struct {
+		name   string
+		toml   string
+		env    map[string]string
+		want   []string // parts of the error
+		secret string   // must not appear in the error
+	}{
+		{"unknown key", httpOK + "colour = \"red\"\n", nil, []string{`channel "push"`, `unknown key "colour"`}, ""},
+		{"unknown table", "[chanels.push]\nkind = \"http\"\n", nil, []string{`unknown key "chanels`}, ""},
+		{"inline password", "[channels.email]\nkind = \"smtp\"\naddr = \"smtp.example:587\"\nfrom = \"a@example.com\"\nusername = \"u\"\npassword = \"hunter2\"\n",
+			nil, []string{`channel "email"`, "password: secrets only from password_env/password_file"}, "hunter2"},
+		{"inline webhook secret", "[channels.hooks]\nkind = \"webhook\"\nsecret = \"" + webhookSecret + "\"\n",
+			nil, []string{`channel "hooks"`, "secret: secrets only from secret_env/secret_file"}, webhookSecret},
+		{"smtp claims idempotent", "[channels.email]\nkind = \"smtp\"\nmode = \"idempotent\"\naddr = \"smtp.example:587\"\nfrom = \"a@example.com\"\n",
+			nil, []string{`channel "email"`, `mode "idempotent"`, "neither idempotency keys nor queries"}, ""},
+		{"webhook claims queryable", "[channels.hooks]\nkind = \"webhook\"\nmode = \"queryable\"\nsecret_env = \"S\"\n",
+			map[string]string{"S": webhookSecret}, []string{`channel "hooks"`, `mode "queryable"`, "no query"}, ""},
+		{"webpush claims idempotent", "[channels.b]\nkind = \"webpush\"\nmode = \"idempotent\"\n", nil, []string{`channel "b"`, `mode "idempotent"`}, ""},
+		{"http without mode", "[channels.push]\nkind = \"http\"\nurl = \"https://push.example\"\n", nil, []string{`channel "push"`, "mode: required"}, ""},
+		{"unknown kind", "[channels.sms]\nkind = \"carrier-pigeon\"\n", nil, []string{`channel "sms"`, `kind "carrier-pigeon"`}, ""},
+		{"no kind", "[channels.sms]\nmode = \"none\"\n", nil, []string{`channel "sms"`, `kind ""`}, ""},
+		{"key of another kind", httpOK + "addr = \"smtp.example:25\"\n", nil, []string{`channel "push"`, `addr does not apply to kind "http"`}, ""},
+		{"topic resend on http", httpOK + "resend_with_topic = true\n", nil, []string{`resend_with_topic does not apply to kind "http"`}, ""},
+		{"window on queryable", "[channels.sms]\nkind = \"http\"\nmode = \"queryable\"\nurl = \"https://sms.example\"\nidempotency_window = \"24h\"\n",
+			nil, []string{`channel "sms"`, "idempotency_window applies to mode idempotent only"}, ""},
+		{"settle on idempotent", httpOK + "query_settle = \"30s\"\n", nil, []string{"query_settle applies to mode queryable only"}, ""},
+		{"bad duration", httpOK + "idempotency_window = \"1 day\"\n", nil, []string{`channel "push"`, `idempotency_window "1 day"`}, ""},
+		{"negative duration", httpOK + "max_in_flight_age = \"-1h\"\n", nil, []string{`max_in_flight_age "-1h"`}, ""},
+		{"wrong type", httpOK + "server_errors_uncertain = \"yes\"\n", nil, []string{"server_errors_uncertain"}, ""},
+		{"bad url", "[channels.push]\nkind = \"http\"\nmode = \"none\"\nurl = \"ftp://u:hunter2@example.com\"\n",
+			nil, []string{`channel "push"`, "url:"}, "hunter2"},
+		{"password env unset", "[channels.email]\nkind = \"smtp\"\naddr = \"smtp.example:587\"\nfrom = \"a@example.com\"\nusername = \"u\"\npassword_env = \"SMTP_PASSWORD\"\n",
+			nil, []string{`channel "email"`, "password_env: environment variable SMTP_PASSWORD is unset or empty"}, ""},
+		{"password without username", "[channels.email]\nkind = \"smtp\"\naddr = \"smtp.example:587\"\nfrom = \"a@example.com\"\npassword_env = \"P\"\n",
+			map[string]string{"P": "pw"}, []string{"username: required"}, ""},
+		{"both secret sources", "[channels.hooks]\nkind = \"webhook\"\nsecret_env = \"S\"\nsecret_file = \"s\"\n",
+			map[string]string{"S": webhookSecret}, []string{"secret_env and secret_file: give one, not both"}, ""},
+		{"no secret", "[channels.hooks]\nkind = \"webhook\"\n", nil, []string{`channel "hooks"`, "secret_env or secret_file: required"}, ""},
+		{"secret file missing", "[channels.hooks]\nkind = \"webhook\"\nsecret_file = \"nope\"\n", nil, []string{"secret_file:", "nope"}, ""},
+		{"malformed webhook secret", "[channels.hooks]\nkind = \"webhook\"\nsecret_env = \"S\"\n",
+			map[string]string{"S": "whsec_c2hvcnQtc2VjcmV0LXZhbHVl"}, []string{`channel "hooks"`, "secret: webhook secret"}, "c2hvcnQtc2VjcmV0LXZhbHVl"},
+		{"bad vapid key", "[channels.b]\nkind = \"webpush\"\nvapid_private_key_env = \"K\"\nvapid_subject = \"mailto:a@example.com\"\n",
+			map[string]string{"K": "not-a-key-but-secret-looking"}, []string{`channel "b"`, "vapid_private_key"}, "not-a-key-but-secret-looking"},
+		{"no vapid subject", "[channels.b]\nkind = \"webpush\"\nvapid_private_key_env = \"K\"\n", map[string]string{"K": vapidKey}, []string{`channel "b"`, "vapid_subject: required"}, ""},
+		{"bad starttls", "[channels.email]\nkind = \"smtp\"\naddr = \"smtp.example:587\"\nfrom = \"a@example.com\"\nstarttls = \"maybe\"\n",
+			nil, []string{`channel "email"`, `starttls "maybe"`}, ""},
+		{"smtp without from", "[channels.email]\nkind = \"smtp\"\naddr = \"smtp.example:587\"\n", nil, []string{"addr and from: required"}, ""},
+		{"bad channel name", "[channels.\"Push!\"]\nkind = \"http\"\nmode = \"none\"\nurl = \"https://push.example\"\n", nil, []string{`channel "Push!"`, "invalid name"}, ""},
+		{"empty file", "", nil, []string{"no [channels.NAME] table"}, ""},
+		{"syntax error", "[channels.push\nkind = \"http\"\n", nil, []string{"channels.toml"}, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			path := writeDir(t, map[string]string{"channels.toml": tc.toml})
+			_, err := channelconfig.Load(path, env(tc.env))
+			is.True(err != nil)                              // refused
+			is.True(errors.Is(err, service.ErrInvalidInput)) // as bad input
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("error %q does not contain %q", err, w)
+				}
+			}
+			t.Log(err)
+			is.True(tc.secret == "" || !strings.Contains(err.Error(), tc.secret)) // never shows a secret
+			is.True(!strings.Contains(err.Error(), "\n"))                         // one line
+		})
+	}
+
+	is := is.New(t)
+	_, err := channelconfig.Load(filepath.Join(t.TempDir(), "missing.toml"), env(nil))
+	is.True(err != nil && strings.Contains(err.Error(), "missing.toml"))           // a missing file names itself
+	is.True(base64.StdEncoding.EncodedLen(24) == len(webhookSecret)-len("whsec_")) // the test secret is 24 bytes
+}

@@ -1,0 +1,524 @@
+// Package webpush delivers notifications with the Web Push protocol: RFC 8030 (the push service's
+// HTTP API), RFC 8291 (payload encryption, aes128gcm) and RFC 8292 (VAPID application server
+// identification). The user's address on the channel (msg.To) is the browser's PushSubscription as
+// JSON: {"endpoint":"https://...","keys":{"p256dh":"...","auth":"..."}}.
+//
+// Contract: NONE. A push service offers neither idempotency keys nor a way to look a message up, so
+// after a timeout the message may or may not be stored for the browser. What Web Push does offer is
+// replacement (RFC 8030 section 5.4): every message of a task carries the same Topic header, and a
+// new message with the Topic of a message the push service still holds *undelivered* replaces it.
+// With Contract.ResendWithTopic the dispatcher resends after an uncertain attempt (action
+// TOPIC_RESEND); this adapter sends it exactly like the first (same Topic, same payload). The resend
+// replaces only undelivered copies: if the first copy already reached the browser, the browser gets
+// a second one. The payload carries the task's ref so a service worker can drop that duplicate.
+//
+// Every message has a TTL header equal to the notification's remaining lifetime in whole seconds
+// (rounded down, at most MaxTTL), so the push service never delivers it after its expiry; a
+// notification already expired is not sent (REJECTED, "expired").
+//
+// Response mapping: 201 (any 2xx) -> ACCEPTED, ProviderMsgID = the Location header (the push
+// service's message resource); 404 and 410 -> REJECTED (the subscription is gone: the browser must
+// subscribe again); 413 -> REJECTED (payload too large); 429 -> THROTTLED (Retry-After honoured);
+// 5xx -> HTTP_5XX; 3xx (redirects are never followed) and other 4xx -> REJECTED; client timeout ->
+// TIMEOUT; broken connection -> IO_ERROR; no connection -> CONNECT_FAILED.
+package webpush
+
+import (
+	"bytes"
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/ecdh"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/hkdf"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/notifierhq/notifier/service"
+)
+
+const (
+	// RecordSize is the aes128gcm record size announced in the header (RFC 8188). One record holds
+	// the whole payload.
+	RecordSize = 4096
+	// MaxPayloadBytes is the encrypted body every push service must accept (RFC 8291 section 4).
+	MaxPayloadBytes = 4096
+	headerBytes     = 16 + 4 + 1 + 65 // salt, rs, idlen, keyid (the sender's public key)
+	tagBytes        = 16
+	// MaxPlaintextBytes is the largest JSON payload that fits MaxPayloadBytes once encrypted.
+	MaxPlaintextBytes = MaxPayloadBytes - headerBytes - tagBytes - 1
+	// MaxTTL caps the TTL header; push services keep messages four weeks at most anyway.
+	MaxTTL = 28 * 24 * time.Hour
+	// TopicLength is the length of the Topic header (RFC 8030 section 5.4 allows at most 32).
+	TopicLength = 32
+	// MaxResponseBytes bounds how much of a response body is read.
+	MaxResponseBytes = 64 << 10
+	// MaxRetryAfter caps a push service's Retry-After.
+	MaxRetryAfter = time.Hour
+	// vapidLifetime is the JWT's validity; RFC 8292 section 2 allows at most 24 hours.
+	vapidLifetime = 12 * time.Hour
+)
+
+// Urgency is the RFC 8030 section 5.3 Urgency header.
+type Urgency string
+
+const (
+	UrgencyVeryLow Urgency = "very-low"
+	UrgencyLow     Urgency = "low"
+	UrgencyNormal  Urgency = "normal"
+	UrgencyHigh    Urgency = "high"
+)
+
+// ParseUrgency accepts very-low, low, normal or high; "" is normal.
+func ParseUrgency(s string) (Urgency, error) {
+	switch u := Urgency(strings.ToLower(strings.TrimSpace(s))); u {
+	case "":
+		return UrgencyNormal, nil
+	case UrgencyVeryLow, UrgencyLow, UrgencyNormal, UrgencyHigh:
+		return u, nil
+	}
+	return "", fmt.Errorf("%w: urgency %q: want very-low, low, normal or high", service.ErrInvalidInput, s)
+}
+
+// Options configure a client.
+type Options struct {
+	VAPIDKey *ecdsa.PrivateKey // the application server's P-256 key (required); see ParseVAPIDKey
+	Subject  string            // VAPID "sub": a mailto: or https: URL where the push service can reach the operator
+	Urgency  Urgency           // default normal
+	CAFile   string            // extra PEM roots (tests, private push services); verification stays on
+	Now      func() time.Time  // clock for TTL and the VAPID expiry (tests); default time.Now
+}
+
+// Client sends Web Push messages. Safe for concurrent use.
+type Client struct {
+	key      *ecdsa.PrivateKey
+	pub      string // base64url of the uncompressed public key: the VAPID "k"
+	subject  string
+	urgency  Urgency
+	now      func() time.Time
+	http     *http.Client
+	randSalt func([]byte) error
+}
+
+// New checks the options and builds a client.
+func New(opt Options) (*Client, error) {
+	if opt.VAPIDKey == nil || opt.VAPIDKey.Curve != elliptic.P256() {
+		return nil, fmt.Errorf("%w: VAPID key: want a P-256 private key", service.ErrInvalidInput)
+	}
+	pub, err := opt.VAPIDKey.PublicKey.Bytes()
+	if err != nil {
+		return nil, fmt.Errorf("%w: VAPID key: %v", service.ErrInvalidInput, err)
+	}
+	sub, err := url.Parse(opt.Subject)
+	if err != nil || (sub.Scheme != "mailto" && sub.Scheme != "https") || (sub.Opaque == "" && sub.Host == "") {
+		return nil, fmt.Errorf("%w: VAPID subject %q: want mailto:address or an https URL", service.ErrInvalidInput, opt.Subject)
+	}
+	urgency, err := ParseUrgency(string(opt.Urgency))
+	if err != nil {
+		return nil, err
+	}
+	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12}
+	if opt.CAFile != "" {
+		pem, err := os.ReadFile(opt.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("read CA file: %w", err)
+		}
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%w: CA file %s holds no PEM certificate", service.ErrInvalidInput, opt.CAFile)
+		}
+		tlsConf.RootCAs = pool
+	}
+	now := opt.Now
+	if now == nil {
+		now = time.Now
+	}
+	transport := &http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:     tlsConf,
+		TLSHandshakeTimeout: 5 * time.Second,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+		ForceAttemptHTTP2:   true,
+	}
+	return &Client{
+		key: opt.VAPIDKey, pub: base64.RawURLEncoding.EncodeToString(pub), subject: opt.Subject,
+		urgency: urgency, now: now, randSalt: func(b []byte) error { _, err := rand.Read(b); return err },
+		http: &http.Client{
+			Transport:     transport,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+			Timeout:       5 * time.Minute, // backstop only; the caller's context has the real timeout
+		},
+	}, nil
+}
+
+// ParseVAPIDKey reads a P-256 private key: PEM ("EC PRIVATE KEY" or PKCS#8 "PRIVATE KEY", as
+// `openssl ecparam -name prime256v1 -genkey` writes), or the base64url 32-byte scalar that
+// `web-push generate-vapid-keys` prints. Errors never contain key material.
+func ParseVAPIDKey(data []byte) (*ecdsa.PrivateKey, error) {
+	if block, _ := pem.Decode(data); block != nil {
+		var key any
+		var err error
+		switch block.Type {
+		case "EC PRIVATE KEY":
+			key, err = x509.ParseECPrivateKey(block.Bytes)
+		case "PRIVATE KEY":
+			key, err = x509.ParsePKCS8PrivateKey(block.Bytes)
+		default:
+			return nil, fmt.Errorf("%w: VAPID key: PEM block %q, want EC PRIVATE KEY or PRIVATE KEY", service.ErrInvalidInput, block.Type)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: VAPID key: not a valid private key", service.ErrInvalidInput)
+		}
+		k, ok := key.(*ecdsa.PrivateKey)
+		if !ok || k.Curve != elliptic.P256() {
+			return nil, fmt.Errorf("%w: VAPID key: want a P-256 (prime256v1) key", service.ErrInvalidInput)
+		}
+		return k, nil
+	}
+	raw, err := decodeB64(strings.TrimSpace(string(data)))
+	if err != nil || len(raw) != 32 {
+		return nil, fmt.Errorf("%w: VAPID key: neither PEM nor a base64url 32-byte P-256 private key", service.ErrInvalidInput)
+	}
+	k, err := ecdsa.ParseRawPrivateKey(elliptic.P256(), raw)
+	if err != nil {
+		return nil, fmt.Errorf("%w: VAPID key: not a valid P-256 private key", service.ErrInvalidInput)
+	}
+	return k, nil
+}
+
+// PublicKey is the VAPID public key (base64url, uncompressed point): what the page passes to
+// pushManager.subscribe as applicationServerKey.
+func (c *Client) PublicKey() string { return c.pub }
+
+// String names the channel kind for logs (each user has their own endpoint).
+func (c *Client) String() string { return "webpush" }
+
+// Subscription is a browser's PushSubscription (its toJSON form).
+type Subscription struct {
+	Endpoint string `json:"endpoint"`
+	Keys     struct {
+		P256dh string `json:"p256dh"`
+		Auth   string `json:"auth"`
+	} `json:"keys"`
+}
+
+// subscription is a checked Subscription.
+type subscription struct {
+	endpoint *url.URL
+	ua       *ecdh.PublicKey
+	auth     []byte
+}
+
+// parseSubscription checks the JSON, the https endpoint and both keys. Errors show no key material
+// and no endpoint path (it identifies the browser).
+func parseSubscription(s string) (subscription, error) {
+	var sub Subscription
+	if err := json.Unmarshal([]byte(s), &sub); err != nil {
+		return subscription{}, errors.New("address is not a PushSubscription JSON object")
+	}
+	u, err := url.Parse(sub.Endpoint)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.Fragment != "" {
+		return subscription{}, errors.New("subscription endpoint is not an https URL")
+	}
+	p256dh, err := decodeB64(sub.Keys.P256dh)
+	if err != nil {
+		return subscription{}, errors.New("subscription key p256dh is not base64url")
+	}
+	ua, err := ecdh.P256().NewPublicKey(p256dh)
+	if err != nil {
+		return subscription{}, errors.New("subscription key p256dh is not an uncompressed P-256 point")
+	}
+	auth, err := decodeB64(sub.Keys.Auth)
+	if err != nil || len(auth) != 16 {
+		return subscription{}, errors.New("subscription key auth is not 16 bytes of base64url")
+	}
+	return subscription{endpoint: u, ua: ua, auth: auth}, nil
+}
+
+// decodeB64 accepts base64url or standard base64, padded or not.
+func decodeB64(s string) ([]byte, error) {
+	s = strings.TrimRight(strings.NewReplacer("+", "-", "/", "_").Replace(strings.TrimSpace(s)), "=")
+	if s == "" {
+		return nil, errors.New("empty")
+	}
+	return base64.RawURLEncoding.DecodeString(s)
+}
+
+// Topic is the Topic header of every message of the task ref: 32 characters of the URL-safe base64
+// alphabet derived from "ntf-"+ref, the same on every attempt and different per task.
+func Topic(ref string) string {
+	sum := sha256.Sum256([]byte("ntf-" + ref))
+	return base64.RawURLEncoding.EncodeToString(sum[:])[:TopicLength]
+}
+
+// TTL is the remaining lifetime of a notification expiring at expiresAt, in whole seconds rounded
+// down and capped at MaxTTL; 0 or less means it has expired (or expires within the second).
+func TTL(expiresAt, now time.Time) int64 {
+	return int64(min(expiresAt.Sub(now), MaxTTL) / time.Second)
+}
+
+// Notification is the plaintext the browser's service worker receives (after decryption).
+type Notification struct {
+	Ref  string `json:"ref"` // task-<id>: the same on every copy, so the service worker can drop a duplicate
+	Body string `json:"body"`
+}
+
+// Send encrypts the notification for the subscription in msg.To and posts it to the push service.
+// A TOPIC_RESEND is sent exactly like a SEND: the same Topic replaces only an undelivered copy.
+func (c *Client) Send(ctx context.Context, msg service.Message) service.Observation {
+	sub, err := parseSubscription(msg.To)
+	if err != nil {
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: err.Error()}
+	}
+	now := c.now()
+	if msg.ExpiresAt.IsZero() {
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: "no expiry: the TTL header needs the notification's expiry"}
+	}
+	ttl := TTL(msg.ExpiresAt, now)
+	if ttl <= 0 {
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: "expired"}
+	}
+	plaintext, err := json.Marshal(Notification{Ref: msg.Ref, Body: msg.Body})
+	if err != nil {
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: "encode payload: " + err.Error()}
+	}
+	if len(plaintext) > MaxPlaintextBytes {
+		return service.Observation{Outcome: service.OutcomeRejected,
+			Detail: fmt.Sprintf("payload of %d bytes exceeds the Web Push limit of %d", len(plaintext), MaxPlaintextBytes)}
+	}
+	as, err := ecdh.P256().GenerateKey(rand.Reader)
+	if err != nil {
+		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "generate key: " + err.Error()}
+	}
+	salt := make([]byte, 16)
+	if err := c.randSalt(salt); err != nil {
+		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "generate salt: " + err.Error()}
+	}
+	body, err := encrypt(plaintext, sub.ua, sub.auth, as, salt)
+	if err != nil {
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: "encrypt: " + err.Error()}
+	}
+	auth, err := c.vapid(sub.endpoint, now)
+	if err != nil {
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: "VAPID: " + err.Error()}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, sub.endpoint.String(), bytes.NewReader(body))
+	if err != nil {
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: "build request: " + redactErr(err)}
+	}
+	req.Header.Set("TTL", strconv.FormatInt(ttl, 10))
+	req.Header.Set("Urgency", string(c.urgency))
+	req.Header.Set("Topic", Topic(msg.Ref))
+	req.Header.Set("Authorization", auth)
+	req.Header.Set("Content-Encoding", "aes128gcm")
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return transportObservation(ctx, err)
+	}
+	defer resp.Body.Close()
+	respBody, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
+	if err != nil && (resp.StatusCode < 200 || resp.StatusCode >= 300) {
+		return transportObservation(ctx, err)
+	}
+	return Classify(resp.StatusCode, resp.Header, respBody)
+}
+
+// Classify maps a push service's response to an observation (see the package comment).
+func Classify(status int, header http.Header, body []byte) service.Observation {
+	code := "HTTP " + strconv.Itoa(status)
+	switch {
+	case status >= 200 && status < 300:
+		loc := header.Get("Location")
+		if len(loc) > 500 {
+			loc = loc[:500]
+		}
+		return service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: loc}
+	case status == http.StatusNotFound || status == http.StatusGone:
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: code + ": subscription gone"}
+	case status == http.StatusRequestEntityTooLarge:
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: code + ": payload too large"}
+	case status == http.StatusTooManyRequests:
+		return service.Observation{Outcome: service.OutcomeThrottled, RetryAfter: retryAfter(header), Detail: code}
+	case status >= 500:
+		return service.Observation{Outcome: service.OutcomeHTTP5xx, RetryAfter: retryAfter(header), Detail: code}
+	case status >= 300 && status < 400:
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: code + ": redirects are not followed"}
+	default:
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: code + snippet(body)}
+	}
+}
+
+// Query is not offered: a push service cannot be asked whether it holds a message.
+func (c *Client) Query(context.Context, string) service.Observation {
+	return service.Observation{Outcome: service.OutcomeQueryFailed, Detail: "not supported"}
+}
+
+// encrypt is RFC 8291 section 3 with one aes128gcm record (RFC 8188): the header (salt, record
+// size, the sender's public key) followed by the AES-128-GCM ciphertext of plaintext || 0x02.
+func encrypt(plaintext []byte, ua *ecdh.PublicKey, authSecret []byte, as *ecdh.PrivateKey, salt []byte) ([]byte, error) {
+	if len(plaintext) > MaxPlaintextBytes {
+		return nil, fmt.Errorf("plaintext of %d bytes exceeds %d", len(plaintext), MaxPlaintextBytes)
+	}
+	ecdhSecret, err := as.ECDH(ua)
+	if err != nil {
+		return nil, err
+	}
+	uaPub, asPub := ua.Bytes(), as.PublicKey().Bytes()
+	keyInfo := "WebPush: info\x00" + string(uaPub) + string(asPub)
+	ikm, err := hkdf.Key(sha256.New, ecdhSecret, authSecret, keyInfo, 32)
+	if err != nil {
+		return nil, err
+	}
+	prk, err := hkdf.Extract(sha256.New, ikm, salt)
+	if err != nil {
+		return nil, err
+	}
+	cek, err := hkdf.Expand(sha256.New, prk, "Content-Encoding: aes128gcm\x00", 16)
+	if err != nil {
+		return nil, err
+	}
+	nonce, err := hkdf.Expand(sha256.New, prk, "Content-Encoding: nonce\x00", 12)
+	if err != nil {
+		return nil, err
+	}
+	block, err := aes.NewCipher(cek)
+	if err != nil {
+		return nil, err
+	}
+	gcm, err := cipher.NewGCM(block)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, headerBytes+len(plaintext)+1+tagBytes)
+	out = append(out, salt...)
+	out = binary.BigEndian.AppendUint32(out, RecordSize)
+	out = append(out, byte(len(asPub)))
+	out = append(out, asPub...)
+	record := append(append(make([]byte, 0, len(plaintext)+1), plaintext...), 0x02) // last record, no padding
+	return gcm.Seal(out, nonce, record, nil), nil
+}
+
+// vapid builds the RFC 8292 Authorization header: an ES256 JWT for the endpoint's origin, and the
+// public key that verifies it.
+func (c *Client) vapid(endpoint *url.URL, now time.Time) (string, error) {
+	header := base64.RawURLEncoding.EncodeToString([]byte(`{"typ":"JWT","alg":"ES256"}`))
+	claims, err := json.Marshal(struct {
+		Aud string `json:"aud"`
+		Exp int64  `json:"exp"`
+		Sub string `json:"sub"`
+	}{Aud: origin(endpoint), Exp: now.Add(vapidLifetime).Unix(), Sub: c.subject})
+	if err != nil {
+		return "", err
+	}
+	signing := header + "." + base64.RawURLEncoding.EncodeToString(claims)
+	digest := sha256.Sum256([]byte(signing))
+	r, s, err := ecdsa.Sign(rand.Reader, c.key, digest[:])
+	if err != nil {
+		return "", err
+	}
+	sig := make([]byte, 64)
+	r.FillBytes(sig[:32])
+	s.FillBytes(sig[32:])
+	return "vapid t=" + signing + "." + base64.RawURLEncoding.EncodeToString(sig) + ", k=" + c.pub, nil
+}
+
+// origin is the ASCII serialisation of the endpoint's origin (RFC 6454), the JWT audience.
+func origin(u *url.URL) string {
+	host := strings.ToLower(u.Host)
+	if h, port, err := net.SplitHostPort(host); err == nil && port == "443" {
+		host = h
+		if strings.Contains(h, ":") {
+			host = "[" + h + "]"
+		}
+	}
+	return "https://" + host
+}
+
+// transportObservation tells a request that certainly never left (no connection) from one that may
+// have been received (timeout, broken connection).
+func transportObservation(ctx context.Context, err error) service.Observation {
+	var (
+		opErr   *net.OpError
+		certErr *tls.CertificateVerificationError
+		recErr  tls.RecordHeaderError
+	)
+	switch {
+	case errors.As(err, &certErr) || errors.As(err, &recErr):
+		// The TLS handshake failed: no request was ever sent.
+		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "TLS: " + redactErr(err)}
+	case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+		return service.Observation{Outcome: service.OutcomeTimeout, Detail: "no response within the client timeout"}
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "connect: " + redactErr(opErr.Err)}
+	default:
+		return service.Observation{Outcome: service.OutcomeIOError, Detail: redactErr(err)}
+	}
+}
+
+func isTimeout(err error) bool {
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout()
+}
+
+// retryAfter reads Retry-After as seconds or an HTTP date, capped at MaxRetryAfter.
+func retryAfter(h http.Header) time.Duration {
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0
+	}
+	var d time.Duration
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil && secs > 0 {
+		d = time.Duration(min(secs, int64(MaxRetryAfter/time.Second))) * time.Second
+	} else if at, err := http.ParseTime(v); err == nil {
+		d = time.Until(at)
+	}
+	return max(0, min(d, MaxRetryAfter))
+}
+
+func snippet(body []byte) string {
+	s := strings.TrimSpace(string(body))
+	if s == "" {
+		return ""
+	}
+	if len(s) > 200 {
+		s = s[:200]
+	}
+	return ": " + strings.ToValidUTF8(s, "?")
+}
+
+// redactErr is err's text with any URL reduced to scheme and host: an endpoint path identifies a
+// browser.
+func redactErr(err error) string {
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		host := "(endpoint)"
+		if u, perr := url.Parse(uerr.URL); perr == nil && u.Host != "" {
+			host = u.Scheme + "://" + u.Host + "/..."
+		}
+		return uerr.Op + " " + host + ": " + redactErr(uerr.Err)
+	}
+	return err.Error()
+}
