@@ -104,7 +104,7 @@ func (c *Client) Send(ctx context.Context, msg service.Message) service.Observat
 	req.Header.Set("Idempotency-Key", msg.IdempotencyKey)
 	status, header, body, err := c.do(req)
 	if err != nil {
-		return transportObservation(ctx, err)
+		return TransportObservation(ctx, err, redactErr)
 	}
 	return ClassifySend(status, header, body)
 }
@@ -117,7 +117,7 @@ func (c *Client) Query(ctx context.Context, ref string) service.Observation {
 	}
 	status, _, body, err := c.do(req)
 	if err != nil {
-		obs := transportObservation(ctx, err)
+		obs := TransportObservation(ctx, err, redactErr)
 		obs.Detail = string(obs.Outcome) + ": " + obs.Detail
 		obs.Outcome = service.OutcomeQueryFailed
 		return obs
@@ -139,9 +139,10 @@ func (c *Client) do(req *http.Request) (int, http.Header, []byte, error) {
 	return resp.StatusCode, resp.Header, body, nil
 }
 
-// transportObservation tells a request that certainly never left (no connection) from one that may
-// have been received (timeout, broken connection).
-func transportObservation(ctx context.Context, err error) service.Observation {
+// TransportObservation tells a request that certainly never left (no connection, failed TLS
+// handshake) from one that may have been received (timeout, broken connection). describe turns an
+// error into text without secrets; every HTTP adapter shares this mapping.
+func TransportObservation(ctx context.Context, err error, describe func(error) string) service.Observation {
 	var (
 		opErr   *net.OpError
 		certErr *tls.CertificateVerificationError
@@ -150,13 +151,13 @@ func transportObservation(ctx context.Context, err error) service.Observation {
 	switch {
 	case errors.As(err, &certErr) || errors.As(err, &recErr):
 		// The TLS handshake failed: no request was ever sent.
-		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "TLS: " + redactErr(err)}
+		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "TLS: " + describe(err)}
 	case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 		return service.Observation{Outcome: service.OutcomeTimeout, Detail: "no response within the client timeout"}
 	case errors.As(err, &opErr) && opErr.Op == "dial":
-		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "connect: " + redactErr(opErr.Err)}
+		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "connect: " + describe(opErr.Err)}
 	default:
-		return service.Observation{Outcome: service.OutcomeIOError, Detail: redactErr(err)}
+		return service.Observation{Outcome: service.OutcomeIOError, Detail: describe(err)}
 	}
 }
 
@@ -189,13 +190,13 @@ func ClassifySend(status int, header http.Header, body []byte) service.Observati
 		// The idempotency draft's "original request still in flight": it may yet be accepted.
 		return service.Observation{Outcome: service.OutcomeInFlight, Detail: "HTTP 409: the original request is still being processed"}
 	case status == http.StatusTooManyRequests:
-		return service.Observation{Outcome: service.OutcomeThrottled, RetryAfter: retryAfter(header), Detail: "HTTP 429"}
+		return service.Observation{Outcome: service.OutcomeThrottled, RetryAfter: RetryAfter(header), Detail: "HTTP 429"}
 	case status >= 500:
 		// The fakes promise 5xx is answered before acceptance. A real channel without that promise
 		// should be configured so that a 5xx counts as uncertain (see README, "Channel protocol").
-		return service.Observation{Outcome: service.OutcomeHTTP5xx, RetryAfter: retryAfter(header), Detail: "HTTP " + strconv.Itoa(status)}
+		return service.Observation{Outcome: service.OutcomeHTTP5xx, RetryAfter: RetryAfter(header), Detail: "HTTP " + strconv.Itoa(status)}
 	default:
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + snippet(body)}
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + Snippet(body)}
 	}
 }
 
@@ -221,8 +222,8 @@ func ClassifyQuery(status int, body []byte) service.Observation {
 	return service.Observation{Outcome: service.OutcomeQueryFound, ProviderMsgID: r.ID}
 }
 
-// retryAfter reads Retry-After as seconds or an HTTP date, capped at MaxRetryAfter.
-func retryAfter(h http.Header) time.Duration {
+// RetryAfter reads Retry-After as seconds or an HTTP date, capped at MaxRetryAfter.
+func RetryAfter(h http.Header) time.Duration {
 	v := strings.TrimSpace(h.Get("Retry-After"))
 	if v == "" {
 		return 0
@@ -249,8 +250,8 @@ func plausibleID(id string) bool {
 	return true
 }
 
-// snippet is the start of an error body for last_error: printable characters only.
-func snippet(body []byte) string {
+// Snippet is the start of an error body for last_error, ": "-prefixed: printable characters only.
+func Snippet(body []byte) string {
 	s := strings.TrimSpace(string(body))
 	if s == "" {
 		return ""

@@ -36,13 +36,11 @@ import (
 	"time"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
 // MaxResponseBytes bounds how much of a response body is read.
 const MaxResponseBytes = 64 << 10
-
-// MaxRetryAfter caps a receiver's Retry-After.
-const MaxRetryAfter = time.Hour
 
 // SecretPrefix starts every Standard Webhooks signing secret; base64 of the key bytes follows it.
 const SecretPrefix = "whsec_"
@@ -182,7 +180,7 @@ func (c *Client) Send(ctx context.Context, msg service.Message) service.Observat
 	req.Header.Set("webhook-signature", Sign(c.key, msg.IdempotencyKey, ts, body))
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return transportObservation(ctx, err)
+		return httpchannel.TransportObservation(ctx, err, redactErr)
 	}
 	defer resp.Body.Close()
 	respBody, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
@@ -191,7 +189,7 @@ func (c *Client) Send(ctx context.Context, msg service.Message) service.Observat
 		err = nil
 	}
 	if err != nil {
-		return transportObservation(ctx, err)
+		return httpchannel.TransportObservation(ctx, err, redactErr)
 	}
 	return Classify(resp.StatusCode, resp.Header, respBody, msg.IdempotencyKey)
 }
@@ -202,13 +200,13 @@ func Classify(status int, header http.Header, body []byte, webhookID string) ser
 	case status >= 200 && status < 300:
 		return service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: webhookID}
 	case status == http.StatusTooManyRequests:
-		return service.Observation{Outcome: service.OutcomeThrottled, RetryAfter: retryAfter(header), Detail: "HTTP 429"}
+		return service.Observation{Outcome: service.OutcomeThrottled, RetryAfter: httpchannel.RetryAfter(header), Detail: "HTTP 429"}
 	case status >= 500:
-		return service.Observation{Outcome: service.OutcomeHTTP5xx, RetryAfter: retryAfter(header), Detail: "HTTP " + strconv.Itoa(status)}
+		return service.Observation{Outcome: service.OutcomeHTTP5xx, RetryAfter: httpchannel.RetryAfter(header), Detail: "HTTP " + strconv.Itoa(status)}
 	case status >= 300 && status < 400:
 		return service.Observation{Outcome: service.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + ": redirects are not followed"}
 	default:
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + snippet(body)}
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + httpchannel.Snippet(body)}
 	}
 }
 
@@ -224,58 +222,6 @@ func checkURL(raw string) (*url.URL, error) {
 		return nil, fmt.Errorf("subscriber address is not an http(s) URL: %q", redactURL(raw))
 	}
 	return u, nil
-}
-
-// transportObservation tells a request that certainly never left (no connection) from one that may
-// have been received (timeout, broken connection).
-func transportObservation(ctx context.Context, err error) service.Observation {
-	var (
-		opErr   *net.OpError
-		certErr *tls.CertificateVerificationError
-		recErr  tls.RecordHeaderError
-	)
-	switch {
-	case errors.As(err, &certErr) || errors.As(err, &recErr):
-		// The TLS handshake failed: no request was ever sent.
-		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "TLS: " + redactErr(err)}
-	case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
-		return service.Observation{Outcome: service.OutcomeTimeout, Detail: "no response within the client timeout"}
-	case errors.As(err, &opErr) && opErr.Op == "dial":
-		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "connect: " + redactErr(opErr.Err)}
-	default:
-		return service.Observation{Outcome: service.OutcomeIOError, Detail: redactErr(err)}
-	}
-}
-
-func isTimeout(err error) bool {
-	var t interface{ Timeout() bool }
-	return errors.As(err, &t) && t.Timeout()
-}
-
-// retryAfter reads Retry-After as seconds or an HTTP date, capped at MaxRetryAfter.
-func retryAfter(h http.Header) time.Duration {
-	v := strings.TrimSpace(h.Get("Retry-After"))
-	if v == "" {
-		return 0
-	}
-	var d time.Duration
-	if secs, err := strconv.ParseInt(v, 10, 64); err == nil && secs > 0 {
-		d = time.Duration(min(secs, int64(MaxRetryAfter/time.Second))) * time.Second
-	} else if at, err := http.ParseTime(v); err == nil {
-		d = time.Until(at)
-	}
-	return max(0, min(d, MaxRetryAfter))
-}
-
-func snippet(body []byte) string {
-	s := strings.TrimSpace(string(body))
-	if s == "" {
-		return ""
-	}
-	if len(s) > 200 {
-		s = s[:200]
-	}
-	return ": " + strings.ToValidUTF8(s, "?")
 }
 
 // redactURL keeps only scheme and host of a subscriber URL: its path and query often carry a token.

@@ -52,6 +52,7 @@ import (
 	"time"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
 const (
@@ -70,8 +71,6 @@ const (
 	TopicLength = 32
 	// MaxResponseBytes bounds how much of a response body is read.
 	MaxResponseBytes = 64 << 10
-	// MaxRetryAfter caps a push service's Retry-After.
-	MaxRetryAfter = time.Hour
 	// vapidLifetime is the JWT's validity; RFC 8292 section 2 allows at most 24 hours.
 	vapidLifetime = 12 * time.Hour
 )
@@ -336,12 +335,12 @@ func (c *Client) Send(ctx context.Context, msg service.Message) service.Observat
 	req.Header.Set("Content-Type", "application/octet-stream")
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return transportObservation(ctx, err)
+		return httpchannel.TransportObservation(ctx, err, redactErr)
 	}
 	defer resp.Body.Close()
 	respBody, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
 	if err != nil && (resp.StatusCode < 200 || resp.StatusCode >= 300) {
-		return transportObservation(ctx, err)
+		return httpchannel.TransportObservation(ctx, err, redactErr)
 	}
 	return Classify(resp.StatusCode, resp.Header, respBody)
 }
@@ -361,13 +360,13 @@ func Classify(status int, header http.Header, body []byte) service.Observation {
 	case status == http.StatusRequestEntityTooLarge:
 		return service.Observation{Outcome: service.OutcomeRejected, Detail: code + ": payload too large"}
 	case status == http.StatusTooManyRequests:
-		return service.Observation{Outcome: service.OutcomeThrottled, RetryAfter: retryAfter(header), Detail: code}
+		return service.Observation{Outcome: service.OutcomeThrottled, RetryAfter: httpchannel.RetryAfter(header), Detail: code}
 	case status >= 500:
-		return service.Observation{Outcome: service.OutcomeHTTP5xx, RetryAfter: retryAfter(header), Detail: code}
+		return service.Observation{Outcome: service.OutcomeHTTP5xx, RetryAfter: httpchannel.RetryAfter(header), Detail: code}
 	case status >= 300 && status < 400:
 		return service.Observation{Outcome: service.OutcomeRejected, Detail: code + ": redirects are not followed"}
 	default:
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: code + snippet(body)}
+		return service.Observation{Outcome: service.OutcomeRejected, Detail: code + httpchannel.Snippet(body)}
 	}
 }
 
@@ -455,58 +454,6 @@ func origin(u *url.URL) string {
 		}
 	}
 	return "https://" + host
-}
-
-// transportObservation tells a request that certainly never left (no connection) from one that may
-// have been received (timeout, broken connection).
-func transportObservation(ctx context.Context, err error) service.Observation {
-	var (
-		opErr   *net.OpError
-		certErr *tls.CertificateVerificationError
-		recErr  tls.RecordHeaderError
-	)
-	switch {
-	case errors.As(err, &certErr) || errors.As(err, &recErr):
-		// The TLS handshake failed: no request was ever sent.
-		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "TLS: " + redactErr(err)}
-	case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
-		return service.Observation{Outcome: service.OutcomeTimeout, Detail: "no response within the client timeout"}
-	case errors.As(err, &opErr) && opErr.Op == "dial":
-		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "connect: " + redactErr(opErr.Err)}
-	default:
-		return service.Observation{Outcome: service.OutcomeIOError, Detail: redactErr(err)}
-	}
-}
-
-func isTimeout(err error) bool {
-	var t interface{ Timeout() bool }
-	return errors.As(err, &t) && t.Timeout()
-}
-
-// retryAfter reads Retry-After as seconds or an HTTP date, capped at MaxRetryAfter.
-func retryAfter(h http.Header) time.Duration {
-	v := strings.TrimSpace(h.Get("Retry-After"))
-	if v == "" {
-		return 0
-	}
-	var d time.Duration
-	if secs, err := strconv.ParseInt(v, 10, 64); err == nil && secs > 0 {
-		d = time.Duration(min(secs, int64(MaxRetryAfter/time.Second))) * time.Second
-	} else if at, err := http.ParseTime(v); err == nil {
-		d = time.Until(at)
-	}
-	return max(0, min(d, MaxRetryAfter))
-}
-
-func snippet(body []byte) string {
-	s := strings.TrimSpace(string(body))
-	if s == "" {
-		return ""
-	}
-	if len(s) > 200 {
-		s = s[:200]
-	}
-	return ": " + strings.ToValidUTF8(s, "?")
 }
 
 // redactErr is err's text with any URL reduced to scheme and host: an endpoint path identifies a
