@@ -34,6 +34,14 @@ demo *args: _pgtmp
     @if [ -n "${DATABASE_URL:-}" ]; then exec go run ./cli demo "$@"; fi; \
     exec "{{ pgtmp }}" -migrate -- go run ./cli demo "$@"
 
+# Run the load benchmark (`go run ./cli bench`, see README "bench") on a throwaway migrated PostgreSQL; args go to bench, e.g. `just bench --batch 16 --history 1000000`
+bench *args: _pgtmp
+    "{{ pgtmp }}" -migrate -- go run ./cli bench "$@"
+
+# Run the River peer of the load benchmark (bench/river, its own Go module; README "Retention and the River peer") on a throwaway migrated PostgreSQL; args go to it, e.g. `just bench-river --notifications 20000 --workers 8`
+bench-river *args: _pgtmp
+    "{{ pgtmp }}" -migrate -- bash -c 'cd bench/river && go run . "$@"' _ "$@"
+
 # Start a throwaway PostgreSQL with the migrations applied and print its DATABASE_URL; Ctrl-C stops it and deletes its data
 db: _pgtmp
     exec "{{ pgtmp }}" -migrate

@@ -74,8 +74,10 @@ func newApp(e *env) *cli.App {
 			resolveCommand(e),
 			reviewCommand(e),
 			statusCommand(e),
+			pruneCommand(e),
 			fakeCommand(e),
 			demoCommand(e),
+			benchCommand(e),
 		},
 	}
 	for _, c := range app.Commands {

@@ -9,16 +9,6 @@ import (
 	"context"
 )
 
-const benchAnalyze = `-- name: BenchAnalyze :exec
-ANALYZE notification, delivery_task, delivery_attempt, channel_pref
-`
-
-// Fresh planner statistics after BenchFillHistory, as autovacuum would eventually give them.
-func (q *Queries) BenchAnalyze(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, benchAnalyze)
-	return err
-}
-
 const benchFillHistory = `-- name: BenchFillHistory :execrows
 WITH arg AS (
     SELECT $1::text AS tag, $2::bigint AS first, $3::bigint AS notifications
@@ -74,6 +64,16 @@ func (q *Queries) BenchFinishedTasks(ctx context.Context) (int64, error) {
 	var tasks int64
 	err := row.Scan(&tasks)
 	return tasks, err
+}
+
+const benchPlanWithoutBitmapScans = `-- name: BenchPlanWithoutBitmapScans :exec
+SELECT set_config('enable_bitmapscan', 'off', true)
+`
+
+// enable_bitmapscan = off until the end of the current transaction (set_config(..., true) is SET LOCAL).
+func (q *Queries) BenchPlanWithoutBitmapScans(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, benchPlanWithoutBitmapScans)
+	return err
 }
 
 const benchRunCheck = `-- name: BenchRunCheck :one
@@ -142,14 +142,65 @@ type BenchSeedClaimRow struct {
 // Queries of `notifier bench` only (cli/cmd_bench.go): load figures and the checks after a load run.
 // None of them is run by a worker, by create or by an operator command. The bench writes test data:
 // run it on a throwaway database only.
-// The SEED's claim (SPEC section 5), verbatim: one OR over states, ORDER BY t.id over the whole table.
-// It does not use the claim order of delivery_task_ready_idx, so its cost grows with the finished history
-// in front of the first due task (SPEC section 10). Kept ONLY as a benchmark baseline: the bench runs it
-// in a transaction it rolls back (it claims nothing). Never used by workers; they run TaskClaimExpiredLease
-// and TaskClaimReady.
+// The SEED's unindexed claim (SPEC section 5), verbatim: one OR over states and ORDER BY t.id, written for
+// a table with no claim index, so its cost grows with the finished history in front of the first due
+// task (SPEC section 10). Kept ONLY as a benchmark baseline, run by `notifier bench` in a transaction it
+// rolls back (it claims nothing); NEVER used by workers, which run TaskClaimExpiredLease and
+// TaskClaimReady. On this schema the planner may still serve its OR with a BitmapOr over the partial
+// claim indexes and sort every due task; BenchSeedClaimOnSeedIndexes measures it without that rescue.
 func (q *Queries) BenchSeedClaim(ctx context.Context) (BenchSeedClaimRow, error) {
 	row := q.db.QueryRow(ctx, benchSeedClaim)
 	var i BenchSeedClaimRow
+	err := row.Scan(
+		&i.ID,
+		&i.State,
+		&i.Channel,
+		&i.AttemptCount,
+		&i.OutcomeUncertain,
+		&i.LeaseExpired,
+		&i.Enabled,
+		&i.Address,
+		&i.Body,
+		&i.Column10,
+	)
+	return i, err
+}
+
+const benchSeedClaimOnSeedIndexes = `-- name: BenchSeedClaimOnSeedIndexes :one
+SELECT t.id, t.state, t.channel, t.attempt_count, t.outcome_uncertain,
+       (t.state = 'SENDING') AS lease_expired,
+       coalesce(p.enabled, false), p.address, n.body, n.expires_at <= now()
+  FROM delivery_task t
+  JOIN notification n ON n.id = t.notification_id
+  LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel
+ WHERE (t.state IN ('PENDING', 'UNKNOWN') AND t.next_attempt_at <= now())
+    OR (t.state = 'SENDING' AND t.lease_until < now())
+ ORDER BY t.id
+ LIMIT 1
+ FOR UPDATE OF t SKIP LOCKED
+`
+
+type BenchSeedClaimOnSeedIndexesRow struct {
+	ID               int64
+	State            string
+	Channel          string
+	AttemptCount     int32
+	OutcomeUncertain bool
+	LeaseExpired     bool
+	Enabled          bool
+	Address          *string
+	Body             string
+	Column10         bool
+}
+
+// BenchSeedClaim again, under its own name so that it gets its own prepared statement and plan: the
+// bench runs it after BenchPlanWithoutBitmapScans, in a transaction it rolls back. This schema's partial
+// claim indexes can serve the seed's OR only through a BitmapOr; without bitmap scans the planner has
+// what the seed's schema had (the primary key): walk delivery_task by id, or scan it all and sort. A
+// benchmark baseline only; never used by workers.
+func (q *Queries) BenchSeedClaimOnSeedIndexes(ctx context.Context) (BenchSeedClaimOnSeedIndexesRow, error) {
+	row := q.db.QueryRow(ctx, benchSeedClaimOnSeedIndexes)
+	var i BenchSeedClaimOnSeedIndexesRow
 	err := row.Scan(
 		&i.ID,
 		&i.State,
@@ -221,6 +272,18 @@ func (q *Queries) BenchSettings(ctx context.Context) (BenchSettingsRow, error) {
 		&i.SharedBuffers,
 	)
 	return i, err
+}
+
+const benchVacuumAnalyze = `-- name: BenchVacuumAnalyze :exec
+VACUUM (ANALYZE) notification, delivery_task, delivery_attempt, channel_pref
+`
+
+// Before each claim-latency probe: the tables as autovacuum leaves them in steady state (dead rows of
+// earlier phases gone, visibility map set, fresh planner statistics), and no insert-triggered
+// autovacuum of a million new rows running on a small machine while the probe measures.
+func (q *Queries) BenchVacuumAnalyze(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, benchVacuumAnalyze)
+	return err
 }
 
 const benchXactCommit = `-- name: BenchXactCommit :one

@@ -3,11 +3,12 @@
 -- run it on a throwaway database only.
 
 -- name: BenchSeedClaim :one
--- The SEED's claim (SPEC section 5), verbatim: one OR over states, ORDER BY t.id over the whole table.
--- It does not use the claim order of delivery_task_ready_idx, so its cost grows with the finished history
--- in front of the first due task (SPEC section 10). Kept ONLY as a benchmark baseline: the bench runs it
--- in a transaction it rolls back (it claims nothing). Never used by workers; they run TaskClaimExpiredLease
--- and TaskClaimReady.
+-- The SEED's unindexed claim (SPEC section 5), verbatim: one OR over states and ORDER BY t.id, written for
+-- a table with no claim index, so its cost grows with the finished history in front of the first due
+-- task (SPEC section 10). Kept ONLY as a benchmark baseline, run by `notifier bench` in a transaction it
+-- rolls back (it claims nothing); NEVER used by workers, which run TaskClaimExpiredLease and
+-- TaskClaimReady. On this schema the planner may still serve its OR with a BitmapOr over the partial
+-- claim indexes and sort every due task; BenchSeedClaimOnSeedIndexes measures it without that rescue.
 SELECT t.id, t.state, t.channel, t.attempt_count, t.outcome_uncertain,
        (t.state = 'SENDING') AS lease_expired,
        coalesce(p.enabled, false), p.address, n.body, n.expires_at <= now()
@@ -19,6 +20,28 @@ SELECT t.id, t.state, t.channel, t.attempt_count, t.outcome_uncertain,
  ORDER BY t.id
  LIMIT 1
  FOR UPDATE OF t SKIP LOCKED;
+
+-- name: BenchSeedClaimOnSeedIndexes :one
+-- BenchSeedClaim again, under its own name so that it gets its own prepared statement and plan: the
+-- bench runs it after BenchPlanWithoutBitmapScans, in a transaction it rolls back. This schema's partial
+-- claim indexes can serve the seed's OR only through a BitmapOr; without bitmap scans the planner has
+-- what the seed's schema had (the primary key): walk delivery_task by id, or scan it all and sort. A
+-- benchmark baseline only; never used by workers.
+SELECT t.id, t.state, t.channel, t.attempt_count, t.outcome_uncertain,
+       (t.state = 'SENDING') AS lease_expired,
+       coalesce(p.enabled, false), p.address, n.body, n.expires_at <= now()
+  FROM delivery_task t
+  JOIN notification n ON n.id = t.notification_id
+  LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel
+ WHERE (t.state IN ('PENDING', 'UNKNOWN') AND t.next_attempt_at <= now())
+    OR (t.state = 'SENDING' AND t.lease_until < now())
+ ORDER BY t.id
+ LIMIT 1
+ FOR UPDATE OF t SKIP LOCKED;
+
+-- name: BenchPlanWithoutBitmapScans :exec
+-- enable_bitmapscan = off until the end of the current transaction (set_config(..., true) is SET LOCAL).
+SELECT set_config('enable_bitmapscan', 'off', true);
 
 -- name: BenchFillHistory :execrows
 -- Inserts finished history fast, in one statement: @notifications notifications (event keys
@@ -48,9 +71,11 @@ INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker
 SELECT t.id, 1, t.attempt_token, 'SEND', 'bench-history', t.created_at, t.updated_at, 'ACCEPTED', t.provider_msg_id
 FROM t;
 
--- name: BenchAnalyze :exec
--- Fresh planner statistics after BenchFillHistory, as autovacuum would eventually give them.
-ANALYZE notification, delivery_task, delivery_attempt, channel_pref;
+-- name: BenchVacuumAnalyze :exec
+-- Before each claim-latency probe: the tables as autovacuum leaves them in steady state (dead rows of
+-- earlier phases gone, visibility map set, fresh planner statistics), and no insert-triggered
+-- autovacuum of a million new rows running on a small machine while the probe measures.
+VACUUM (ANALYZE) notification, delivery_task, delivery_attempt, channel_pref;
 
 -- name: BenchXactCommit :one
 -- Committed transactions of this database so far (cumulative statistics, flushed by each backend at

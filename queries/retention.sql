@@ -20,8 +20,9 @@
 --     before the first task (del_tasks waits for the count of del_attempts), so the trigger
 --     delivery_attempt_retention_only still finds each task in its terminal state; the foreign key from
 --     delivery_attempt refuses a task deleted while one of its attempts stays.
---   * a notification only when none of its tasks remains: every other task of it, finished or not, keeps
---     it (the foreign key from delivery_task would refuse it anyway).
+--   * a notification only when none of its tasks remains: it goes only if the tasks this statement
+--     deletes are all the tasks it has; any other task of it, finished or not, keeps it (the foreign key
+--     from delivery_task would refuse it anyway).
 -- Walks the partial index delivery_task_finished_idx (schema/007) in (updated_at, id) order from the
 -- caller's cursor (@after_updated_at, @after_id: the last row of the previous batch, -infinity and 0 at
 -- first), so a batch neither reads unfinished tasks nor re-reads the index entries of rows already
@@ -32,7 +33,9 @@ WITH picked AS (
     WHERE t.state IN ('SENT', 'FAILED', 'SUPPRESSED')
       AND t.updated_at < now() - make_interval(secs => @older_than_seconds::float8)
       AND (t.updated_at, t.id) > (@after_updated_at::timestamptz, @after_id::bigint)
-      AND NOT EXISTS (SELECT FROM delivery_attempt a WHERE a.task_id = t.id AND a.outcome IS NULL)
+      -- a correlated count (one probe of delivery_attempt_task_attempt_no_key per task), not NOT EXISTS:
+      -- the planner would turn that into an anti join that scans all of delivery_attempt every batch
+      AND (SELECT count(*) FROM delivery_attempt a WHERE a.task_id = t.id AND a.outcome IS NULL) = 0
     ORDER BY t.updated_at, t.id
     LIMIT @batch_size::int
     FOR UPDATE OF t SKIP LOCKED
@@ -49,12 +52,15 @@ WITH picked AS (
     WHERE t.id = p.id
       AND (SELECT n FROM attempts_deleted) >= 0 -- every attempt goes before the first task
     RETURNING t.id, t.notification_id
+), deleted_per_notification AS (
+    SELECT d.notification_id, count(*) AS tasks FROM del_tasks d GROUP BY d.notification_id
 ), del_notifications AS (
     DELETE FROM notification n
-    WHERE n.id IN (SELECT d.notification_id FROM del_tasks d)
-      AND NOT EXISTS (SELECT FROM delivery_task t
-                      WHERE t.notification_id = n.id
-                        AND t.id NOT IN (SELECT p.id FROM picked p))
+    USING deleted_per_notification dn
+    WHERE n.id = dn.notification_id
+      -- all its tasks go in this statement (the statement's snapshot still sees them all): a correlated
+      -- count through delivery_task_notification_channel_key, never a scan of delivery_task
+      AND (SELECT count(*) FROM delivery_task t WHERE t.notification_id = n.id) = dn.tasks
     RETURNING n.id
 ), last_picked AS (
     SELECT p.updated_at, p.id FROM picked p ORDER BY p.updated_at DESC, p.id DESC LIMIT 1

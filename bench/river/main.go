@@ -1,0 +1,391 @@
+// Command river is notifier's delivery workload built on River (github.com/riverqueue/river), the peer
+// that `notifier bench` is compared with. It lives in its own Go module so that the notifier module does
+// not depend on River.
+//
+// On $DATABASE_URL (or --database-url) it runs River's migrations, starts the fake push and sms channels
+// in this process (the same fakes/ as `notifier bench`), inserts --notifications events for 1000 users
+// (one job per channel, push and sms, inserted together per event, from 8 concurrent inserters, plus
+// --duplicates x that many repeated submissions of random events), each job unique by (user, event,
+// channel) through River's UniqueOpts ByArgs; then starts a River client with --workers workers
+// (MaxWorkers) whose worker sends the job over HTTP exactly as notifier's worker does (the same
+// service/httpchannel client: POST /send with an Idempotency-Key that is stable across the job's
+// attempts), and waits until every job is completed. It prints one JSON object: inserts/s,
+// deliveries/s, total time, and a check that the fakes sent every message exactly once.
+//
+//	cd bench/river && DATABASE_URL=postgres://... go run . --notifications 20000 --workers 8
+//	sh internal/tools/just bench-river --notifications 20000      # on a throwaway cluster
+//
+// It writes River's tables and jobs: use a throwaway database.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/httpchannel"
+)
+
+// Workload constants shared with `notifier bench`.
+const (
+	benchUsers    = 1000
+	benchCreators = 8
+	jobKind       = "notifier_delivery"
+)
+
+// DeliveryArgs is one delivery: a notification (user, event) on one channel. Unique by those three
+// (river:"unique" tags with UniqueOpts.ByArgs), like notifier's UNIQUE (user_id, event_key) and
+// UNIQUE (notification_id, channel); the address and body do not count.
+type DeliveryArgs struct {
+	User    string `json:"user" river:"unique"`
+	Event   string `json:"event" river:"unique"`
+	Channel string `json:"channel" river:"unique"`
+	To      string `json:"to"`
+	Body    string `json:"body"`
+}
+
+func (DeliveryArgs) Kind() string { return jobKind }
+
+func (DeliveryArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true}}
+}
+
+// DeliveryWorker sends a job's message on its channel. Any outcome but an acceptance is an error, so
+// River retries the job (with its attempt history in the job's errors column); River has no notion of
+// an outcome that may or may not have been accepted.
+type DeliveryWorker struct {
+	river.WorkerDefaults[DeliveryArgs]
+	channels map[string]*httpchannel.Client
+	timeout  time.Duration
+}
+
+func (w *DeliveryWorker) Work(ctx context.Context, job *river.Job[DeliveryArgs]) error {
+	client, ok := w.channels[job.Args.Channel]
+	if !ok {
+		return river.JobCancel(fmt.Errorf("unknown channel %q", job.Args.Channel))
+	}
+	ctx, cancel := context.WithTimeout(ctx, w.timeout)
+	defer cancel()
+	ref := "job-" + strconv.FormatInt(job.ID, 10)
+	obs := client.Send(ctx, service.Message{Ref: ref, IdempotencyKey: "ntf-" + ref, To: job.Args.To, Body: job.Args.Body})
+	switch obs.Outcome {
+	case service.OutcomeAccepted, service.OutcomeAcceptedReplay:
+		return nil
+	}
+	return fmt.Errorf("%s: %s", obs.Outcome, obs.Detail)
+}
+
+type config struct {
+	dbURL         string
+	notifications int
+	workers       int
+	duplicates    float64
+	fetchCooldown time.Duration
+	pollInterval  time.Duration
+	timeout       time.Duration
+}
+
+// report is the one JSON object printed on stdout.
+type report struct {
+	Peer               string         `json:"peer"`
+	RiverVersion       string         `json:"river_version"`
+	Notifications      int            `json:"notifications"`
+	Channels           int            `json:"channels"`
+	Jobs               int            `json:"jobs"`
+	Workers            int            `json:"workers"`
+	FetchCooldownMS    float64        `json:"fetch_cooldown_ms"`
+	FetchPollMS        float64        `json:"fetch_poll_interval_ms"`
+	Duplicates         float64        `json:"duplicates"`
+	PoolMaxConns       int            `json:"pool_max_conns"`
+	CPUs               int            `json:"cpus"`
+	MigrateSeconds     float64        `json:"migrate_seconds"`
+	InsertCalls        int            `json:"insert_calls"`
+	Inserted           int            `json:"inserted"`
+	DuplicatesSkipped  int            `json:"duplicates_skipped"`
+	InsertSeconds      float64        `json:"insert_seconds"`
+	InsertsPerSec      float64        `json:"inserts_per_sec"`       // insert calls (events, 2 jobs each) per second
+	JobsInsertedPerSec float64        `json:"jobs_inserted_per_sec"` // jobs written per second
+	Deliveries         int            `json:"deliveries"`
+	DeliverSeconds     float64        `json:"deliver_seconds"`
+	DeliveriesPerSec   float64        `json:"deliveries_per_sec"`
+	TotalSeconds       float64        `json:"total_seconds"`
+	JobStates          map[string]int `json:"job_states"`
+	Errors             int            `json:"job_errors"` // failed attempts River recorded (then retried)
+	Sends              int            `json:"sends"`
+	Outbound           int            `json:"outbound"`
+	Check              string         `json:"check"`
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	cfg, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench-river:", err)
+		os.Exit(2)
+	}
+	rep, err := run(ctx, cfg)
+	if rep != nil {
+		out, _ := json.Marshal(rep)
+		fmt.Println(string(out))
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench-river:", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string) (config, error) {
+	fs := flag.NewFlagSet("bench-river", flag.ContinueOnError)
+	cfg := config{}
+	fs.StringVar(&cfg.dbURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default $DATABASE_URL); River's tables are created there")
+	fs.IntVar(&cfg.notifications, "notifications", 20000, "events to insert (each gets a push and an sms job)")
+	fs.IntVar(&cfg.workers, "workers", 8, "River MaxWorkers of the queue (1-1000)")
+	fs.Float64Var(&cfg.duplicates, "duplicates", 0.1, "extra submissions of already-submitted events, as a share of --notifications (0-10)")
+	fs.DurationVar(&cfg.fetchCooldown, "fetch-cooldown", river.FetchCooldownDefault, "River FetchCooldown (its default; at least 1ms)")
+	fs.DurationVar(&cfg.pollInterval, "fetch-poll-interval", river.FetchPollIntervalDefault, "River FetchPollInterval (its default)")
+	fs.DurationVar(&cfg.timeout, "timeout", 30*time.Minute, "give up after this long")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case cfg.dbURL == "":
+		return cfg, errors.New("no database: set --database-url or DATABASE_URL")
+	case cfg.notifications < 1 || cfg.notifications > 10_000_000:
+		return cfg, fmt.Errorf("invalid --notifications %d: want 1 to 10000000", cfg.notifications)
+	case cfg.workers < 1 || cfg.workers > 1000:
+		return cfg, fmt.Errorf("invalid --workers %d: want 1 to 1000", cfg.workers)
+	case !(cfg.duplicates >= 0 && cfg.duplicates <= 10):
+		return cfg, fmt.Errorf("invalid --duplicates %v: want 0 to 10", cfg.duplicates)
+	case cfg.fetchCooldown < river.FetchCooldownMin || cfg.pollInterval < cfg.fetchCooldown:
+		return cfg, fmt.Errorf("invalid --fetch-cooldown %s / --fetch-poll-interval %s", cfg.fetchCooldown, cfg.pollInterval)
+	case cfg.timeout <= 0:
+		return cfg, fmt.Errorf("invalid --timeout %s", cfg.timeout)
+	}
+	return cfg, nil
+}
+
+func run(ctx context.Context, cfg config) (*report, error) {
+	ctx, cancel := context.WithTimeout(ctx, cfg.timeout)
+	defer cancel()
+	started := time.Now()
+	poolSize := max(cfg.workers, benchCreators) + 2 // as notifier bench sizes its pool
+	pcfg, err := pgxpool.ParseConfig(cfg.dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	pcfg.MaxConns = int32(poolSize)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	defer pool.Close()
+	rep := &report{Peer: "river", RiverVersion: riverVersion(), Notifications: cfg.notifications, Channels: 2,
+		Workers: cfg.workers, Duplicates: cfg.duplicates, PoolMaxConns: poolSize, CPUs: runtime.NumCPU(),
+		FetchCooldownMS: ms(cfg.fetchCooldown), FetchPollMS: ms(cfg.pollInterval)}
+
+	// River's schema: its own migrations, into the same database.
+	t0 := time.Now()
+	driver := riverpgxv5.New(pool)
+	migrator, err := rivermigrate.New(driver, nil)
+	if err != nil {
+		return nil, fmt.Errorf("river migrate: %w", err)
+	}
+	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		return nil, fmt.Errorf("river migrate: %w", err)
+	}
+	rep.MigrateSeconds = time.Since(t0).Seconds()
+
+	push, err := fakes.StartOn(fakes.Push, "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer push.Close()
+	sms, err := fakes.StartOn(fakes.SMS, "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer sms.Close()
+	channels := map[string]*httpchannel.Client{}
+	for name, ch := range map[string]*fakes.Channel{"push": push, "sms": sms} {
+		if channels[name], err = httpchannel.New(ch.URL(), httpchannel.Options{}); err != nil {
+			return nil, err
+		}
+	}
+
+	workers := river.NewWorkers()
+	river.AddWorker(workers, &DeliveryWorker{channels: channels, timeout: 10 * time.Second})
+	client, err := river.NewClient(driver, &river.Config{
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.workers}},
+		Workers:           workers,
+		FetchCooldown:     cfg.fetchCooldown,
+		FetchPollInterval: cfg.pollInterval,
+		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("river client: %w", err)
+	}
+
+	// 1. Insert: each event's two jobs in one InsertMany (one transaction), from 8 inserters, duplicates
+	// shuffled in.
+	run := "river-" + strconv.FormatInt(time.Now().UnixMilli(), 36) + fmt.Sprintf("%03d", rand.IntN(1000))
+	events := make([]int, 0, cfg.notifications+int(cfg.duplicates*float64(cfg.notifications)))
+	for i := range cfg.notifications {
+		events = append(events, i)
+	}
+	for range int(cfg.duplicates * float64(cfg.notifications)) {
+		events = append(events, rand.IntN(cfg.notifications))
+	}
+	rand.Shuffle(len(events), func(i, j int) { events[i], events[j] = events[j], events[i] })
+	var (
+		next, inserted, skipped atomic.Int64
+		wg                      sync.WaitGroup
+		insertErr               error
+		errOnce                 sync.Once
+	)
+	t0 = time.Now()
+	for range benchCreators {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(events) || ctx.Err() != nil {
+					return
+				}
+				ev := events[i]
+				user := fmt.Sprintf("%s-u%d", run, ev%benchUsers)
+				key := fmt.Sprintf("%s-ev%d", run, ev)
+				var params []river.InsertManyParams
+				for _, ch := range []string{"push", "sms"} {
+					params = append(params, river.InsertManyParams{Args: DeliveryArgs{
+						User: user, Event: key, Channel: ch, To: user + "@" + ch, Body: "bench event " + key,
+					}})
+				}
+				res, err := client.InsertMany(ctx, params)
+				if err != nil {
+					errOnce.Do(func() { insertErr = err; cancel() })
+					return
+				}
+				for _, r := range res {
+					if r.UniqueSkippedAsDuplicate {
+						skipped.Add(1)
+					} else {
+						inserted.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if insertErr != nil {
+		return rep, fmt.Errorf("insert: %w", insertErr)
+	}
+	insertTook := time.Since(t0)
+	rep.InsertCalls, rep.Inserted, rep.DuplicatesSkipped = len(events), int(inserted.Load()), int(skipped.Load())
+	rep.Jobs = rep.Inserted
+	rep.InsertSeconds = insertTook.Seconds()
+	rep.InsertsPerSec = float64(len(events)) / insertTook.Seconds()
+	rep.JobsInsertedPerSec = float64(rep.Inserted) / insertTook.Seconds()
+	if rep.Inserted != 2*cfg.notifications {
+		return rep, fmt.Errorf("inserted %d jobs, want %d (unique by user, event, channel)", rep.Inserted, 2*cfg.notifications)
+	}
+
+	// 2. Deliver: start the workers, wait for a completion event per job.
+	events2, unsubscribe := client.SubscribeConfig(&river.SubscribeConfig{
+		ChanSize: rep.Jobs + 1000, Kinds: []river.EventKind{river.EventKindJobCompleted},
+	})
+	defer unsubscribe()
+	t0 = time.Now()
+	if err := client.Start(ctx); err != nil {
+		return rep, fmt.Errorf("river start: %w", err)
+	}
+	completed := 0
+	for completed < rep.Jobs {
+		select {
+		case ev := <-events2:
+			if ev != nil && ev.Job != nil && ev.Job.Kind == jobKind {
+				completed++
+			}
+		case <-ctx.Done():
+			_ = client.StopAndCancel(context.Background())
+			return rep, fmt.Errorf("deliver: %d of %d jobs completed: %w", completed, rep.Jobs, ctx.Err())
+		}
+	}
+	deliverTook := time.Since(t0)
+	stopCtx, stopCancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stopCancel()
+	if err := client.Stop(stopCtx); err != nil {
+		return rep, fmt.Errorf("river stop: %w", err)
+	}
+	rep.Deliveries = completed
+	rep.DeliverSeconds = deliverTook.Seconds()
+	rep.DeliveriesPerSec = float64(completed) / deliverTook.Seconds()
+	rep.TotalSeconds = time.Since(started).Seconds()
+
+	// 3. Check: every job completed once, every message sent once.
+	rep.JobStates = map[string]int{}
+	rows, err := pool.Query(ctx, `SELECT state::text, count(*), coalesce(sum(cardinality(errors)), 0)
+		FROM river_job WHERE kind = $1 AND args->>'user' LIKE $2 || '-%' GROUP BY state`, jobKind, run)
+	if err != nil {
+		return rep, fmt.Errorf("count jobs: %w", err)
+	}
+	for rows.Next() {
+		var (
+			state        string
+			n, jobErrors int
+		)
+		if err := rows.Scan(&state, &n, &jobErrors); err != nil {
+			return rep, err
+		}
+		rep.JobStates[state] = n
+		rep.Errors += jobErrors
+	}
+	if err := rows.Err(); err != nil {
+		return rep, err
+	}
+	rep.Sends = push.TotalSends() + sms.TotalSends()
+	rep.Outbound = push.TotalOutbound() + sms.TotalOutbound()
+	rep.Check = "ok"
+	if rep.JobStates["completed"] != rep.Jobs || rep.Outbound != rep.Jobs {
+		rep.Check = fmt.Sprintf("FAILED: %d jobs, %d completed, %d messages sent", rep.Jobs, rep.JobStates["completed"], rep.Outbound)
+		return rep, errors.New(rep.Check)
+	}
+	return rep, nil
+}
+
+// riverVersion is the River module version this program was built with.
+func riverVersion() string {
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range info.Deps {
+			if d.Path == "github.com/riverqueue/river" {
+				return d.Version
+			}
+		}
+	}
+	return "unknown"
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

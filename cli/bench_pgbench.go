@@ -1,0 +1,204 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// pgbenchReport is pgbench replaying the per-task claim and finish SQL (testdata/bench/claim_finish.sql)
+// with as many clients as the bench had workers, for as many deliveries.
+type pgbenchReport struct {
+	Script       string  `json:"script"`
+	Clients      int     `json:"clients"`
+	Threads      int     `json:"threads"`
+	Transactions int     `json:"transactions"` // one transaction of the script = one delivery
+	TPS          float64 `json:"tps"`
+	LatencyAvgMS float64 `json:"latency_avg_ms"`
+	Seconds      float64 `json:"seconds"`
+	// GoVsPgbench is the Go side's deliveries/s (at --batch) divided by pgbench's tps (always per task).
+	GoVsPgbench float64 `json:"go_vs_pgbench"`
+}
+
+// pgbenchCompare runs pgbench unless it is off, or auto and pgbench or the scripts are not found.
+func (b *bench) pgbenchCompare(ctx context.Context, rep *benchReport) error {
+	if b.cfg.pgbench == "off" {
+		rep.PgbenchSkipped = "--pgbench=false"
+		return nil
+	}
+	bin, binErr := findPGBin(b.e.getenv)
+	scripts, scriptsErr := findBenchScripts(b.cfg.scripts)
+	if err := errors.Join(binErr, scriptsErr); err != nil {
+		if b.cfg.pgbench == "on" {
+			return fmt.Errorf("bench: --pgbench: %w", err)
+		}
+		rep.PgbenchSkipped = err.Error()
+		b.notef("pgbench skipped: %v", err)
+		return nil
+	}
+	clients := b.cfg.workers
+	perClient := (rep.Deliveries + clients - 1) / clients
+	g := &pgbenchReport{Script: filepath.Join(scripts, "claim_finish.sql"), Clients: clients,
+		Threads: min(clients, runtime.NumCPU()), Transactions: perClient * clients}
+	conn, env, err := libpqConn(b.e.dbURL)
+	if err != nil {
+		return fmt.Errorf("bench: pgbench: %w", err)
+	}
+	b.notef("pgbench: preparing %d tasks (psql -f %s)", g.Transactions, filepath.Join(scripts, "setup.sql"))
+	setup := exec.CommandContext(ctx, filepath.Join(bin, "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+		"-v", "tasks="+strconv.Itoa(g.Transactions), "-f", filepath.Join(scripts, "setup.sql"), "-d", conn)
+	setup.Env = env
+	if out, err := setup.CombinedOutput(); err != nil {
+		return fmt.Errorf("bench: pgbench setup: %w: %s", err, bytes.TrimSpace(out))
+	}
+	b.notef("pgbench: %d clients x %d deliveries (pgbench -n -M prepared -c %d -j %d -t %d -f %s)",
+		clients, perClient, clients, g.Threads, perClient, g.Script)
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "pgbench"), "-n", "-M", "prepared",
+		"-c", strconv.Itoa(clients), "-j", strconv.Itoa(g.Threads), "-t", strconv.Itoa(perClient), "-f", g.Script, conn)
+	cmd.Env = env
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	started := time.Now()
+	err = cmd.Run()
+	g.Seconds = round3(time.Since(started).Seconds())
+	if err != nil {
+		return fmt.Errorf("bench: pgbench: %w: %s", err, lastLines(stderr.String()+stdout.String(), 5))
+	}
+	if err := parsePgbench(stdout.String(), g); err != nil {
+		return fmt.Errorf("bench: pgbench: %w", err)
+	}
+	g.GoVsPgbench = ratio(rep.DeliveriesPerSec, g.TPS)
+	rep.Pgbench = g
+	b.notef("pgbench: %.0f tps; Go %.0f deliveries/s = %.2f x pgbench", g.TPS, rep.DeliveriesPerSec, g.GoVsPgbench)
+	return nil
+}
+
+var (
+	pgbenchTPS       = regexp.MustCompile(`(?m)^tps = ([0-9.]+) \(without initial connection time\)`)
+	pgbenchProcessed = regexp.MustCompile(`(?m)^number of transactions actually processed: (\d+)/(\d+)`)
+	pgbenchFailed    = regexp.MustCompile(`(?m)^number of failed transactions: (\d+)`)
+	pgbenchLatency   = regexp.MustCompile(`(?m)^latency average = ([0-9.]+) ms`)
+)
+
+// parsePgbench reads tps and latency from pgbench's summary and checks that every transaction ran.
+func parsePgbench(out string, g *pgbenchReport) error {
+	m := pgbenchTPS.FindStringSubmatch(out)
+	if m == nil {
+		return fmt.Errorf("no tps in its output: %s", lastLines(out, 5))
+	}
+	g.TPS, _ = strconv.ParseFloat(m[1], 64)
+	if m := pgbenchLatency.FindStringSubmatch(out); m != nil {
+		g.LatencyAvgMS, _ = strconv.ParseFloat(m[1], 64)
+	}
+	if m := pgbenchProcessed.FindStringSubmatch(out); m == nil || m[1] != m[2] {
+		return fmt.Errorf("not every transaction ran: %s", lastLines(out, 8))
+	}
+	if m := pgbenchFailed.FindStringSubmatch(out); m != nil && m[1] != "0" {
+		return fmt.Errorf("%s transactions failed", m[1])
+	}
+	return nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], " | ")
+}
+
+// findPGBin finds the PostgreSQL client binaries (pgbench, psql) as the test harness finds the server:
+// $PG_BIN, `pg_config --bindir`, the newest /usr/lib/postgresql/*/bin.
+func findPGBin(getenv func(string) string) (string, error) {
+	var candidates []string
+	if d := getenv("PG_BIN"); d != "" {
+		candidates = append(candidates, d)
+	}
+	if pgConfig, err := exec.LookPath("pg_config"); err == nil {
+		if out, err := exec.Command(pgConfig, "--bindir").Output(); err == nil {
+			candidates = append(candidates, strings.TrimSpace(string(out)))
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	slices.SortFunc(dirs, func(a, b string) int { return versionOf(b) - versionOf(a) })
+	candidates = append(candidates, dirs...)
+	for _, d := range candidates {
+		if isExecutable(filepath.Join(d, "pgbench")) && isExecutable(filepath.Join(d, "psql")) {
+			return d, nil
+		}
+	}
+	return "", fmt.Errorf("pgbench and psql not found in %s", strings.Join(append(candidates, "$PG_BIN, pg_config --bindir"), ", "))
+}
+
+func versionOf(binDir string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return v
+}
+
+func isExecutable(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
+}
+
+// findBenchScripts returns dir if given, else testdata/bench in the current directory or above.
+func findBenchScripts(dir string) (string, error) {
+	has := func(d string) bool {
+		for _, f := range []string{"setup.sql", "claim_finish.sql"} {
+			if _, err := os.Stat(filepath.Join(d, f)); err != nil {
+				return false
+			}
+		}
+		return true
+	}
+	if dir != "" {
+		if !has(dir) {
+			return "", fmt.Errorf("no setup.sql and claim_finish.sql in --pgbench-scripts %s", dir)
+		}
+		return dir, nil
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		if cand := filepath.Join(d, "testdata", "bench"); has(cand) {
+			return cand, nil
+		}
+		if filepath.Dir(d) == d {
+			return "", errors.New("testdata/bench/claim_finish.sql not found here or above (run from the repository, or --pgbench-scripts DIR)")
+		}
+	}
+}
+
+// libpqConn turns the database URL into one psql and pgbench accept: the password moves to PGPASSWORD
+// (not on a command line, where ps shows it) and pgx-only parameters are dropped.
+func libpqConn(dbURL string) (string, []string, error) {
+	env := os.Environ()
+	if !strings.Contains(dbURL, "://") {
+		return dbURL, env, nil // key=value form: passed as is
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return "", nil, errors.New("invalid database URL")
+	}
+	if pw, ok := u.User.Password(); ok {
+		env = append(env, "PGPASSWORD="+pw)
+		u.User = url.User(u.User.Username())
+	}
+	q := u.Query()
+	for k := range q {
+		if strings.HasPrefix(k, "pool_") || k == "statement_cache_capacity" || k == "description_cache_capacity" || k == "default_query_exec_mode" {
+			q.Del(k)
+		}
+	}
+	u.RawQuery = q.Encode()
+	return u.String(), env, nil
+}

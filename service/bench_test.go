@@ -1,0 +1,168 @@
+package service_test
+
+// Go benchmarks of the database side of delivery, one task per b.N iteration against a real database
+// (a fresh one per run, see newEnv): claim, finish, create, and a batched claim-call-finish cycle. CI
+// runs them once each to keep them compiling and working:
+//
+//	go test -run '^$' -bench . -benchtime=1x ./service/
+//
+// For figures, give them time (and read README "bench" for the end-to-end numbers):
+//
+//	go test -run '^$' -bench . -benchtime=2000x ./service/
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/notifierhq/notifier/service"
+)
+
+// dueTasks inserts n due PENDING push tasks for user u1 (push enabled) in bulk, outside the timer.
+func (e *env) dueTasks(n int) {
+	e.t.Helper()
+	e.user("u1", "push")
+	if _, err := e.pool.Exec(e.ctx, `
+		INSERT INTO notification (user_id, event_key, body, expires_at)
+		SELECT 'u1', 'bench-' || g, 'body ' || g, now() + interval '1 hour' FROM generate_series(1, $1::int) AS g`, n); err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(e.ctx, `
+		INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
+		SELECT id, 'push', 3, now() FROM notification WHERE user_id = 'u1' AND event_key LIKE 'bench-%'`); err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(e.ctx, `ANALYZE`); err != nil {
+		e.t.Fatal(err)
+	}
+	if got := e.scalar(`SELECT count(*) FROM delivery_task WHERE next_attempt_at <= now()`); got != int64(n) {
+		e.t.Fatalf("%d due tasks, want %d", got, n)
+	}
+}
+
+// claimAll claims n tasks (in batches, outside the timer) and returns their attempts.
+func claimAll(b *testing.B, d *dispatcher, n int) []*service.Attempt {
+	b.Helper()
+	var all []*service.Attempt
+	for len(all) < n {
+		attempts, _, err := d.ClaimBatch(context.Background(), min(service.MaxBatch, n-len(all)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(attempts) == 0 {
+			b.Fatalf("claimed %d of %d tasks", len(all), n)
+		}
+		all = append(all, attempts...)
+	}
+	return all
+}
+
+// BenchmarkClaim: one claim transaction (TaskClaimExpiredLease, TaskClaimReady, TaskStartAttempts,
+// AttemptStart) per iteration, one task each.
+func BenchmarkClaim(b *testing.B) {
+	e := newEnv(b)
+	e.dueTasks(b.N)
+	d := e.dispatcher(dcfg{})
+	ctx := context.Background()
+	b.ResetTimer()
+	for range b.N {
+		attempts, _, err := d.ClaimBatch(ctx, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(attempts) != 1 {
+			b.Fatalf("claimed %d tasks, want 1", len(attempts))
+		}
+	}
+	b.StopTimer()
+	if got := e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENDING'`); got != int64(b.N) {
+		b.Fatalf("%d tasks SENDING, want %d", got, b.N)
+	}
+}
+
+// BenchmarkFinish: one finish transaction (TaskFinish, AttemptFinish) per iteration, recording an
+// acceptance for one claimed task.
+func BenchmarkFinish(b *testing.B) {
+	e := newEnv(b)
+	e.dueTasks(b.N)
+	d := e.dispatcher(dcfg{})
+	attempts := claimAll(b, d, b.N)
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := range b.N {
+		res, err := d.Finish(ctx, attempts[i], service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: "m-1"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if res.Kind != service.ResultSent {
+			b.Fatalf("finish: %+v", res)
+		}
+	}
+	b.StopTimer()
+	if got := e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENT'`); got != int64(b.N) {
+		b.Fatalf("%d tasks SENT, want %d", got, b.N)
+	}
+}
+
+// BenchmarkCreate: one create (notification and a push and an sms task, one transaction) per iteration.
+func BenchmarkCreate(b *testing.B) {
+	e := newEnv(b)
+	e.user("u1", "push", "sms")
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := range b.N {
+		_, created, tasks, err := e.n.Create(ctx, "u1", fmt.Sprintf("ev-%d", i), "body", time.Hour, 3)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !created || len(tasks) != 2 {
+			b.Fatalf("create %d: created=%v, %d tasks", i, created, len(tasks))
+		}
+	}
+}
+
+// BenchmarkDeliverBatch8: one whole cycle per iteration on 8 tasks: a claim transaction, 8 calls to the
+// fake push channel at once, a finish transaction. tasks/s is the figure to compare with 1/(claim+finish).
+func BenchmarkDeliverBatch8(b *testing.B) {
+	const batch = 8
+	e := newEnv(b)
+	e.dueTasks(batch * b.N)
+	d := e.dispatcher(dcfg{})
+	ctx := context.Background()
+	b.ResetTimer()
+	for range b.N {
+		attempts, _, err := d.ClaimBatch(ctx, batch)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(attempts) != batch {
+			b.Fatalf("claimed %d tasks, want %d", len(attempts), batch)
+		}
+		obs := make([]service.Observation, len(attempts))
+		var wg sync.WaitGroup
+		for i, a := range attempts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				obs[i] = d.Call(ctx, a)
+			}()
+		}
+		wg.Wait()
+		results, err := d.FinishBatch(ctx, attempts, obs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, r := range results {
+			if r.Kind != service.ResultSent {
+				b.Fatalf("result %+v", r)
+			}
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(batch*b.N)/b.Elapsed().Seconds(), "tasks/s")
+	if got := e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENT'`); got != int64(batch*b.N) {
+		b.Fatalf("%d tasks SENT, want %d", got, batch*b.N)
+	}
+}

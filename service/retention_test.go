@@ -1,0 +1,264 @@
+package service_test
+
+// Retention (queries/retention.sql, Notifier.Prune): finished history older than the period goes, in
+// batches; nothing unfinished or parked, no attempt of one, and no notification that still has a task.
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/service"
+)
+
+// backdate moves tasks' last change (and their notifications' creation) two days into the past.
+func (e *env) backdate(taskIDs ...int64) {
+	e.t.Helper()
+	if _, err := e.pool.Exec(e.ctx, `UPDATE delivery_task SET updated_at = now() - interval '2 days' WHERE id = ANY ($1)`, taskIDs); err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(e.ctx, `
+		UPDATE notification SET created_at = now() - interval '3 days'
+		WHERE id IN (SELECT notification_id FROM delivery_task WHERE id = ANY ($1))`, taskIDs); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// backdateNotification moves a notification's creation three days into the past.
+func (e *env) backdateNotification(id int64) {
+	e.t.Helper()
+	if _, err := e.pool.Exec(e.ctx, `UPDATE notification SET created_at = now() - interval '3 days' WHERE id = $1`, id); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) exists(table string, id int64) bool {
+	e.t.Helper()
+	return e.scalar(`SELECT count(*) FROM `+table+` WHERE id = $1`, id) == 1
+}
+
+func (e *env) attemptCount(taskID int64) int64 {
+	e.t.Helper()
+	return e.scalar(`SELECT count(*) FROM delivery_attempt WHERE task_id = $1`, taskID)
+}
+
+// drain runs cycles until nothing is due.
+func drain(t *testing.T, d *dispatcher) {
+	t.Helper()
+	for runOnce(t, d).Kind != service.ResultNothing {
+	}
+}
+
+func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
+	e := newEnv(t)
+	is := is.New(t)
+	// A long backoff: a task waiting for a retry stays waiting while the test looks at it.
+	d := e.dispatcher(dcfg{backoff: time.Hour})
+
+	// A notification without any task (no channel enabled), created first: the oldest.
+	emptyOld, created, tasks, err := e.n.Create(e.ctx, "nobody", "empty-old", "b", time.Hour, 3)
+	is.NoErr(err)           // created
+	is.True(created)        // a new notification
+	is.Equal(len(tasks), 0) // without any task
+	e.backdateNotification(emptyOld)
+
+	e.user("two", "push", "sms")
+	e.user("p", "push")
+	e.user("n", "none")
+	e.user("mixed", "push", "none")
+	sentA := e.create("two", "sent-a", time.Hour, 3) // push + sms, both SENT
+	sentB := e.create("two", "sent-b", time.Hour, 3)
+	failed := e.create("p", "failed", time.Hour, 3)[0]
+	e.push.ScriptSend(service.Ref(failed.TaskID), fakes.Step{Status: 400}) // REJECTED -> FAILED
+	unknown := e.create("p", "unknown", time.Hour, 3)[0]
+	e.push.ScriptSend(service.Ref(unknown.TaskID), fakes.Step{Status: 409}) // IN_FLIGHT -> UNKNOWN, retry in an hour
+	parked := e.create("n", "parked", time.Hour, 3)[0]
+	e.none.ScriptSend(service.Ref(parked.TaskID), fakes.Step{Status: 409}) // IN_FLIGHT on NONE -> parked
+	mixed := e.create("mixed", "mixed", time.Hour, 3)                      // push SENT, none parked
+	if mixed[0].Channel == "none" {
+		mixed[0], mixed[1] = mixed[1], mixed[0]
+	}
+	e.none.ScriptSend(service.Ref(mixed[1].TaskID), fakes.Step{Status: 409})
+	drain(t, d)
+
+	e.user("s", "push")
+	suppressed := e.create("s", "suppressed", time.Hour, 3)[0]
+	_, err = e.n.SetPreference(e.ctx, "s", "push", "s@push", false)
+	is.NoErr(err) // disabled before the claim
+	drain(t, d)   // -> SUPPRESSED
+
+	// Recent history: finished, but inside the period (not backdated below).
+	recent := e.create("p", "recent", time.Hour, 3)[0]
+	drain(t, d)
+	is.Equal(e.task(recent.TaskID).State, service.StateSent) // finished just now
+
+	sending := e.create("p", "sending", time.Hour, 3)[0]
+	a, _, err := d.Claim(e.ctx) // claimed and never finished: SENDING under a lease
+	is.NoErr(err)               // claimed
+	is.True(a != nil)           // a task was claimed
+	is.Equal(a.TaskID, sending.TaskID)
+	pending := e.create("p", "pending", time.Hour, 3)[0] // never claimed
+
+	states := map[int64]service.State{
+		sentA[0].TaskID: service.StateSent, sentA[1].TaskID: service.StateSent,
+		sentB[0].TaskID: service.StateSent, sentB[1].TaskID: service.StateSent,
+		failed.TaskID: service.StateFailed, unknown.TaskID: service.StateUnknown, parked.TaskID: service.StateUnknown,
+		mixed[0].TaskID: service.StateSent, mixed[1].TaskID: service.StateUnknown,
+		suppressed.TaskID: service.StateSuppressed, sending.TaskID: service.StateSending, pending.TaskID: service.StatePending,
+	}
+	var all []int64
+	for id, want := range states {
+		is.Equal(e.task(id).State, want) // the mix is in place
+		all = append(all, id)
+	}
+	is.True(e.task(parked.TaskID).NeedsReview)   // parked
+	is.True(!e.task(unknown.TaskID).NeedsReview) // waiting for a retry, not parked
+	e.backdate(all...)
+	// An empty notification inside the period.
+
+	emptyNew, _, _, err := e.n.Create(e.ctx, "nobody", "empty-new", "b", time.Hour, 3)
+	is.NoErr(err) // created
+
+	gone := []service.TaskRef{sentA[0], sentA[1], sentB[0], sentB[1], failed, suppressed, mixed[0]}
+	kept := []service.TaskRef{unknown, parked, mixed[1], sending, pending, recent}
+	var wantAttempts int64
+	for _, tr := range gone {
+		wantAttempts += e.attemptCount(tr.TaskID)
+	}
+	keptAttempts := map[int64]int64{}
+	notificationOf := map[int64]int64{}
+	for _, tr := range append(append([]service.TaskRef{}, gone...), kept...) {
+		notificationOf[tr.TaskID] = e.task(tr.TaskID).NotificationID
+	}
+	for _, tr := range kept {
+		keptAttempts[tr.TaskID] = e.attemptCount(tr.TaskID)
+	}
+	is.Equal(wantAttempts, int64(len(gone))) // one attempt each (SUPPRESSED: its SKIP row)
+	is.Equal(keptAttempts[parked.TaskID], int64(1))
+	is.Equal(keptAttempts[sending.TaskID], int64(1)) // the open attempt of the holder
+
+	preview, err := e.n.PrunePreview(e.ctx, 24*time.Hour, 3)
+	is.NoErr(err) // dry run
+	is.Equal(preview, service.PruneStats{Tasks: 7, Attempts: wantAttempts, Notifications: 5, Batches: 3})
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task`), int64(13)) // the dry run deleted nothing
+
+	// Batches of one task: the two tasks of sent-a go in different batches, so the first keeps the
+	// notification and the second deletes it.
+	st, err := e.n.Prune(e.ctx, 24*time.Hour, 1, 0)
+	is.NoErr(err)                            // pruned
+	is.Equal(st.Tasks, int64(len(gone)))     // every old finished task
+	is.Equal(st.Attempts, wantAttempts)      // with all its attempts
+	is.Equal(st.Notifications, int64(5))     // sent-a, sent-b, failed, suppressed, empty-old
+	is.Equal(st.Batches, int64(len(gone)+1)) // one per task, and one for the empty notification
+	for _, tr := range gone {
+		is.True(!e.exists("delivery_task", tr.TaskID)) // old finished task deleted
+		is.Equal(e.attemptCount(tr.TaskID), int64(0))  // and its attempts
+	}
+	states[recent.TaskID] = service.StateSent
+	for _, tr := range kept {
+		task := e.task(tr.TaskID)
+		is.Equal(task.State, states[tr.TaskID])                      // unfinished, parked and recent tasks stay as they were
+		is.Equal(e.attemptCount(tr.TaskID), keptAttempts[tr.TaskID]) // with every attempt
+	}
+	is.True(e.task(parked.TaskID).NeedsReview)                         // still parked for a human
+	is.True(e.exists("notification", notificationOf[mixed[1].TaskID])) // kept by its parked task
+	is.True(e.exists("notification", emptyNew))                        // empty, but inside the period
+	is.True(!e.exists("notification", emptyOld))                       // empty and old: gone
+	for _, tr := range []service.TaskRef{sentA[0], sentB[0], failed, suppressed} {
+		is.True(!e.exists("notification", notificationOf[tr.TaskID])) // every task gone: the notification too
+	}
+	for _, tr := range kept {
+		is.True(e.exists("notification", notificationOf[tr.TaskID])) // a notification with a task stays
+	}
+
+	// The history that stays is still usable: the parked task resolves, the held one finishes.
+	changed, err := e.n.ResolveManually(e.ctx, parked.TaskID, service.StateFailed, "checked with the channel", "op")
+	is.NoErr(err)    // resolved
+	is.True(changed) // once
+	res, err := d.Finish(e.ctx, a, service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: "m-1"})
+	is.NoErr(err)                          // the holder records its call
+	is.Equal(res.Kind, service.ResultSent) // its token is still valid
+
+	// A second run finds nothing: the parked task was just resolved (its updated_at is now), the rest
+	// is unfinished or recent.
+	again, err := e.n.Prune(e.ctx, 24*time.Hour, 1, 0)
+	is.NoErr(err)                         // pruned again
+	is.Equal(again, service.PruneStats{}) // nothing deleted
+}
+
+func TestPruneConcurrentRunsDeleteEverythingOnce(t *testing.T) {
+	e := newEnv(t)
+	is := is.New(t)
+	e.user("u1", "push", "sms")
+	const notifications = 40
+	// Finished history made directly (test-only SQL): each notification with two SENT tasks and one
+	// attempt per task.
+	_, err := e.pool.Exec(e.ctx, `
+		INSERT INTO notification (user_id, event_key, body, created_at, expires_at)
+		SELECT 'u1', 'old-' || g, 'b', now() - interval '3 days', now() + interval '1 day'
+		FROM generate_series(1, $1::int) AS g`, notifications)
+	is.NoErr(err) // notifications
+	_, err = e.pool.Exec(e.ctx, `
+		INSERT INTO delivery_task (notification_id, channel, state, attempt_count, max_attempts, next_attempt_at, updated_at)
+		SELECT n.id, c, 'SENT', 1, 3, NULL, now() - interval '2 days'
+		FROM notification n CROSS JOIN (VALUES ('push'), ('sms')) AS ch (c)`)
+	is.NoErr(err) // tasks
+	_, err = e.pool.Exec(e.ctx, `
+		INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome)
+		SELECT t.id, 1, gen_random_uuid(), 'SEND', 'w', now() - interval '2 days', 'ACCEPTED'
+		FROM delivery_task t`)
+	is.NoErr(err) // attempts
+
+	var (
+		wg    sync.WaitGroup
+		stats [3]service.PruneStats
+		errs  [3]error
+	)
+	for i := range stats {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stats[i], errs[i] = e.n.Prune(e.ctx, time.Hour, 1, 0)
+		}()
+	}
+	wg.Wait()
+	var total service.PruneStats
+	for i := range stats {
+		is.NoErr(errs[i]) // each run succeeds (SKIP LOCKED: no run waits for or fails on another)
+		total.Tasks += stats[i].Tasks
+		total.Attempts += stats[i].Attempts
+		total.Notifications += stats[i].Notifications
+	}
+	is.Equal(total.Tasks, int64(2*notifications))       // every task deleted exactly once
+	is.Equal(total.Attempts, int64(2*notifications))    // every attempt
+	is.Equal(total.Notifications, int64(notifications)) // every notification, also those whose two tasks went in two runs
+	is.Equal(e.scalar(`SELECT count(*) FROM notification`)+e.scalar(`SELECT count(*) FROM delivery_task`)+
+		e.scalar(`SELECT count(*) FROM delivery_attempt`), int64(0)) // nothing left
+}
+
+func TestPruneRefusesBadInput(t *testing.T) {
+	e := newEnv(t)
+	for _, tc := range []struct {
+		name      string
+		olderThan time.Duration
+		batch     int
+		pause     time.Duration
+	}{
+		{"period under an hour", 59 * time.Minute, 100, 0},
+		{"negative period", -time.Hour, 100, 0},
+		{"zero batch", time.Hour, 0, 0},
+		{"batch too large", time.Hour, service.MaxPruneBatch + 1, 0},
+		{"negative pause", time.Hour, 100, -time.Second},
+		{"pause too long", time.Hour, 100, service.MaxPrunePause + time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			_, err := e.n.Prune(e.ctx, tc.olderThan, tc.batch, tc.pause)
+			is.True(errors.Is(err, service.ErrInvalidInput)) // refused before any row is touched
+		})
+	}
+}
