@@ -202,24 +202,14 @@ func (b *bench) work(ctx context.Context, d *service.Dispatcher, target int64, s
 		}
 		st.claims++
 		st.claimLat = append(st.claimLat, claimed)
-		obs := make([]service.Observation, len(attempts))
-		switch {
-		case b.cfg.skipCalls:
+		var obs []service.Observation
+		if b.cfg.skipCalls {
+			obs = make([]service.Observation, len(attempts))
 			for i, a := range attempts {
 				obs[i] = service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: "bench-" + a.Message.Ref}
 			}
-		case len(attempts) == 1:
-			obs[0] = d.Call(ctx, attempts[0])
-		default:
-			var wg sync.WaitGroup
-			for i, a := range attempts {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					obs[i] = d.Call(ctx, a)
-				}()
-			}
-			wg.Wait()
+		} else {
+			obs = d.CallAll(ctx, attempts)
 		}
 		t1 := time.Now()
 		results, err := d.FinishBatch(ctx, attempts, obs)

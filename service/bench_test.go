@@ -13,7 +13,6 @@ package service_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -140,17 +139,7 @@ func BenchmarkDeliverBatch8(b *testing.B) {
 		if len(attempts) != batch {
 			b.Fatalf("claimed %d tasks, want %d", len(attempts), batch)
 		}
-		obs := make([]service.Observation, len(attempts))
-		var wg sync.WaitGroup
-		for i, a := range attempts {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				obs[i] = d.Call(ctx, a)
-			}()
-		}
-		wg.Wait()
-		results, err := d.FinishBatch(ctx, attempts, obs)
+		results, err := d.FinishBatch(ctx, attempts, d.CallAll(ctx, attempts))
 		if err != nil {
 			b.Fatal(err)
 		}

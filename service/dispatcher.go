@@ -170,6 +170,12 @@ func (d *Dispatcher) RunBatch(ctx context.Context) ([]Result, error) {
 	if err != nil || len(attempts) == 0 {
 		return settled, err
 	}
+	finished, err := d.FinishBatch(ctx, attempts, d.CallAll(ctx, attempts))
+	return append(settled, finished...), err
+}
+
+// CallAll calls the channels of a batch concurrently; the observations are in the order of attempts.
+func (d *Dispatcher) CallAll(ctx context.Context, attempts []*Attempt) []Observation {
 	obs := make([]Observation, len(attempts))
 	var wg sync.WaitGroup
 	for i, a := range attempts {
@@ -180,8 +186,7 @@ func (d *Dispatcher) RunBatch(ctx context.Context) ([]Result, error) {
 		}()
 	}
 	wg.Wait()
-	finished, err := d.FinishBatch(ctx, attempts, obs)
-	return append(settled, finished...), err
+	return obs
 }
 
 // Claim claims one task: ClaimBatch with a batch of one. Without an Attempt, the Result says what was

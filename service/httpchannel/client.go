@@ -50,20 +50,9 @@ func New(base string, opt Options) (*Client, error) {
 		return nil, fmt.Errorf("%w: channel URL %q: want http(s)://host[:port][/path]", service.ErrInvalidInput, Redact(base))
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
-	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12}
-	if opt.CAFile != "" {
-		pem, err := os.ReadFile(opt.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("read CA file: %w", err)
-		}
-		pool, err := x509.SystemCertPool()
-		if err != nil {
-			pool = x509.NewCertPool()
-		}
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%w: CA file %s holds no PEM certificate", service.ErrInvalidInput, opt.CAFile)
-		}
-		tlsConf.RootCAs = pool
+	tlsConf, err := TLSConfig(opt.CAFile, "")
+	if err != nil {
+		return nil, err
 	}
 	transport := &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
@@ -79,6 +68,28 @@ func New(base string, opt Options) (*Client, error) {
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		Timeout:       5 * time.Minute, // backstop only; callers pass a context with the real timeout
 	}}, nil
+}
+
+// TLSConfig is the TLS setup every adapter uses: verification always on, TLS 1.2 or later, and the
+// PEM roots of caFile added to the system's when given (for a private channel). serverName may be "".
+func TLSConfig(caFile, serverName string) (*tls.Config, error) {
+	conf := &tls.Config{ServerName: serverName, MinVersion: tls.VersionTLS12}
+	if caFile == "" {
+		return conf, nil
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("read CA file: %w", err)
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%w: CA file %s holds no PEM certificate", service.ErrInvalidInput, caFile)
+	}
+	conf.RootCAs = pool
+	return conf, nil
 }
 
 // String is the base URL without credentials, for logs.

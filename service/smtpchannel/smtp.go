@@ -41,7 +41,6 @@ package smtpchannel
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -57,6 +56,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
 // TLSMode says whether and how STARTTLS is used.
@@ -159,20 +159,9 @@ func New(opt Options) (*Client, error) {
 	if strings.ContainsAny(opt.SubjectPrefix, "\r\n") {
 		return nil, fmt.Errorf("%w: subject prefix contains a line break", service.ErrInvalidInput)
 	}
-	tlsConf := &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
-	if opt.CAFile != "" {
-		pem, err := os.ReadFile(opt.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("read CA file: %w", err)
-		}
-		pool, err := x509.SystemCertPool()
-		if err != nil {
-			pool = x509.NewCertPool()
-		}
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%w: CA file %s holds no PEM certificate", service.ErrInvalidInput, opt.CAFile)
-		}
-		tlsConf.RootCAs = pool
+	tlsConf, err := httpchannel.TLSConfig(opt.CAFile, host)
+	if err != nil {
+		return nil, err
 	}
 	now := opt.Now
 	if now == nil {

@@ -34,7 +34,6 @@ import (
 	"crypto/hkdf"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/binary"
@@ -46,7 +45,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -133,20 +131,9 @@ func New(opt Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12}
-	if opt.CAFile != "" {
-		pem, err := os.ReadFile(opt.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("read CA file: %w", err)
-		}
-		pool, err := x509.SystemCertPool()
-		if err != nil {
-			pool = x509.NewCertPool()
-		}
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%w: CA file %s holds no PEM certificate", service.ErrInvalidInput, opt.CAFile)
-		}
-		tlsConf.RootCAs = pool
+	tlsConf, err := httpchannel.TLSConfig(opt.CAFile, "")
+	if err != nil {
+		return nil, err
 	}
 	now := opt.Now
 	if now == nil {
