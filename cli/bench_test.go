@@ -197,7 +197,7 @@ func pgbenchScript(t *testing.T) string {
 -- query: NOTIFIER_UPDATE_BENCH=1 go test ./cli -run TestPgbenchScript
 --
 -- One delivery as a Go worker makes it at --batch 1 (Dispatcher.ClaimBatch, then Dispatcher.FinishBatch
--- with an ACCEPTED observation): the claim transaction and the finish transaction of one task, statement
+-- with an ACCEPTED observation): the claim transaction and the finish statement of one task, statement
 -- for statement, with the parameters of one task: arrays of one element, the task id and attempt token
 -- taken from the claim with \gset, constants where the worker sends constants. Run it with -M prepared
 -- (pgx prepares every statement too) against tasks made by setup.sql, no more transactions than tasks:
@@ -225,14 +225,10 @@ BEGIN ISOLATION LEVEL READ COMMITTED;
 		}
 		fmt.Fprintf(&sb, "-- %s (queries/%s)\n%s", name, file, body)
 	}
-	stmt("delivery_task.sql", "TaskClaimExpiredLease", false)
-	stmt("delivery_task.sql", "TaskClaimReady", true)
+	stmt("delivery_task.sql", "TaskClaim", true)
 	stmt("delivery_task.sql", "TaskStartAttempts", true)
-	stmt("delivery_attempt.sql", "AttemptStart", false)
-	sb.WriteString("COMMIT;\n-- the channel call happens here, outside any transaction\nBEGIN ISOLATION LEVEL READ COMMITTED;\n")
+	sb.WriteString("COMMIT;\n-- the channel call happens here, outside any transaction; the finish is one autocommit statement\n")
 	stmt("delivery_task.sql", "TaskFinish", false)
-	stmt("delivery_attempt.sql", "AttemptFinish", false)
-	sb.WriteString("COMMIT;\n")
 	return sb.String()
 }
 

@@ -9,42 +9,6 @@ import (
 	"context"
 )
 
-const attemptFinish = `-- name: AttemptFinish :execrows
-UPDATE delivery_attempt a
-SET outcome         = u.outcome,
-    finished_at     = now(),
-    provider_msg_id = nullif(u.provider_msg_id, ''),
-    error           = nullif(u.error, '')
-FROM (SELECT unnest($1::uuid[]) AS attempt_token,
-             unnest($2::text[]) AS outcome,
-             unnest($3::text[]) AS provider_msg_id,
-             unnest($4::text[]) AS error) AS u
-WHERE a.attempt_token = u.attempt_token
-  AND a.outcome IS NULL
-`
-
-type AttemptFinishParams struct {
-	AttemptTokens  []string
-	Outcomes       []string
-	ProviderMsgIds []string
-	Errors         []string
-}
-
-// Records each holder's observation on its own attempt, in the transaction whose TaskFinish matched
-// that attempt's token. Written once: an attempt that already has an outcome is not changed (R3).
-func (q *Queries) AttemptFinish(ctx context.Context, arg AttemptFinishParams) (int64, error) {
-	result, err := q.db.Exec(ctx, attemptFinish,
-		arg.AttemptTokens,
-		arg.Outcomes,
-		arg.ProviderMsgIds,
-		arg.Errors,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const attemptListByTask = `-- name: AttemptListByTask :many
 SELECT id, task_id, attempt_no, attempt_token, action, worker, started_at, finished_at, outcome,
        provider_msg_id, error, late_outcome, late_at, note
@@ -109,42 +73,6 @@ func (q *Queries) AttemptMarkLeaseExpired(ctx context.Context, attemptTokens []s
 	return result.RowsAffected(), nil
 }
 
-const attemptRecordLate = `-- name: AttemptRecordLate :execrows
-UPDATE delivery_attempt a
-SET late_outcome    = u.outcome,
-    late_at         = now(),
-    provider_msg_id = coalesce(a.provider_msg_id, nullif(u.provider_msg_id, '')),
-    error           = coalesce(a.error, nullif(u.error, ''))
-FROM (SELECT unnest($1::uuid[]) AS attempt_token,
-             unnest($2::text[]) AS outcome,
-             unnest($3::text[]) AS provider_msg_id,
-             unnest($4::text[]) AS error) AS u
-WHERE a.attempt_token = u.attempt_token
-  AND a.late_outcome IS NULL
-`
-
-type AttemptRecordLateParams struct {
-	AttemptTokens  []string
-	Outcomes       []string
-	ProviderMsgIds []string
-	Errors         []string
-}
-
-// Keeps the observations of superseded holders (TaskFinish did not return their task) on their own
-// attempts without touching outcome (R3): late_outcome is written once, the task is not changed.
-func (q *Queries) AttemptRecordLate(ctx context.Context, arg AttemptRecordLateParams) (int64, error) {
-	result, err := q.db.Exec(ctx, attemptRecordLate,
-		arg.AttemptTokens,
-		arg.Outcomes,
-		arg.ProviderMsgIds,
-		arg.Errors,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const attemptRecordManual = `-- name: AttemptRecordManual :exec
 INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome,
                               provider_msg_id, note)
@@ -196,36 +124,6 @@ func (q *Queries) AttemptRecordSkip(ctx context.Context, arg AttemptRecordSkipPa
 		arg.Worker,
 		arg.Outcome,
 		arg.Error,
-	)
-	return err
-}
-
-const attemptStart = `-- name: AttemptStart :exec
-INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
-SELECT u.task_id, u.attempt_no, u.attempt_token, u.action, $1::text
-FROM (SELECT unnest($2::bigint[]) AS task_id,
-             unnest($3::int[]) AS attempt_no,
-             unnest($4::uuid[]) AS attempt_token,
-             unnest($5::text[]) AS action) AS u
-`
-
-type AttemptStartParams struct {
-	Worker        string
-	TaskIds       []int64
-	AttemptNos    []int32
-	AttemptTokens []string
-	Actions       []string
-}
-
-// Opens the attempt rows of a claim, in the claim's transaction, before any call is made (R3): if the
-// worker dies during the call, its row stays open and the next claim marks it LEASE_EXPIRED.
-func (q *Queries) AttemptStart(ctx context.Context, arg AttemptStartParams) error {
-	_, err := q.db.Exec(ctx, attemptStart,
-		arg.Worker,
-		arg.TaskIds,
-		arg.AttemptNos,
-		arg.AttemptTokens,
-		arg.Actions,
 	)
 	return err
 }

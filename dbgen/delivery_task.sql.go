@@ -10,8 +10,35 @@ import (
 	"time"
 )
 
-const taskClaimExpiredLease = `-- name: TaskClaimExpiredLease :many
+const taskClaim = `-- name: TaskClaim :many
+WITH lease_expired AS (
+    SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+           t.attempt_token, t.uncertain_since, t.updated_at
+    FROM delivery_task t
+    WHERE t.state = 'SENDING'
+      AND t.lease_until < now()
+      AND t.channel = ANY ($1::text[])
+    ORDER BY t.lease_until, t.id
+    LIMIT $2
+    FOR UPDATE OF t SKIP LOCKED
+), due AS (
+    SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+           t.attempt_token, t.uncertain_since, t.updated_at
+    FROM delivery_task t
+    WHERE t.next_attempt_at IS NOT NULL
+      AND t.next_attempt_at <= now()
+      AND t.channel = ANY ($1::text[])
+    ORDER BY t.next_attempt_at, t.id
+    LIMIT $2
+    FOR UPDATE OF t SKIP LOCKED
+), locked AS (
+    (SELECT l.id, l.notification_id, l.channel, l.state, l.attempt_count, l.max_attempts, l.outcome_uncertain, l.attempt_token, l.uncertain_since, l.updated_at, true AS lease_expired FROM lease_expired l
+     UNION ALL
+     SELECT d.id, d.notification_id, d.channel, d.state, d.attempt_count, d.max_attempts, d.outcome_uncertain, d.attempt_token, d.uncertain_since, d.updated_at, false AS lease_expired FROM due d)
+    LIMIT $2
+)
 SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+       t.lease_expired::bool            AS lease_expired,
        t.attempt_token                  AS held_token,
        coalesce(p.enabled, false)::bool AS pref_enabled,
        coalesce(p.address, '')::text    AS address,
@@ -20,23 +47,17 @@ SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attem
        (n.expires_at <= now())::bool    AS expired,
        -- how long the uncertainty has lasted; for a lease that just expired, since the lost attempt began
        extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
-FROM delivery_task t
+FROM locked t
 JOIN notification n ON n.id = t.notification_id
 LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel
-WHERE t.state = 'SENDING'
-  AND t.lease_until < now()
-  AND t.channel = ANY ($1::text[])
-ORDER BY t.lease_until, t.id
-LIMIT $2
-FOR UPDATE OF t SKIP LOCKED
 `
 
-type TaskClaimExpiredLeaseParams struct {
+type TaskClaimParams struct {
 	Channels []string
 	MaxTasks int32
 }
 
-type TaskClaimExpiredLeaseRow struct {
+type TaskClaimRow struct {
 	ID                  int64
 	NotificationID      int64
 	Channel             string
@@ -44,6 +65,7 @@ type TaskClaimExpiredLeaseRow struct {
 	AttemptCount        int32
 	MaxAttempts         int32
 	OutcomeUncertain    bool
+	LeaseExpired        bool
 	HeldToken           *string
 	PrefEnabled         bool
 	Address             string
@@ -53,19 +75,24 @@ type TaskClaimExpiredLeaseRow struct {
 	UncertainAgeSeconds float64
 }
 
-// Locks up to @max_tasks SENDING tasks whose holder's lease ran out on the database clock (the holder
-// died or stalled). FOR UPDATE OF t SKIP LOCKED: two claimers never lock the same task; the preference
-// switch and the expiry are read in this same transaction. The partial index delivery_task_leased_idx
-// holds only SENDING rows, so finished history is never walked.
-func (q *Queries) TaskClaimExpiredLease(ctx context.Context, arg TaskClaimExpiredLeaseParams) ([]TaskClaimExpiredLeaseRow, error) {
-	rows, err := q.db.Query(ctx, taskClaimExpiredLease, arg.Channels, arg.MaxTasks)
+// Locks up to @max_tasks tasks for this claimer, in one statement: first SENDING tasks whose holder's
+// lease ran out on the database clock (the holder died or stalled; lease_expired = true), then the
+// longest-waiting due tasks (PENDING, or UNKNOWN and not parked). FOR UPDATE OF t SKIP LOCKED: two
+// claimers never lock the same task; the preference switch and the expiry are read in this same
+// transaction. Each branch walks its own partial index (delivery_task_leased_idx holds only SENDING rows,
+// delivery_task_ready_idx only rows with a next_attempt_at), so finished and parked history is never read:
+// parked and finished tasks have no next_attempt_at (CHECK delivery_task_scheduled_iff_waiting). The
+// branches are CTEs scanned lazily under the outer LIMIT: due tasks are locked only when fewer than
+// @max_tasks leases expired, and never more rows than are returned.
+func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]TaskClaimRow, error) {
+	rows, err := q.db.Query(ctx, taskClaim, arg.Channels, arg.MaxTasks)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []TaskClaimExpiredLeaseRow{}
+	items := []TaskClaimRow{}
 	for rows.Next() {
-		var i TaskClaimExpiredLeaseRow
+		var i TaskClaimRow
 		if err := rows.Scan(
 			&i.ID,
 			&i.NotificationID,
@@ -74,88 +101,7 @@ func (q *Queries) TaskClaimExpiredLease(ctx context.Context, arg TaskClaimExpire
 			&i.AttemptCount,
 			&i.MaxAttempts,
 			&i.OutcomeUncertain,
-			&i.HeldToken,
-			&i.PrefEnabled,
-			&i.Address,
-			&i.Body,
-			&i.ExpiresAt,
-			&i.Expired,
-			&i.UncertainAgeSeconds,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const taskClaimReady = `-- name: TaskClaimReady :many
-SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
-       t.attempt_token                  AS held_token,
-       coalesce(p.enabled, false)::bool AS pref_enabled,
-       coalesce(p.address, '')::text    AS address,
-       n.body,
-       n.expires_at,
-       (n.expires_at <= now())::bool    AS expired,
-       -- how long the uncertainty has lasted; for a lease that just expired, since the lost attempt began
-       extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
-FROM delivery_task t
-JOIN notification n ON n.id = t.notification_id
-LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel
-WHERE t.next_attempt_at IS NOT NULL
-  AND t.next_attempt_at <= now()
-  AND t.channel = ANY ($1::text[])
-ORDER BY t.next_attempt_at, t.id
-LIMIT $2
-FOR UPDATE OF t SKIP LOCKED
-`
-
-type TaskClaimReadyParams struct {
-	Channels []string
-	MaxTasks int32
-}
-
-type TaskClaimReadyRow struct {
-	ID                  int64
-	NotificationID      int64
-	Channel             string
-	State               string
-	AttemptCount        int32
-	MaxAttempts         int32
-	OutcomeUncertain    bool
-	HeldToken           *string
-	PrefEnabled         bool
-	Address             string
-	Body                string
-	ExpiresAt           time.Time
-	Expired             bool
-	UncertainAgeSeconds float64
-}
-
-// Locks up to @max_tasks of the longest-waiting due tasks (PENDING, or UNKNOWN and not parked) on the
-// given channels. Same locking and same-transaction reads as TaskClaimExpiredLease. Parked and finished
-// tasks have no next_attempt_at (CHECK delivery_task_scheduled_iff_waiting), so this never selects them
-// and the partial index delivery_task_ready_idx never holds them.
-func (q *Queries) TaskClaimReady(ctx context.Context, arg TaskClaimReadyParams) ([]TaskClaimReadyRow, error) {
-	rows, err := q.db.Query(ctx, taskClaimReady, arg.Channels, arg.MaxTasks)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []TaskClaimReadyRow{}
-	for rows.Next() {
-		var i TaskClaimReadyRow
-		if err := rows.Scan(
-			&i.ID,
-			&i.NotificationID,
-			&i.Channel,
-			&i.State,
-			&i.AttemptCount,
-			&i.MaxAttempts,
-			&i.OutcomeUncertain,
+			&i.LeaseExpired,
 			&i.HeldToken,
 			&i.PrefEnabled,
 			&i.Address,
@@ -215,31 +161,60 @@ func (q *Queries) TaskCountByChannelState(ctx context.Context) ([]TaskCountByCha
 }
 
 const taskFinish = `-- name: TaskFinish :many
-UPDATE delivery_task t
-SET state             = u.state,
-    outcome_uncertain = u.outcome_uncertain,
-    -- updated_at is still this attempt's claim time: nothing else changes a SENDING row with our token
-    uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
-    needs_review      = u.needs_review,
-    provider_msg_id   = coalesce(nullif(u.provider_msg_id, ''), t.provider_msg_id),
-    last_error        = nullif(u.last_error, ''),
-    lease_owner       = NULL,
-    lease_until       = NULL,
-    next_attempt_at   = CASE WHEN u.retry_after_seconds >= 0
-                             THEN now() + make_interval(secs => u.retry_after_seconds) END,
-    updated_at        = now()
-FROM (SELECT unnest($1::bigint[]) AS id,
-             unnest($2::uuid[]) AS attempt_token,
-             unnest($3::text[]) AS state,
-             unnest($4::bool[]) AS outcome_uncertain,
-             unnest($5::bool[]) AS needs_review,
-             unnest($6::text[]) AS provider_msg_id,
-             unnest($7::text[]) AS last_error,
-             unnest($8::float8[]) AS retry_after_seconds) AS u
-WHERE t.id = u.id
-  AND t.state = 'SENDING'
-  AND t.attempt_token = u.attempt_token
-RETURNING t.id
+WITH u AS (
+    SELECT unnest($1::bigint[]) AS id,
+           unnest($2::uuid[]) AS attempt_token,
+           unnest($3::text[]) AS state,
+           unnest($4::bool[]) AS outcome_uncertain,
+           unnest($5::bool[]) AS needs_review,
+           unnest($6::text[]) AS provider_msg_id,
+           unnest($7::text[]) AS last_error,
+           unnest($8::float8[]) AS retry_after_seconds,
+           unnest($9::text[]) AS outcome,
+           unnest($10::text[]) AS error
+), finished AS (
+    UPDATE delivery_task t
+    SET state             = u.state,
+        outcome_uncertain = u.outcome_uncertain,
+        -- updated_at is still this attempt's claim time: nothing else changes a SENDING row with our token
+        uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
+        needs_review      = u.needs_review,
+        provider_msg_id   = coalesce(nullif(u.provider_msg_id, ''), t.provider_msg_id),
+        last_error        = nullif(u.last_error, ''),
+        lease_owner       = NULL,
+        lease_until       = NULL,
+        next_attempt_at   = CASE WHEN u.retry_after_seconds >= 0
+                                 THEN now() + make_interval(secs => u.retry_after_seconds) END,
+        updated_at        = now()
+    FROM u
+    WHERE t.id = u.id
+      AND t.state = 'SENDING'
+      AND t.attempt_token = u.attempt_token
+    RETURNING t.id, t.attempt_token
+), attempt_finish AS (
+    UPDATE delivery_attempt a
+    SET outcome         = u.outcome,
+        finished_at     = now(),
+        provider_msg_id = nullif(u.provider_msg_id, ''),
+        error           = nullif(u.error, '')
+    FROM u
+    JOIN finished f ON f.attempt_token = u.attempt_token
+    WHERE a.attempt_token = u.attempt_token
+      AND a.outcome IS NULL
+), attempt_record_late AS (
+    UPDATE delivery_attempt a
+    SET late_outcome    = u.outcome,
+        late_at         = now(),
+        provider_msg_id = coalesce(a.provider_msg_id, nullif(u.provider_msg_id, '')),
+        error           = coalesce(a.error, nullif(u.error, ''))
+    FROM u
+    WHERE a.attempt_token = u.attempt_token
+      AND a.late_outcome IS NULL
+      AND NOT EXISTS (SELECT 1 FROM finished f WHERE f.attempt_token = u.attempt_token)
+)
+SELECT u.id::bigint AS id, (f.id IS NOT NULL)::bool AS current
+FROM u
+LEFT JOIN finished f ON f.attempt_token = u.attempt_token
 `
 
 type TaskFinishParams struct {
@@ -251,15 +226,31 @@ type TaskFinishParams struct {
 	ProviderMsgIds    []string
 	LastErrors        []string
 	RetryAfterSeconds []float64
+	Outcomes          []string
+	Errors            []string
 }
 
-// Records what each holder's call observed, one row per attempt. Guarded per row by the attempt token
-// (R2): a task changes only while it is SENDING with exactly that token. A task missing from the
-// returned ids was superseded (its lease expired and another claim took over); its observation goes to
-// AttemptRecordLate instead. next_attempt_at is set only for states that wait for a retry (a negative
-// retry_after_seconds means none: finished, or parked with needs_review; the table's CHECKs refuse any
-// other combination). An empty provider_msg_id or last_error means none.
-func (q *Queries) TaskFinish(ctx context.Context, arg TaskFinishParams) ([]int64, error) {
+type TaskFinishRow struct {
+	ID      int64
+	Current bool
+}
+
+// Records what each holder's call observed, one row per attempt, in one statement (autocommit: the whole
+// finish is atomic without a transaction block). Guarded per row by the attempt token (R2): a task changes
+// only while it is SENDING with exactly that token. Then, on the attempt rows (R3, written once):
+//
+//	AttemptFinish: the holders whose task changed record their observation as the attempt's outcome;
+//	AttemptRecordLate: the superseded holders (their lease expired and another claim took over) keep it
+//	as late_outcome, without touching outcome or the task.
+//
+// A superseding claim changes the task's token and closes the old attempt (AttemptMarkLeaseExpired) in
+// one transaction; this statement waits for that task row lock, so the late branch is chosen exactly when
+// the takeover committed first, and its update re-checks `late_outcome IS NULL` on the attempt's newest
+// version (data-modifying CTEs run to completion whether or not the final SELECT reads them). Returns
+// per attempt whether its task changed (current). next_attempt_at is set only for states that wait for a
+// retry (a negative retry_after_seconds means none: finished, or parked with needs_review; the table's
+// CHECKs refuse any other combination). An empty provider_msg_id, last_error or error means none.
+func (q *Queries) TaskFinish(ctx context.Context, arg TaskFinishParams) ([]TaskFinishRow, error) {
 	rows, err := q.db.Query(ctx, taskFinish,
 		arg.Ids,
 		arg.AttemptTokens,
@@ -269,18 +260,20 @@ func (q *Queries) TaskFinish(ctx context.Context, arg TaskFinishParams) ([]int64
 		arg.ProviderMsgIds,
 		arg.LastErrors,
 		arg.RetryAfterSeconds,
+		arg.Outcomes,
+		arg.Errors,
 	)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []int64{}
+	items := []TaskFinishRow{}
 	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var i TaskFinishRow
+		if err := rows.Scan(&i.ID, &i.Current); err != nil {
 			return nil, err
 		}
-		items = append(items, id)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -596,21 +589,30 @@ func (q *Queries) TaskSettleWithoutCall(ctx context.Context, arg TaskSettleWitho
 }
 
 const taskStartAttempts = `-- name: TaskStartAttempts :many
-UPDATE delivery_task t
-SET state             = 'SENDING',
-    attempt_token     = gen_random_uuid(),
-    lease_owner       = $1::text,
-    lease_until       = now() + make_interval(secs => $2::float8),
-    next_attempt_at   = NULL,
-    attempt_count     = t.attempt_count + 1,
-    outcome_uncertain = u.outcome_uncertain,
-    uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
-    updated_at        = now()
-FROM (SELECT unnest($3::bigint[]) AS id,
-             unnest($4::bool[]) AS outcome_uncertain) AS u
-WHERE t.id = u.id
-  AND (t.state = 'SENDING' OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review))
-RETURNING t.id, t.attempt_token::uuid AS attempt_token, t.attempt_count, t.lease_until::timestamptz AS lease_until
+WITH started AS (
+    UPDATE delivery_task t
+    SET state             = 'SENDING',
+        attempt_token     = gen_random_uuid(),
+        lease_owner       = $1::text,
+        lease_until       = now() + make_interval(secs => $2::float8),
+        next_attempt_at   = NULL,
+        attempt_count     = t.attempt_count + 1,
+        outcome_uncertain = u.outcome_uncertain,
+        uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
+        updated_at        = now()
+    FROM (SELECT unnest($3::bigint[]) AS id,
+                 unnest($4::bool[]) AS outcome_uncertain,
+                 unnest($5::text[]) AS action) AS u
+    WHERE t.id = u.id
+      AND (t.state = 'SENDING' OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review))
+    RETURNING t.id, t.attempt_token, t.attempt_count, t.lease_until, u.action
+), opened AS (
+    INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
+    SELECT s.id, s.attempt_count, s.attempt_token, s.action, $1::text
+    FROM started s
+)
+SELECT s.id, s.attempt_token::uuid AS attempt_token, s.attempt_count, s.lease_until::timestamptz AS lease_until
+FROM started s
 `
 
 type TaskStartAttemptsParams struct {
@@ -618,6 +620,7 @@ type TaskStartAttemptsParams struct {
 	LeaseSeconds     float64
 	Ids              []int64
 	OutcomeUncertain []bool
+	Actions          []string
 }
 
 type TaskStartAttemptsRow struct {
@@ -627,17 +630,21 @@ type TaskStartAttemptsRow struct {
 	LeaseUntil   time.Time
 }
 
-// Makes the claimer the only holder of tasks it has locked in this transaction: per task a fresh attempt
-// token (any earlier holder's finish now matches 0 rows, R2), a lease on the database clock, and the
-// uncertainty the attempt starts with (true when an earlier attempt may have been accepted, including a
-// lease that expired: then it began when the lost attempt was claimed, the row's updated_at). The state
-// condition repeats the claim's, so no other row can be started.
+// Makes the claimer the only holder of tasks it has locked in this transaction, and opens their attempt
+// rows before any call is made (R3: if the worker dies during the call, its row stays open and the next
+// claim marks it LEASE_EXPIRED). Per task: a fresh attempt token (any earlier holder's finish now matches
+// 0 rows, R2), a lease on the database clock, the action the claimer decided, and the uncertainty the
+// attempt starts with (true when an earlier attempt may have been accepted, including a lease that
+// expired: then it began when the lost attempt was claimed, the row's updated_at). The state condition
+// repeats the claim's, so no other row can be started; an attempt row is opened exactly for each task
+// started, with that task's new token and attempt number.
 func (q *Queries) TaskStartAttempts(ctx context.Context, arg TaskStartAttemptsParams) ([]TaskStartAttemptsRow, error) {
 	rows, err := q.db.Query(ctx, taskStartAttempts,
 		arg.Worker,
 		arg.LeaseSeconds,
 		arg.Ids,
 		arg.OutcomeUncertain,
+		arg.Actions,
 	)
 	if err != nil {
 		return nil, err

@@ -6,8 +6,7 @@
 -- The SEED's unindexed claim (SPEC section 5), verbatim: one OR over states and ORDER BY t.id, written for
 -- a table with no claim index, so its cost grows with the finished history in front of the first due
 -- task (SPEC section 10). Kept ONLY as a benchmark baseline, run by `notifier bench` in a transaction it
--- rolls back (it claims nothing); NEVER used by workers, which run TaskClaimExpiredLease and
--- TaskClaimReady. On this schema the planner may still serve its OR with a BitmapOr over the partial
+-- rolls back (it claims nothing); NEVER used by workers, which run TaskClaim. On this schema the planner may still serve its OR with a BitmapOr over the partial
 -- claim indexes and sort every due task; BenchSeedClaimOnSeedIndexes measures it without that rescue.
 SELECT t.id, t.state, t.channel, t.attempt_count, t.outcome_uncertain,
        (t.state = 'SENDING') AS lease_expired,

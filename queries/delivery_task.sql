@@ -16,12 +16,44 @@ FROM delivery_task
 WHERE notification_id = @notification_id
 ORDER BY channel;
 
--- name: TaskClaimExpiredLease :many
--- Locks up to @max_tasks SENDING tasks whose holder's lease ran out on the database clock (the holder
--- died or stalled). FOR UPDATE OF t SKIP LOCKED: two claimers never lock the same task; the preference
--- switch and the expiry are read in this same transaction. The partial index delivery_task_leased_idx
--- holds only SENDING rows, so finished history is never walked.
+-- name: TaskClaim :many
+-- Locks up to @max_tasks tasks for this claimer, in one statement: first SENDING tasks whose holder's
+-- lease ran out on the database clock (the holder died or stalled; lease_expired = true), then the
+-- longest-waiting due tasks (PENDING, or UNKNOWN and not parked). FOR UPDATE OF t SKIP LOCKED: two
+-- claimers never lock the same task; the preference switch and the expiry are read in this same
+-- transaction. Each branch walks its own partial index (delivery_task_leased_idx holds only SENDING rows,
+-- delivery_task_ready_idx only rows with a next_attempt_at), so finished and parked history is never read:
+-- parked and finished tasks have no next_attempt_at (CHECK delivery_task_scheduled_iff_waiting). The
+-- branches are CTEs scanned lazily under the outer LIMIT: due tasks are locked only when fewer than
+-- @max_tasks leases expired, and never more rows than are returned.
+WITH lease_expired AS (
+    SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+           t.attempt_token, t.uncertain_since, t.updated_at
+    FROM delivery_task t
+    WHERE t.state = 'SENDING'
+      AND t.lease_until < now()
+      AND t.channel = ANY (@channels::text[])
+    ORDER BY t.lease_until, t.id
+    LIMIT @max_tasks
+    FOR UPDATE OF t SKIP LOCKED
+), due AS (
+    SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+           t.attempt_token, t.uncertain_since, t.updated_at
+    FROM delivery_task t
+    WHERE t.next_attempt_at IS NOT NULL
+      AND t.next_attempt_at <= now()
+      AND t.channel = ANY (@channels::text[])
+    ORDER BY t.next_attempt_at, t.id
+    LIMIT @max_tasks
+    FOR UPDATE OF t SKIP LOCKED
+), locked AS (
+    (SELECT l.*, true AS lease_expired FROM lease_expired l
+     UNION ALL
+     SELECT d.*, false AS lease_expired FROM due d)
+    LIMIT @max_tasks
+)
 SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+       t.lease_expired::bool            AS lease_expired,
        t.attempt_token                  AS held_token,
        coalesce(p.enabled, false)::bool AS pref_enabled,
        coalesce(p.address, '')::text    AS address,
@@ -30,61 +62,43 @@ SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attem
        (n.expires_at <= now())::bool    AS expired,
        -- how long the uncertainty has lasted; for a lease that just expired, since the lost attempt began
        extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
-FROM delivery_task t
+FROM locked t
 JOIN notification n ON n.id = t.notification_id
-LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel
-WHERE t.state = 'SENDING'
-  AND t.lease_until < now()
-  AND t.channel = ANY (@channels::text[])
-ORDER BY t.lease_until, t.id
-LIMIT @max_tasks
-FOR UPDATE OF t SKIP LOCKED;
-
--- name: TaskClaimReady :many
--- Locks up to @max_tasks of the longest-waiting due tasks (PENDING, or UNKNOWN and not parked) on the
--- given channels. Same locking and same-transaction reads as TaskClaimExpiredLease. Parked and finished
--- tasks have no next_attempt_at (CHECK delivery_task_scheduled_iff_waiting), so this never selects them
--- and the partial index delivery_task_ready_idx never holds them.
-SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
-       t.attempt_token                  AS held_token,
-       coalesce(p.enabled, false)::bool AS pref_enabled,
-       coalesce(p.address, '')::text    AS address,
-       n.body,
-       n.expires_at,
-       (n.expires_at <= now())::bool    AS expired,
-       -- how long the uncertainty has lasted; for a lease that just expired, since the lost attempt began
-       extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
-FROM delivery_task t
-JOIN notification n ON n.id = t.notification_id
-LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel
-WHERE t.next_attempt_at IS NOT NULL
-  AND t.next_attempt_at <= now()
-  AND t.channel = ANY (@channels::text[])
-ORDER BY t.next_attempt_at, t.id
-LIMIT @max_tasks
-FOR UPDATE OF t SKIP LOCKED;
+LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel;
 
 -- name: TaskStartAttempts :many
--- Makes the claimer the only holder of tasks it has locked in this transaction: per task a fresh attempt
--- token (any earlier holder's finish now matches 0 rows, R2), a lease on the database clock, and the
--- uncertainty the attempt starts with (true when an earlier attempt may have been accepted, including a
--- lease that expired: then it began when the lost attempt was claimed, the row's updated_at). The state
--- condition repeats the claim's, so no other row can be started.
-UPDATE delivery_task t
-SET state             = 'SENDING',
-    attempt_token     = gen_random_uuid(),
-    lease_owner       = @worker::text,
-    lease_until       = now() + make_interval(secs => @lease_seconds::float8),
-    next_attempt_at   = NULL,
-    attempt_count     = t.attempt_count + 1,
-    outcome_uncertain = u.outcome_uncertain,
-    uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
-    updated_at        = now()
-FROM (SELECT unnest(@ids::bigint[]) AS id,
-             unnest(@outcome_uncertain::bool[]) AS outcome_uncertain) AS u
-WHERE t.id = u.id
-  AND (t.state = 'SENDING' OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review))
-RETURNING t.id, t.attempt_token::uuid AS attempt_token, t.attempt_count, t.lease_until::timestamptz AS lease_until;
+-- Makes the claimer the only holder of tasks it has locked in this transaction, and opens their attempt
+-- rows before any call is made (R3: if the worker dies during the call, its row stays open and the next
+-- claim marks it LEASE_EXPIRED). Per task: a fresh attempt token (any earlier holder's finish now matches
+-- 0 rows, R2), a lease on the database clock, the action the claimer decided, and the uncertainty the
+-- attempt starts with (true when an earlier attempt may have been accepted, including a lease that
+-- expired: then it began when the lost attempt was claimed, the row's updated_at). The state condition
+-- repeats the claim's, so no other row can be started; an attempt row is opened exactly for each task
+-- started, with that task's new token and attempt number.
+WITH started AS (
+    UPDATE delivery_task t
+    SET state             = 'SENDING',
+        attempt_token     = gen_random_uuid(),
+        lease_owner       = @worker::text,
+        lease_until       = now() + make_interval(secs => @lease_seconds::float8),
+        next_attempt_at   = NULL,
+        attempt_count     = t.attempt_count + 1,
+        outcome_uncertain = u.outcome_uncertain,
+        uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
+        updated_at        = now()
+    FROM (SELECT unnest(@ids::bigint[]) AS id,
+                 unnest(@outcome_uncertain::bool[]) AS outcome_uncertain,
+                 unnest(@actions::text[]) AS action) AS u
+    WHERE t.id = u.id
+      AND (t.state = 'SENDING' OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review))
+    RETURNING t.id, t.attempt_token, t.attempt_count, t.lease_until, u.action
+), opened AS (
+    INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
+    SELECT s.id, s.attempt_count, s.attempt_token, s.action, @worker::text
+    FROM started s
+)
+SELECT s.id, s.attempt_token::uuid AS attempt_token, s.attempt_count, s.lease_until::timestamptz AS lease_until
+FROM started s;
 
 -- name: TaskSettleWithoutCall :one
 -- Claim-time decision not to call (preference disabled, notification expired). Guards R5 and R6: the
@@ -123,37 +137,73 @@ SET state             = 'UNKNOWN',
 WHERE id = @id;
 
 -- name: TaskFinish :many
--- Records what each holder's call observed, one row per attempt. Guarded per row by the attempt token
--- (R2): a task changes only while it is SENDING with exactly that token. A task missing from the
--- returned ids was superseded (its lease expired and another claim took over); its observation goes to
--- AttemptRecordLate instead. next_attempt_at is set only for states that wait for a retry (a negative
--- retry_after_seconds means none: finished, or parked with needs_review; the table's CHECKs refuse any
--- other combination). An empty provider_msg_id or last_error means none.
-UPDATE delivery_task t
-SET state             = u.state,
-    outcome_uncertain = u.outcome_uncertain,
-    -- updated_at is still this attempt's claim time: nothing else changes a SENDING row with our token
-    uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
-    needs_review      = u.needs_review,
-    provider_msg_id   = coalesce(nullif(u.provider_msg_id, ''), t.provider_msg_id),
-    last_error        = nullif(u.last_error, ''),
-    lease_owner       = NULL,
-    lease_until       = NULL,
-    next_attempt_at   = CASE WHEN u.retry_after_seconds >= 0
-                             THEN now() + make_interval(secs => u.retry_after_seconds) END,
-    updated_at        = now()
-FROM (SELECT unnest(@ids::bigint[]) AS id,
-             unnest(@attempt_tokens::uuid[]) AS attempt_token,
-             unnest(@states::text[]) AS state,
-             unnest(@outcome_uncertain::bool[]) AS outcome_uncertain,
-             unnest(@needs_review::bool[]) AS needs_review,
-             unnest(@provider_msg_ids::text[]) AS provider_msg_id,
-             unnest(@last_errors::text[]) AS last_error,
-             unnest(@retry_after_seconds::float8[]) AS retry_after_seconds) AS u
-WHERE t.id = u.id
-  AND t.state = 'SENDING'
-  AND t.attempt_token = u.attempt_token
-RETURNING t.id;
+-- Records what each holder's call observed, one row per attempt, in one statement (autocommit: the whole
+-- finish is atomic without a transaction block). Guarded per row by the attempt token (R2): a task changes
+-- only while it is SENDING with exactly that token. Then, on the attempt rows (R3, written once):
+--   AttemptFinish: the holders whose task changed record their observation as the attempt's outcome;
+--   AttemptRecordLate: the superseded holders (their lease expired and another claim took over) keep it
+--   as late_outcome, without touching outcome or the task.
+-- A superseding claim changes the task's token and closes the old attempt (AttemptMarkLeaseExpired) in
+-- one transaction; this statement waits for that task row lock, so the late branch is chosen exactly when
+-- the takeover committed first, and its update re-checks `late_outcome IS NULL` on the attempt's newest
+-- version (data-modifying CTEs run to completion whether or not the final SELECT reads them). Returns
+-- per attempt whether its task changed (current). next_attempt_at is set only for states that wait for a
+-- retry (a negative retry_after_seconds means none: finished, or parked with needs_review; the table's
+-- CHECKs refuse any other combination). An empty provider_msg_id, last_error or error means none.
+WITH u AS (
+    SELECT unnest(@ids::bigint[]) AS id,
+           unnest(@attempt_tokens::uuid[]) AS attempt_token,
+           unnest(@states::text[]) AS state,
+           unnest(@outcome_uncertain::bool[]) AS outcome_uncertain,
+           unnest(@needs_review::bool[]) AS needs_review,
+           unnest(@provider_msg_ids::text[]) AS provider_msg_id,
+           unnest(@last_errors::text[]) AS last_error,
+           unnest(@retry_after_seconds::float8[]) AS retry_after_seconds,
+           unnest(@outcomes::text[]) AS outcome,
+           unnest(@errors::text[]) AS error
+), finished AS (
+    UPDATE delivery_task t
+    SET state             = u.state,
+        outcome_uncertain = u.outcome_uncertain,
+        -- updated_at is still this attempt's claim time: nothing else changes a SENDING row with our token
+        uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
+        needs_review      = u.needs_review,
+        provider_msg_id   = coalesce(nullif(u.provider_msg_id, ''), t.provider_msg_id),
+        last_error        = nullif(u.last_error, ''),
+        lease_owner       = NULL,
+        lease_until       = NULL,
+        next_attempt_at   = CASE WHEN u.retry_after_seconds >= 0
+                                 THEN now() + make_interval(secs => u.retry_after_seconds) END,
+        updated_at        = now()
+    FROM u
+    WHERE t.id = u.id
+      AND t.state = 'SENDING'
+      AND t.attempt_token = u.attempt_token
+    RETURNING t.id, t.attempt_token
+), attempt_finish AS (
+    UPDATE delivery_attempt a
+    SET outcome         = u.outcome,
+        finished_at     = now(),
+        provider_msg_id = nullif(u.provider_msg_id, ''),
+        error           = nullif(u.error, '')
+    FROM u
+    JOIN finished f ON f.attempt_token = u.attempt_token
+    WHERE a.attempt_token = u.attempt_token
+      AND a.outcome IS NULL
+), attempt_record_late AS (
+    UPDATE delivery_attempt a
+    SET late_outcome    = u.outcome,
+        late_at         = now(),
+        provider_msg_id = coalesce(a.provider_msg_id, nullif(u.provider_msg_id, '')),
+        error           = coalesce(a.error, nullif(u.error, ''))
+    FROM u
+    WHERE a.attempt_token = u.attempt_token
+      AND a.late_outcome IS NULL
+      AND NOT EXISTS (SELECT 1 FROM finished f WHERE f.attempt_token = u.attempt_token)
+)
+SELECT u.id::bigint AS id, (f.id IS NOT NULL)::bool AS current
+FROM u
+LEFT JOIN finished f ON f.attempt_token = u.attempt_token;
 
 -- name: TaskResolveManually :one
 -- A human's final word on a parked task, after checking with the channel. Only a parked task

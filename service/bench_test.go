@@ -58,8 +58,7 @@ func claimAll(b *testing.B, d *dispatcher, n int) []*service.Attempt {
 	return all
 }
 
-// BenchmarkClaim: one claim transaction (TaskClaimExpiredLease, TaskClaimReady, TaskStartAttempts,
-// AttemptStart) per iteration, one task each.
+// BenchmarkClaim: one claim transaction (TaskClaim, TaskStartAttempts) per iteration, one task each.
 func BenchmarkClaim(b *testing.B) {
 	e := newEnv(b)
 	e.dueTasks(b.N)
@@ -81,8 +80,8 @@ func BenchmarkClaim(b *testing.B) {
 	}
 }
 
-// BenchmarkFinish: one finish transaction (TaskFinish, AttemptFinish) per iteration, recording an
-// acceptance for one claimed task.
+// BenchmarkFinish: one finish statement (TaskFinish, with its attempt updates) per iteration, recording
+// an acceptance for one claimed task.
 func BenchmarkFinish(b *testing.B) {
 	e := newEnv(b)
 	e.dueTasks(b.N)

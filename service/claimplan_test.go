@@ -83,11 +83,10 @@ func TestClaimIgnoresHistory(t *testing.T) {
 	is.NoErr(err) // statistics are current
 
 	claims := []struct {
-		query string
-		index string
+		query   string
+		indexes []string
 	}{
-		{"TaskClaimReady", "delivery_task_ready_idx"},
-		{"TaskClaimExpiredLease", "delivery_task_leased_idx"},
+		{"TaskClaim", []string{"delivery_task_leased_idx", "delivery_task_ready_idx"}},
 	}
 	for _, c := range claims {
 		t.Run(c.query, func(t *testing.T) {
@@ -112,7 +111,9 @@ func TestClaimIgnoresHistory(t *testing.T) {
 				check(rel != "delivery_task", "Seq Scan on delivery_task")
 				check(rel != "notification", "Seq Scan on notification: the join walks history")
 			}
-			check(p.indexes[c.index], "partial index "+c.index+" not used")
+			for _, index := range c.indexes {
+				check(p.indexes[index], "partial index "+index+" not used")
+			}
 			check(p.taskRows < 100, "delivery_task rows read >= 100 with 100,000 finished rows")
 			check(p.taskBuffers < 100, "delivery_task buffers >= 100 with 100,000 finished rows")
 			if !ok {
@@ -138,9 +139,11 @@ func TestClaimIgnoresHistory(t *testing.T) {
 			if p.taskRows < 1000 {
 				t.Logf("SQL:\n%s\nplan:\n%s", sql, p.json)
 			}
-			is.True(p.rootRows >= 1)     // the claim still finds a task
-			is.True(p.taskRows >= 1000)  // but reads the history to do it (so the check above can fail)
-			is.True(!p.indexes[c.index]) // the index is really gone
+			is.True(p.rootRows >= 1)    // the claim still finds a task
+			is.True(p.taskRows >= 1000) // but reads the history to do it (so the check above can fail)
+			for _, index := range c.indexes {
+				is.True(!p.indexes[index]) // the index is really gone
+			}
 		}
 	})
 }

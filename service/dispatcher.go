@@ -222,24 +222,26 @@ func (d *Dispatcher) ClaimBatch(ctx context.Context, limit int) ([]*Attempt, []R
 	)
 	err := inTx(ctx, d.pool, func(q *dbgen.Queries) error {
 		attempts, settled = nil, nil
-		rows, leaseExpired, err := d.lockDue(ctx, q, limit)
-		if err != nil || len(rows) == 0 {
-			return err
+		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channels: d.channels, MaxTasks: int32(limit)})
+		if err != nil {
+			return fmt.Errorf("lock due tasks: %w", err)
+		}
+		if len(rows) == 0 {
+			return nil
 		}
 		claimed := time.Now()
 		var (
-			expiredTokens  []string
-			startIDs       []int64
-			startUncertain []bool
-			decisions      = make(map[int64]ClaimDecision, len(rows))
-			byID           = make(map[int64]dbgen.TaskClaimReadyRow, len(rows))
+			expiredTokens []string
+			start         = dbgen.TaskStartAttemptsParams{Worker: d.cfg.Worker, LeaseSeconds: d.cfg.Lease.Seconds()}
+			decisions     = make(map[int64]ClaimDecision, len(rows))
+			byID          = make(map[int64]dbgen.TaskClaimRow, len(rows))
 		)
-		for i, row := range rows {
-			if leaseExpired[i] && row.HeldToken != nil {
+		for _, row := range rows {
+			if row.LeaseExpired && row.HeldToken != nil {
 				expiredTokens = append(expiredTokens, *row.HeldToken)
 			}
 			dec := Decide(ClaimFacts{
-				Uncertain: row.OutcomeUncertain, LeaseExpired: leaseExpired[i],
+				Uncertain: row.OutcomeUncertain, LeaseExpired: row.LeaseExpired,
 				PrefEnabled: row.PrefEnabled, Expired: row.Expired,
 				AttemptCount: int(row.AttemptCount), MaxAttempts: int(row.MaxAttempts),
 				Mode: d.cfg.Routes[row.Channel].Mode, Contract: d.cfg.Routes[row.Channel].Contract,
@@ -247,7 +249,9 @@ func (d *Dispatcher) ClaimBatch(ctx context.Context, limit int) ([]*Attempt, []R
 			})
 			decisions[row.ID], byID[row.ID] = dec, row
 			if dec.Kind == ClaimCall {
-				startIDs, startUncertain = append(startIDs, row.ID), append(startUncertain, dec.Uncertain)
+				start.Ids = append(start.Ids, row.ID)
+				start.OutcomeUncertain = append(start.OutcomeUncertain, dec.Uncertain)
+				start.Actions = append(start.Actions, string(dec.Action))
 			}
 		}
 		if len(expiredTokens) > 0 {
@@ -264,25 +268,18 @@ func (d *Dispatcher) ClaimBatch(ctx context.Context, limit int) ([]*Attempt, []R
 				settled = append(settled, res)
 			}
 		}
-		if len(startIDs) == 0 {
+		if len(start.Ids) == 0 {
 			return nil
 		}
-		started, err := q.TaskStartAttempts(ctx, dbgen.TaskStartAttemptsParams{
-			Ids: startIDs, OutcomeUncertain: startUncertain, Worker: d.cfg.Worker, LeaseSeconds: d.cfg.Lease.Seconds(),
-		})
+		started, err := q.TaskStartAttempts(ctx, start)
 		if err != nil {
 			return fmt.Errorf("start attempts: %w", err)
 		}
-		if len(started) != len(startIDs) {
-			return fmt.Errorf("start attempts: %d of %d locked tasks started", len(started), len(startIDs))
+		if len(started) != len(start.Ids) {
+			return fmt.Errorf("start attempts: %d of %d locked tasks started", len(started), len(start.Ids))
 		}
-		open := dbgen.AttemptStartParams{Worker: d.cfg.Worker}
 		for _, s := range started {
 			row, dec := byID[s.ID], decisions[s.ID]
-			open.TaskIds = append(open.TaskIds, s.ID)
-			open.AttemptNos = append(open.AttemptNos, s.AttemptCount)
-			open.AttemptTokens = append(open.AttemptTokens, s.AttemptToken)
-			open.Actions = append(open.Actions, string(dec.Action))
 			route := d.cfg.Routes[row.Channel]
 			attempts = append(attempts, &Attempt{
 				TaskID: s.ID, Channel: row.Channel, Mode: route.Mode, Contract: route.Contract, No: int(s.AttemptCount),
@@ -292,9 +289,6 @@ func (d *Dispatcher) ClaimBatch(ctx context.Context, limit int) ([]*Attempt, []R
 				Message: Message{Ref: Ref(s.ID), IdempotencyKey: IdempotencyKey(s.ID), To: row.Address, Body: row.Body,
 					ExpiresAt: row.ExpiresAt, Action: dec.Action},
 			})
-		}
-		if err := q.AttemptStart(ctx, open); err != nil {
-			return fmt.Errorf("open attempts: %w", err)
 		}
 		return nil
 	})
@@ -309,32 +303,8 @@ func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Se
 // MaxBatch bounds how many tasks one claim locks.
 const MaxBatch = 1000
 
-// lockDue prefers tasks whose holder's lease expired over due ones: they have waited longest.
-func (d *Dispatcher) lockDue(ctx context.Context, q *dbgen.Queries, limit int) ([]dbgen.TaskClaimReadyRow, []bool, error) {
-	expired, err := q.TaskClaimExpiredLease(ctx, dbgen.TaskClaimExpiredLeaseParams{Channels: d.channels, MaxTasks: int32(limit)})
-	if err != nil {
-		return nil, nil, fmt.Errorf("lock expired leases: %w", err)
-	}
-	rows := make([]dbgen.TaskClaimReadyRow, 0, limit)
-	leaseExpired := make([]bool, 0, limit)
-	for _, r := range expired {
-		rows, leaseExpired = append(rows, dbgen.TaskClaimReadyRow(r)), append(leaseExpired, true)
-	}
-	if len(rows) == limit {
-		return rows, leaseExpired, nil
-	}
-	ready, err := q.TaskClaimReady(ctx, dbgen.TaskClaimReadyParams{Channels: d.channels, MaxTasks: int32(limit - len(rows))})
-	if err != nil {
-		return nil, nil, fmt.Errorf("lock due tasks: %w", err)
-	}
-	for _, r := range ready {
-		rows, leaseExpired = append(rows, r), append(leaseExpired, false)
-	}
-	return rows, leaseExpired, nil
-}
-
 // settle applies a claim-time decision not to call: park, or a state written with its SKIP attempt.
-func (d *Dispatcher) settle(ctx context.Context, q *dbgen.Queries, row dbgen.TaskClaimReadyRow, dec ClaimDecision) (Result, error) {
+func (d *Dispatcher) settle(ctx context.Context, q *dbgen.Queries, row dbgen.TaskClaimRow, dec ClaimDecision) (Result, error) {
 	result := Result{TaskID: row.ID, Channel: row.Channel, Detail: dec.Reason}
 	if dec.Kind == ClaimPark {
 		result.Kind = ResultParked
@@ -411,42 +381,25 @@ func (d *Dispatcher) FinishBatch(ctx context.Context, attempts []*Attempt, obs [
 		finish.ProviderMsgIds = append(finish.ProviderMsgIds, truncate(o.ProviderMsgID, 500))
 		finish.LastErrors = append(finish.LastErrors, errorText(o))
 		finish.RetryAfterSeconds = append(finish.RetryAfterSeconds, retry)
+		finish.Outcomes = append(finish.Outcomes, string(o.Outcome))
+		finish.Errors = append(finish.Errors, truncate(o.Detail, MaxNoteLength))
 	}
-	err := inTx(ctx, d.pool, func(q *dbgen.Queries) error {
-		changed, err := q.TaskFinish(ctx, finish)
-		if err != nil {
-			return fmt.Errorf("finish tasks: %w", err)
-		}
-		current := make(map[int64]bool, len(changed))
-		for _, id := range changed {
-			current[id] = true
-		}
-		var done, late dbgen.AttemptFinishParams
-		for i, a := range attempts {
-			rec := &done
-			if !current[a.TaskID] {
-				rec = &late
-				results[i].Kind = ResultStale
-			}
-			rec.AttemptTokens = append(rec.AttemptTokens, a.Token)
-			rec.Outcomes = append(rec.Outcomes, string(obs[i].Outcome))
-			rec.ProviderMsgIds = append(rec.ProviderMsgIds, truncate(obs[i].ProviderMsgID, 500))
-			rec.Errors = append(rec.Errors, truncate(obs[i].Detail, MaxNoteLength))
-		}
-		if len(done.AttemptTokens) > 0 {
-			if _, err := q.AttemptFinish(ctx, done); err != nil {
-				return fmt.Errorf("record outcomes: %w", err)
-			}
-		}
-		if len(late.AttemptTokens) > 0 {
-			if _, err := q.AttemptRecordLate(ctx, dbgen.AttemptRecordLateParams(late)); err != nil {
-				return fmt.Errorf("record late outcomes: %w", err)
-			}
-		}
-		return nil
-	})
+	// One autocommit statement: the token-guarded task updates and the attempt rows they decide.
+	rows, err := dbgen.New(d.pool).TaskFinish(ctx, finish)
+	if err == nil && len(rows) != len(attempts) {
+		err = fmt.Errorf("%d rows for %d attempts", len(rows), len(attempts))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("finish: %w", err)
+	}
+	byID := make(map[int64]dbgen.TaskFinishRow, len(rows))
+	for _, r := range rows {
+		byID[r.ID] = r
+	}
+	for i, a := range attempts {
+		if !byID[a.TaskID].Current {
+			results[i].Kind = ResultStale
+		}
 	}
 	return results, nil
 }

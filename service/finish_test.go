@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/matryer/is"
 
+	"github.com/notifierhq/notifier/dbgen"
 	"github.com/notifierhq/notifier/service"
 )
 
@@ -37,4 +39,61 @@ func TestFinishStoresAnyAnswer(t *testing.T) {
 	task := e.task(id)
 	is.True(strings.HasPrefix(task.ProviderMsgID, "id?with?bytes")) // NUL and invalid bytes replaced
 	is.Equal(len([]rune(task.ProviderMsgID)), 500)                  // cut to the column's bound
+}
+
+// The finish is one statement whose snapshot can predate a takeover: here it starts while a superseding
+// claim holds the task's row lock, and that claim commits only after the finish waits on the lock. The
+// token guard must see the new token (STALE), and the old attempt, closed as LEASE_EXPIRED by the claim
+// after the finish's snapshot was taken, must still get the observation as late_outcome (R3).
+func TestFinishWaitingOnTakeoverRecordsLate(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "push")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	holder := e.dispatcher(dcfg{worker: "w-old", lease: 300 * time.Millisecond})
+	a, _, err := holder.Claim(e.ctx)
+	is.NoErr(err)
+	is.True(a != nil)            // the first holder claimed the task
+	obs := holder.Call(e.ctx, a) // and its call was accepted
+	is.Equal(obs.Outcome, service.OutcomeAccepted)
+	e.waitDB("lease_until < now() FROM delivery_task WHERE id = $1", id)
+
+	// The superseding claim, statement for statement as Dispatcher.ClaimBatch runs it, left open.
+	tx, err := e.pool.BeginTx(e.ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	is.NoErr(err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	q := dbgen.New(tx)
+	rows, err := q.TaskClaim(e.ctx, dbgen.TaskClaimParams{Channels: []string{"push"}, MaxTasks: 1})
+	is.NoErr(err)
+	is.Equal(len(rows), 1)        // the expired lease is taken over
+	is.True(rows[0].LeaseExpired) // as an expired lease
+	closed, err := q.AttemptMarkLeaseExpired(e.ctx, []string{*rows[0].HeldToken})
+	is.NoErr(err)
+	is.Equal(closed, int64(1)) // the old attempt is closed in the claim's transaction
+	started, err := q.TaskStartAttempts(e.ctx, dbgen.TaskStartAttemptsParams{Worker: "w-new", LeaseSeconds: 60,
+		Ids: []int64{id}, OutcomeUncertain: []bool{true}, Actions: []string{string(service.ActionSend)}})
+	is.NoErr(err)
+	is.Equal(len(started), 1) // the new holder has its token
+
+	finished := make(chan service.Result, 1)
+	go func() {
+		res, err := holder.Finish(context.Background(), a, obs)
+		if err != nil {
+			t.Error(err)
+		}
+		finished <- res
+	}()
+	e.waitDB(`EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '-- name: TaskFinish %')`)
+	is.NoErr(tx.Commit(e.ctx)) // the takeover commits while the finish waits for the row
+
+	res := <-finished
+	is.Equal(res.Kind, service.ResultStale) // the old holder's token no longer matches
+	history := e.attempts(id)
+	is.Equal(len(history), 2)                                 // the old attempt and the new one
+	is.Equal(history[0].Outcome, service.OutcomeLeaseExpired) // closed by the takeover
+	is.Equal(history[0].LateOutcome, service.OutcomeAccepted) // and the late observation kept
+	is.Equal(history[1].Outcome, service.Outcome(""))         // the new attempt is untouched, still open
+	task := e.task(id)
+	is.Equal(task.State, service.StateSending) // the new holder's task, unchanged by the stale finish
+	is.Equal(task.LeaseOwner, "w-new")         // held by the new holder
 }

@@ -2,7 +2,7 @@
 -- query: NOTIFIER_UPDATE_BENCH=1 go test ./cli -run TestPgbenchScript
 --
 -- One delivery as a Go worker makes it at --batch 1 (Dispatcher.ClaimBatch, then Dispatcher.FinishBatch
--- with an ACCEPTED observation): the claim transaction and the finish transaction of one task, statement
+-- with an ACCEPTED observation): the claim transaction and the finish statement of one task, statement
 -- for statement, with the parameters of one task: arrays of one element, the task id and attempt token
 -- taken from the claim with \gset, constants where the worker sends constants. Run it with -M prepared
 -- (pgx prepares every statement too) against tasks made by setup.sql, no more transactions than tasks:
@@ -12,8 +12,35 @@
 \set max_tasks 1
 \set lease_seconds 60
 BEGIN ISOLATION LEVEL READ COMMITTED;
--- TaskClaimExpiredLease (queries/delivery_task.sql)
+-- TaskClaim (queries/delivery_task.sql)
+WITH lease_expired AS (
+    SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+           t.attempt_token, t.uncertain_since, t.updated_at
+    FROM delivery_task t
+    WHERE t.state = 'SENDING'
+      AND t.lease_until < now()
+      AND t.channel = ANY ('{push,sms}'::text[])
+    ORDER BY t.lease_until, t.id
+    LIMIT :max_tasks
+    FOR UPDATE OF t SKIP LOCKED
+), due AS (
+    SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+           t.attempt_token, t.uncertain_since, t.updated_at
+    FROM delivery_task t
+    WHERE t.next_attempt_at IS NOT NULL
+      AND t.next_attempt_at <= now()
+      AND t.channel = ANY ('{push,sms}'::text[])
+    ORDER BY t.next_attempt_at, t.id
+    LIMIT :max_tasks
+    FOR UPDATE OF t SKIP LOCKED
+), locked AS (
+    (SELECT l.*, true AS lease_expired FROM lease_expired l
+     UNION ALL
+     SELECT d.*, false AS lease_expired FROM due d)
+    LIMIT :max_tasks
+)
 SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+       t.lease_expired::bool            AS lease_expired,
        t.attempt_token                  AS held_token,
        coalesce(p.enabled, false)::bool AS pref_enabled,
        coalesce(p.address, '')::text    AS address,
@@ -21,94 +48,87 @@ SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attem
        n.expires_at,
        (n.expires_at <= now())::bool    AS expired,
        extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
-FROM delivery_task t
+FROM locked t
 JOIN notification n ON n.id = t.notification_id
-LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel
-WHERE t.state = 'SENDING'
-  AND t.lease_until < now()
-  AND t.channel = ANY ('{push,sms}'::text[])
-ORDER BY t.lease_until, t.id
-LIMIT :max_tasks
-FOR UPDATE OF t SKIP LOCKED;
--- TaskClaimReady (queries/delivery_task.sql)
-SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
-       t.attempt_token                  AS held_token,
-       coalesce(p.enabled, false)::bool AS pref_enabled,
-       coalesce(p.address, '')::text    AS address,
-       n.body,
-       n.expires_at,
-       (n.expires_at <= now())::bool    AS expired,
-       extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
-FROM delivery_task t
-JOIN notification n ON n.id = t.notification_id
-LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel
-WHERE t.next_attempt_at IS NOT NULL
-  AND t.next_attempt_at <= now()
-  AND t.channel = ANY ('{push,sms}'::text[])
-ORDER BY t.next_attempt_at, t.id
-LIMIT :max_tasks
-FOR UPDATE OF t SKIP LOCKED \gset
+LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel \gset
 -- TaskStartAttempts (queries/delivery_task.sql)
-UPDATE delivery_task t
-SET state             = 'SENDING',
-    attempt_token     = gen_random_uuid(),
-    lease_owner       = 'pgbench'::text,
-    lease_until       = now() + make_interval(secs => :lease_seconds::float8),
-    next_attempt_at   = NULL,
-    attempt_count     = t.attempt_count + 1,
-    outcome_uncertain = u.outcome_uncertain,
-    uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
-    updated_at        = now()
-FROM (SELECT unnest(ARRAY[:id]::bigint[]) AS id,
-             unnest('{f}'::bool[]) AS outcome_uncertain) AS u
-WHERE t.id = u.id
-  AND (t.state = 'SENDING' OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review))
-RETURNING t.id, t.attempt_token::uuid AS attempt_token, t.attempt_count, t.lease_until::timestamptz AS lease_until \gset
--- AttemptStart (queries/delivery_attempt.sql)
-INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
-SELECT u.task_id, u.attempt_no, u.attempt_token, u.action, 'pgbench'::text
-FROM (SELECT unnest(ARRAY[:id]::bigint[]) AS task_id,
-             unnest(ARRAY[:attempt_count]::int[]) AS attempt_no,
-             unnest(ARRAY[:attempt_token]::uuid[]) AS attempt_token,
-             unnest('{SEND}'::text[]) AS action) AS u;
+WITH started AS (
+    UPDATE delivery_task t
+    SET state             = 'SENDING',
+        attempt_token     = gen_random_uuid(),
+        lease_owner       = 'pgbench'::text,
+        lease_until       = now() + make_interval(secs => :lease_seconds::float8),
+        next_attempt_at   = NULL,
+        attempt_count     = t.attempt_count + 1,
+        outcome_uncertain = u.outcome_uncertain,
+        uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
+        updated_at        = now()
+    FROM (SELECT unnest(ARRAY[:id]::bigint[]) AS id,
+                 unnest('{f}'::bool[]) AS outcome_uncertain,
+                 unnest('{SEND}'::text[]) AS action) AS u
+    WHERE t.id = u.id
+      AND (t.state = 'SENDING' OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review))
+    RETURNING t.id, t.attempt_token, t.attempt_count, t.lease_until, u.action
+), opened AS (
+    INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
+    SELECT s.id, s.attempt_count, s.attempt_token, s.action, 'pgbench'::text
+    FROM started s
+)
+SELECT s.id, s.attempt_token::uuid AS attempt_token, s.attempt_count, s.lease_until::timestamptz AS lease_until
+FROM started s \gset
 COMMIT;
--- the channel call happens here, outside any transaction
-BEGIN ISOLATION LEVEL READ COMMITTED;
+-- the channel call happens here, outside any transaction; the finish is one autocommit statement
 -- TaskFinish (queries/delivery_task.sql)
-UPDATE delivery_task t
-SET state             = u.state,
-    outcome_uncertain = u.outcome_uncertain,
-    uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
-    needs_review      = u.needs_review,
-    provider_msg_id   = coalesce(nullif(u.provider_msg_id, ''), t.provider_msg_id),
-    last_error        = nullif(u.last_error, ''),
-    lease_owner       = NULL,
-    lease_until       = NULL,
-    next_attempt_at   = CASE WHEN u.retry_after_seconds >= 0
-                             THEN now() + make_interval(secs => u.retry_after_seconds) END,
-    updated_at        = now()
-FROM (SELECT unnest(ARRAY[:id]::bigint[]) AS id,
-             unnest(ARRAY[:attempt_token]::uuid[]) AS attempt_token,
-             unnest('{SENT}'::text[]) AS state,
-             unnest('{f}'::bool[]) AS outcome_uncertain,
-             unnest('{f}'::bool[]) AS needs_review,
-             unnest('{pgbench-msg}'::text[]) AS provider_msg_id,
-             unnest('{""}'::text[]) AS last_error,
-             unnest('{-1}'::float8[]) AS retry_after_seconds) AS u
-WHERE t.id = u.id
-  AND t.state = 'SENDING'
-  AND t.attempt_token = u.attempt_token
-RETURNING t.id;
--- AttemptFinish (queries/delivery_attempt.sql)
-UPDATE delivery_attempt a
-SET outcome         = u.outcome,
-    finished_at     = now(),
-    provider_msg_id = nullif(u.provider_msg_id, ''),
-    error           = nullif(u.error, '')
-FROM (SELECT unnest(ARRAY[:attempt_token]::uuid[]) AS attempt_token,
-             unnest('{ACCEPTED}'::text[]) AS outcome,
-             unnest('{pgbench-msg}'::text[]) AS provider_msg_id,
-             unnest('{""}'::text[]) AS error) AS u
-WHERE a.attempt_token = u.attempt_token
-  AND a.outcome IS NULL;
-COMMIT;
+WITH u AS (
+    SELECT unnest(ARRAY[:id]::bigint[]) AS id,
+           unnest(ARRAY[:attempt_token]::uuid[]) AS attempt_token,
+           unnest('{SENT}'::text[]) AS state,
+           unnest('{f}'::bool[]) AS outcome_uncertain,
+           unnest('{f}'::bool[]) AS needs_review,
+           unnest('{pgbench-msg}'::text[]) AS provider_msg_id,
+           unnest('{""}'::text[]) AS last_error,
+           unnest('{-1}'::float8[]) AS retry_after_seconds,
+           unnest('{ACCEPTED}'::text[]) AS outcome,
+           unnest('{""}'::text[]) AS error
+), finished AS (
+    UPDATE delivery_task t
+    SET state             = u.state,
+        outcome_uncertain = u.outcome_uncertain,
+        uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
+        needs_review      = u.needs_review,
+        provider_msg_id   = coalesce(nullif(u.provider_msg_id, ''), t.provider_msg_id),
+        last_error        = nullif(u.last_error, ''),
+        lease_owner       = NULL,
+        lease_until       = NULL,
+        next_attempt_at   = CASE WHEN u.retry_after_seconds >= 0
+                                 THEN now() + make_interval(secs => u.retry_after_seconds) END,
+        updated_at        = now()
+    FROM u
+    WHERE t.id = u.id
+      AND t.state = 'SENDING'
+      AND t.attempt_token = u.attempt_token
+    RETURNING t.id, t.attempt_token
+), attempt_finish AS (
+    UPDATE delivery_attempt a
+    SET outcome         = u.outcome,
+        finished_at     = now(),
+        provider_msg_id = nullif(u.provider_msg_id, ''),
+        error           = nullif(u.error, '')
+    FROM u
+    JOIN finished f ON f.attempt_token = u.attempt_token
+    WHERE a.attempt_token = u.attempt_token
+      AND a.outcome IS NULL
+), attempt_record_late AS (
+    UPDATE delivery_attempt a
+    SET late_outcome    = u.outcome,
+        late_at         = now(),
+        provider_msg_id = coalesce(a.provider_msg_id, nullif(u.provider_msg_id, '')),
+        error           = coalesce(a.error, nullif(u.error, ''))
+    FROM u
+    WHERE a.attempt_token = u.attempt_token
+      AND a.late_outcome IS NULL
+      AND NOT EXISTS (SELECT 1 FROM finished f WHERE f.attempt_token = u.attempt_token)
+)
+SELECT u.id::bigint AS id, (f.id IS NOT NULL)::bool AS current
+FROM u
+LEFT JOIN finished f ON f.attempt_token = u.attempt_token;
