@@ -22,6 +22,7 @@ type benchJSON struct {
 	Created            int            `json:"created"`
 	DuplicateAnswers   int            `json:"duplicate_answers"`
 	CreatesPerSec      float64        `json:"creates_per_sec"`
+	WarmupDeliveries   int            `json:"warmup_deliveries"`
 	Deliveries         int            `json:"deliveries"`
 	DeliveriesPerSec   float64        `json:"deliveries_per_sec"`
 	CreateToSentMS     latency        `json:"create_to_sent_ms"`
@@ -101,8 +102,11 @@ func checkBench(t *testing.T, got benchJSON, keys map[string]any, notifications,
 
 func TestBench(t *testing.T) {
 	c, _ := newCLI(t)
-	got, keys := runBenchJSON(t, c, "--notifications", "200", "--workers", "4")
+	got, keys := runBenchJSON(t, c, "--notifications", "200", "--warmup", "50", "--workers", "4")
 	checkBench(t, got, keys, 200, 4, 1)
+	is := is.New(t)
+	is.Equal(got.WarmupDeliveries, 100)                         // --warmup 50: push and sms each, before the figures
+	is.Equal(got.Outbound, got.Deliveries+got.WarmupDeliveries) // each sent once, warm-up included in the final check
 	if got.History != nil {
 		t.Errorf("history probe without --history: %+v", got.History)
 	}
@@ -111,7 +115,7 @@ func TestBench(t *testing.T) {
 func TestBenchBatchedWithHistory(t *testing.T) {
 	is := is.New(t)
 	c, _ := newCLI(t)
-	got, keys := runBenchJSON(t, c, "--notifications", "200", "--workers", "4", "--batch", "8", "--history", "2000")
+	got, keys := runBenchJSON(t, c, "--notifications", "200", "--warmup", "0", "--workers", "4", "--batch", "8", "--history", "2000")
 	checkBench(t, got, keys, 200, 4, 8)
 	h := got.History
 	is.True(h != nil)                                                   // --history measured
@@ -134,6 +138,7 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 		{"bench", "--batch", "0"},
 		{"bench", "--duplicates", "-1"},
 		{"bench", "--notifications", "0"},
+		{"bench", "--warmup", "-1"},
 	} {
 		r := c.run("", args...)
 		if r.code != exitUsage {

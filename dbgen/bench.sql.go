@@ -9,6 +9,17 @@ import (
 	"context"
 )
 
+const benchAnalyze = `-- name: BenchAnalyze :exec
+ANALYZE notification, delivery_task, delivery_attempt, channel_pref
+`
+
+// Between the create and the deliver phase: fresh planner statistics, as testdata/bench/setup.sql takes
+// them before pgbench replays the same SQL, so both sides start from the same kind of tables.
+func (q *Queries) BenchAnalyze(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, benchAnalyze)
+	return err
+}
+
 const benchFillHistory = `-- name: BenchFillHistory :execrows
 WITH arg AS (
     SELECT $1::text AS tag, $2::bigint AS first, $3::bigint AS notifications
@@ -145,8 +156,7 @@ type BenchSeedClaimRow struct {
 // The SEED's unindexed claim (SPEC section 5), verbatim: one OR over states and ORDER BY t.id, written for
 // a table with no claim index, so its cost grows with the finished history in front of the first due
 // task (SPEC section 10). Kept ONLY as a benchmark baseline, run by `notifier bench` in a transaction it
-// rolls back (it claims nothing); NEVER used by workers, which run TaskClaimExpiredLease and
-// TaskClaimReady. On this schema the planner may still serve its OR with a BitmapOr over the partial
+// rolls back (it claims nothing); NEVER used by workers, which run TaskClaim. On this schema the planner may still serve its OR with a BitmapOr over the partial
 // claim indexes and sort every due task; BenchSeedClaimOnSeedIndexes measures it without that rescue.
 func (q *Queries) BenchSeedClaim(ctx context.Context) (BenchSeedClaimRow, error) {
 	row := q.db.QueryRow(ctx, benchSeedClaim)

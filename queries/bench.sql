@@ -70,6 +70,11 @@ INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker
 SELECT t.id, 1, t.attempt_token, 'SEND', 'bench-history', t.created_at, t.updated_at, 'ACCEPTED', t.provider_msg_id
 FROM t;
 
+-- name: BenchAnalyze :exec
+-- Between the create and the deliver phase: fresh planner statistics, as testdata/bench/setup.sql takes
+-- them before pgbench replays the same SQL, so both sides start from the same kind of tables.
+ANALYZE notification, delivery_task, delivery_attempt, channel_pref;
+
 -- name: BenchVacuumAnalyze :exec
 -- Before each claim-latency probe: the tables as autovacuum leaves them in steady state (dead rows of
 -- earlier phases gone, visibility map set, fresh planner statistics), and no insert-triggered
