@@ -42,6 +42,10 @@ bench *args: _pgtmp
 bench-river *args: _pgtmp
     "{{ pgtmp }}" -migrate -- bash -c 'cd bench/river && go run . "$@"' _ "$@"
 
+# Run ours (batched) and the River peer one after the other on one throwaway migrated PostgreSQL and print the ratio of deliveries/s; args: [NOTIFICATIONS] [WORKERS] [BATCH] [FETCH_COOLDOWN] (bench/vs-river.sh)
+bench-vs-river *args: _pgtmp
+    "{{ pgtmp }}" -migrate -- sh bench/vs-river.sh "$@"
+
 # Start a throwaway PostgreSQL with the migrations applied and print its DATABASE_URL; Ctrl-C stops it and deletes its data
 db: _pgtmp
     exec "{{ pgtmp }}" -migrate
