@@ -50,7 +50,7 @@ GRANT USAGE ON SCHEMA public TO notifier_creator, notifier_worker, notifier_oper
 
 -- channel_pref: the creator sets preferences (PrefUpsert: INSERT ... ON CONFLICT DO UPDATE ... RETURNING)
 -- and reads them when it creates tasks (TaskInsertForEnabledPrefs); the worker reads the switch and the
--- address at claim time (TaskClaimReady, TaskClaimExpiredLease); operators may list them (PrefListByUser).
+-- address at claim time (TaskClaim); operators may list them (PrefListByUser).
 GRANT SELECT ON channel_pref TO notifier_creator, notifier_worker, notifier_operator;
 GRANT INSERT (user_id, channel, address, enabled) ON channel_pref TO notifier_creator;
 GRANT UPDATE (address, enabled, version, updated_at) ON channel_pref TO notifier_creator;
@@ -79,8 +79,8 @@ GRANT UPDATE (state, needs_review, attempt_count, provider_msg_id, last_error, u
 
 -- delivery_attempt, per role (the creator has no access at all):
 --   worker    SELECT (its UPDATEs read attempt_token, outcome, late_outcome, provider_msg_id, error);
---             INSERT the columns of AttemptStart and AttemptRecordSkip; UPDATE the columns of
---             AttemptFinish, AttemptMarkLeaseExpired and AttemptRecordLate (delivery_attempt_append_only
+--             INSERT the columns of TaskStartAttempts' attempt rows and AttemptRecordSkip; UPDATE the columns of
+--             TaskFinish (AttemptFinish, AttemptRecordLate) and AttemptMarkLeaseExpired (delivery_attempt_append_only
 --             still decides which of those updates are allowed).
 --   operator  SELECT (AttemptListByTask, for review and resolve); INSERT the columns of AttemptRecordManual.
 GRANT SELECT ON delivery_attempt TO notifier_worker, notifier_operator;
