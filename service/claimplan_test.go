@@ -8,15 +8,19 @@ package service_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/dbgen"
 )
 
 const claimHistoryTasks = 100_000
@@ -279,4 +283,37 @@ func claimIndentJSON(raw []byte) string {
 		return string(raw)
 	}
 	return string(out)
+}
+
+// TaskClaim takes expired leases first, then due tasks, and locks no more rows than it returns: its
+// branches are CTEs scanned lazily under one LIMIT. Another claimer must still be able to take every
+// task this claim did not return.
+func TestClaimLocksOnlyWhatItReturns(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "push")
+	for i := range 10 {
+		e.create("u1", fmt.Sprintf("e%d", i), time.Hour, 3)
+	}
+	holder := e.dispatcher(dcfg{worker: "w-lost", lease: 300 * time.Millisecond})
+	for range 2 {
+		a, _, err := holder.Claim(e.ctx)
+		is.NoErr(err)
+		is.True(a != nil) // a holder that will never finish
+	}
+	e.waitDB("count(*) = 2 FROM delivery_task WHERE state = 'SENDING' AND lease_until < now()")
+
+	tx, err := e.pool.BeginTx(e.ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	is.NoErr(err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	rows, err := dbgen.New(tx).TaskClaim(e.ctx, dbgen.TaskClaimParams{Channels: []string{"push"}, MaxTasks: 3})
+	is.NoErr(err)
+	is.Equal(len(rows), 3)        // as many as asked
+	is.True(rows[0].LeaseExpired) // the expired leases first
+	is.True(rows[1].LeaseExpired)
+	is.True(!rows[2].LeaseExpired) // then a due task
+
+	var lockable int
+	is.NoErr(e.pool.QueryRow(e.ctx, `SELECT count(*) FROM (SELECT id FROM delivery_task FOR UPDATE SKIP LOCKED) l`).Scan(&lockable))
+	is.Equal(lockable, 7) // the 3 returned are locked, none of the other 7
 }
