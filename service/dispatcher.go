@@ -351,9 +351,9 @@ func (d *Dispatcher) Finish(ctx context.Context, a *Attempt, obs Observation) (R
 	return results[0], nil
 }
 
-// FinishBatch is the second correctness check: in one statement (TaskFinish) it maps each observation to the
-// task's next state (Next) and writes it only where the attempt's token is still the task's valid one;
-// those attempts get their outcome. Superseded attempts keep their observation as late_outcome and
+// FinishBatch is the second correctness check: it maps each observation to the task's next state
+// (Next) and, in one statement (TaskFinish), writes it only where the attempt's token is still the
+// task's valid one; those attempts get their outcome. Superseded attempts keep their observation as late_outcome and
 // their result is STALE. The results are in the order of attempts.
 func (d *Dispatcher) FinishBatch(ctx context.Context, attempts []*Attempt, obs []Observation) ([]Result, error) {
 	if len(attempts) != len(obs) {
