@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
+
+	"github.com/notifierhq/notifier/service"
 )
 
 // env is what a command line runs with: the process's environment and streams, and what the global
@@ -157,7 +159,13 @@ func (e *env) before(c *cli.Context) error {
 
 // pool opens a connection pool. It connects lazily: a command's first query reports an unreachable
 // database, after the service has checked the input.
-func (e *env) pool(maxConns int32) (*pgxpool.Pool, error) {
+func (e *env) pool(maxConns int32) (*pgxpool.Pool, error) { return e.newPool(maxConns, false) }
+
+// workerPool is pool for commands that run the dispatcher: its connections plan the worker's prepared
+// statements once (service.ConfigureWorkerConn).
+func (e *env) workerPool(maxConns int32) (*pgxpool.Pool, error) { return e.newPool(maxConns, true) }
+
+func (e *env) newPool(maxConns int32, worker bool) (*pgxpool.Pool, error) {
 	if e.dbURL == "" {
 		return nil, usagef("no database: set --database-url or DATABASE_URL")
 	}
@@ -168,6 +176,9 @@ func (e *env) pool(maxConns int32) (*pgxpool.Pool, error) {
 	e.secret = cfg.ConnConfig.Password
 	if maxConns > cfg.MaxConns {
 		cfg.MaxConns = maxConns
+	}
+	if worker {
+		service.ConfigureWorkerConn(cfg.ConnConfig)
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {

@@ -27,6 +27,9 @@ type pgbenchReport struct {
 	TPS          float64 `json:"tps"`
 	LatencyAvgMS float64 `json:"latency_avg_ms"`
 	Seconds      float64 `json:"seconds"`
+	// CPU per transaction: the pgbench process, and the PostgreSQL server when it runs here.
+	ClientCPUMSPerDelivery float64 `json:"client_cpu_ms_per_delivery"`
+	ServerCPUMSPerDelivery float64 `json:"server_cpu_ms_per_delivery,omitempty"`
 	// GoVsPgbench is the Go side's deliveries/s (at --batch) divided by pgbench's tps (always per task).
 	GoVsPgbench float64 `json:"go_vs_pgbench"`
 }
@@ -62,21 +65,29 @@ func (b *bench) pgbenchCompare(ctx context.Context, rep *benchReport) error {
 	if out, err := setup.CombinedOutput(); err != nil {
 		return fmt.Errorf("bench: pgbench setup: %w: %s", err, bytes.TrimSpace(out))
 	}
-	b.notef("pgbench: %d clients x %d deliveries (pgbench -n -M prepared -c %d -j %d -t %d -f %s)",
-		clients, perClient, clients, g.Threads, perClient, g.Script)
+	b.notef("pgbench: %d clients x %d deliveries (PGOPTIONS='-c plan_cache_mode=%s' pgbench -n -M prepared -c %d -j %d -t %d -f %s)",
+		clients, perClient, rep.Server.PlanCacheMode, clients, g.Threads, perClient, g.Script)
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, "pgbench"), "-n", "-M", "prepared",
 		"-c", strconv.Itoa(clients), "-j", strconv.Itoa(g.Threads), "-t", strconv.Itoa(perClient), "-f", g.Script, conn)
-	cmd.Env = env
+	// The same session setting as the workers' connections: the plans are part of what is replayed.
+	cmd.Env = withPGOption(env, "plan_cache_mode", rep.Server.PlanCacheMode)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	started := time.Now()
+	started, srv0 := time.Now(), b.serverUsed()
 	err = cmd.Run()
+	srv := b.serverUsed() - srv0
 	g.Seconds = round3(time.Since(started).Seconds())
 	if err != nil {
 		return fmt.Errorf("bench: pgbench: %w: %s", err, lastLines(stderr.String()+stdout.String(), 5))
 	}
 	if err := parsePgbench(stdout.String(), g); err != nil {
 		return fmt.Errorf("bench: pgbench: %w", err)
+	}
+	if st := cmd.ProcessState; st != nil && g.Transactions > 0 {
+		g.ClientCPUMSPerDelivery = round3((st.UserTime() + st.SystemTime()).Seconds() * 1000 / float64(g.Transactions))
+		if b.server != nil {
+			g.ServerCPUMSPerDelivery = round3(srv.Seconds() * 1000 / float64(g.Transactions))
+		}
 	}
 	g.GoVsPgbench = ratio(rep.DeliveriesPerSec, g.TPS)
 	rep.Pgbench = g
@@ -176,6 +187,20 @@ func findBenchScripts(dir string) (string, error) {
 			return "", errors.New("testdata/bench/claim_finish.sql not found here or above (run from the repository, or --pgbench-scripts DIR)")
 		}
 	}
+}
+
+// withPGOption returns env with "-c name=value" added to PGOPTIONS (libpq's options for the server).
+func withPGOption(env []string, name, value string) []string {
+	opt := "-c " + name + "=" + value
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if old, ok := strings.CutPrefix(kv, "PGOPTIONS="); ok {
+			opt = strings.TrimSpace(old + " " + opt)
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, "PGOPTIONS="+opt)
 }
 
 // libpqConn turns the database URL into one psql and pgbench accept: the password moves to PGPASSWORD

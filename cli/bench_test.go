@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/service"
 )
 
 // benchJSON is the part of `notifier bench --json` the tests check.
@@ -205,14 +207,22 @@ func pgbenchScript(t *testing.T) string {
 -- with an ACCEPTED observation): the claim transaction and the finish statement of one task, statement
 -- for statement, with the parameters of one task: arrays of one element, the task id and attempt token
 -- taken from the claim with \gset, constants where the worker sends constants. Run it with -M prepared
--- (pgx prepares every statement too) against tasks made by setup.sql, no more transactions than tasks:
+-- (pgx prepares every statement too) and the workers' plan_cache_mode (service.WorkerPlanCacheMode)
+-- against tasks made by setup.sql, no more transactions than tasks:
 --
 --   psql "$DATABASE_URL" -v tasks=40000 -f testdata/bench/setup.sql
---   pgbench -n -M prepared -c 8 -j 2 -t 5000 -f testdata/bench/claim_finish.sql "$DATABASE_URL"
+--   PGOPTIONS='-c plan_cache_mode=force_generic_plan' \
+--     pgbench -n -M prepared -c 8 -j 2 -t 5000 -f testdata/bench/claim_finish.sql "$DATABASE_URL"
+--
+-- Same statements, not the same round trips: the worker pipelines TxBegin with TaskClaim and
+-- TaskStartAttempts with TxCommit (3 round trips per delivery); pgbench cannot pipeline a statement
+-- whose result it \gsets, so here each of the 5 statements waits for its answer.
 \set max_tasks 1
 \set lease_seconds 60
-BEGIN ISOLATION LEVEL READ COMMITTED;
 `)
+	header := strings.ReplaceAll(sb.String(), "PLAN_CACHE_MODE", service.WorkerPlanCacheMode)
+	sb.Reset()
+	sb.WriteString(header)
 	stmt := func(file, name string, gset bool) {
 		body := queryBody(t, file, name)
 		body = sqlcParam.ReplaceAllStringFunc(body, func(p string) string {
@@ -230,9 +240,11 @@ BEGIN ISOLATION LEVEL READ COMMITTED;
 		}
 		fmt.Fprintf(&sb, "-- %s (queries/%s)\n%s", name, file, body)
 	}
+	stmt("tx.sql", "TxBegin", false)
 	stmt("delivery_task.sql", "TaskClaim", true)
 	stmt("delivery_task.sql", "TaskStartAttempts", true)
-	sb.WriteString("COMMIT;\n-- the channel call happens here, outside any transaction; the finish is one autocommit statement\n")
+	stmt("tx.sql", "TxCommit", false)
+	sb.WriteString("-- the channel call happens here, outside any transaction; the finish is one autocommit statement\n")
 	stmt("delivery_task.sql", "TaskFinish", false)
 	return sb.String()
 }

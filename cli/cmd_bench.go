@@ -143,7 +143,8 @@ type bench struct {
 	run         string   // tag of this run in user ids and event keys
 	users       []string // bench users, push and sms enabled
 	bar         io.Writer
-	delivered   int // tasks SENT through the fakes by this run, all phases
+	delivered   int        // tasks SENT through the fakes by this run, all phases
+	server      *serverCPU // nil when PostgreSQL does not run on this machine
 }
 
 // benchChannels are the channels every bench notification goes out on.
@@ -153,7 +154,7 @@ func runBench(ctx context.Context, e *env, cfg benchConfig) (err error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.timeout)
 	defer cancel()
 	poolSize := max(cfg.workers, benchCreators) + 2
-	pool, err := e.pool(int32(poolSize))
+	pool, err := e.workerPool(int32(poolSize))
 	if err != nil {
 		return err
 	}
@@ -174,6 +175,7 @@ func runBench(ctx context.Context, e *env, cfg benchConfig) (err error) {
 		return fmt.Errorf("bench: %w", err)
 	}
 	rep.Server = benchServer(settings)
+	b.server, rep.ServerCPUSkipped = b.findServer(ctx)
 	if err := b.start(ctx); err != nil {
 		return err
 	}
@@ -217,6 +219,33 @@ func runBench(ctx context.Context, e *env, cfg benchConfig) (err error) {
 		err = rep.print(e.stdout)
 	}
 	return errors.Join(checkErr, err)
+}
+
+// findServer finds the PostgreSQL server's processes on this machine, or says why not.
+func (b *bench) findServer(ctx context.Context) (*serverCPU, string) {
+	dctx, cancel := b.e.dbContext(ctx)
+	defer cancel()
+	pid, err := b.q.BenchBackendPID(dctx)
+	if err != nil {
+		return nil, "not measured: " + err.Error()
+	}
+	s, err := newServerCPU(int(pid))
+	if err != nil {
+		return nil, "not measured: " + err.Error()
+	}
+	return s, ""
+}
+
+// serverUsed is the server's CPU time so far (0 when it is not measured).
+func (b *bench) serverUsed() time.Duration {
+	if b.server == nil {
+		return 0
+	}
+	d, err := b.server.used()
+	if err != nil {
+		return 0
+	}
+	return d
 }
 
 // start starts the fakes, one dispatcher per worker, and the bench users' preferences.
@@ -316,9 +345,9 @@ func (b *bench) mainRun(ctx context.Context, rep *benchReport) error {
 	if err != nil {
 		return err
 	}
-	cpu0 := processCPU()
+	cpu0, srv0 := processCPU(), b.serverUsed()
 	ds, err := b.deliver(ctx, "deliver", cs.tasks)
-	cpu := processCPU() - cpu0
+	cpu, srv := processCPU()-cpu0, b.serverUsed()-srv0
 	if perr := stopProfile(); err == nil {
 		err = perr
 	}
@@ -337,6 +366,9 @@ func (b *bench) mainRun(ctx context.Context, rep *benchReport) error {
 	if ds.sent > 0 {
 		rep.DBXactsPerDelivery = float64(commits1-commits0) / float64(ds.sent)
 		rep.CPUMSPerDelivery = cpu.Seconds() * 1000 / float64(ds.sent)
+		if b.server != nil {
+			rep.ServerCPUMSPerDelivery = srv.Seconds() * 1000 / float64(ds.sent)
+		}
 	}
 	dctx, cancel := b.e.dbContext(ctx)
 	defer cancel()
@@ -420,10 +452,12 @@ type serverInfo struct {
 	Fsync             string `json:"fsync"`
 	SynchronousCommit string `json:"synchronous_commit"`
 	SharedBuffers     string `json:"shared_buffers"`
+	PlanCacheMode     string `json:"plan_cache_mode"` // of the workers' connections, and pgbench's
 }
 
 func benchServer(s dbgen.BenchSettingsRow) serverInfo {
-	return serverInfo{Version: s.ServerVersion, Fsync: s.Fsync, SynchronousCommit: s.SynchronousCommit, SharedBuffers: s.SharedBuffers}
+	return serverInfo{Version: s.ServerVersion, Fsync: s.Fsync, SynchronousCommit: s.SynchronousCommit, SharedBuffers: s.SharedBuffers,
+		PlanCacheMode: s.PlanCacheMode}
 }
 
 // benchReport is what bench prints: the table, or with --json this object.
@@ -457,13 +491,16 @@ type benchReport struct {
 	FinishMS           latency        `json:"finish_ms"`
 	DBXactsPerDelivery float64        `json:"db_xacts_per_delivery"`
 	CPUMSPerDelivery   float64        `json:"cpu_ms_per_delivery"`
-	PeakRSSMiB         float64        `json:"peak_rss_mib"`
-	Outbound           int            `json:"outbound"`
-	SkipCalls          bool           `json:"skip_calls,omitempty"`
-	History            *historyReport `json:"history,omitempty"`
-	Pgbench            *pgbenchReport `json:"pgbench,omitempty"`
-	PgbenchSkipped     string         `json:"pgbench_skipped,omitempty"`
-	Check              string         `json:"check"`
+	// The PostgreSQL server's CPU (all its processes) over the deliver phase, when it runs here.
+	ServerCPUMSPerDelivery float64        `json:"server_cpu_ms_per_delivery,omitempty"`
+	ServerCPUSkipped       string         `json:"server_cpu_skipped,omitempty"`
+	PeakRSSMiB             float64        `json:"peak_rss_mib"`
+	Outbound               int            `json:"outbound"`
+	SkipCalls              bool           `json:"skip_calls,omitempty"`
+	History                *historyReport `json:"history,omitempty"`
+	Pgbench                *pgbenchReport `json:"pgbench,omitempty"`
+	PgbenchSkipped         string         `json:"pgbench_skipped,omitempty"`
+	Check                  string         `json:"check"`
 }
 
 func (r *benchReport) print(w io.Writer) error {
@@ -474,8 +511,8 @@ func (r *benchReport) print(w io.Writer) error {
 	if r.SkipCalls {
 		p("--skip-calls: the channels were not called; every attempt recorded ACCEPTED at once (the database side alone)\n")
 	}
-	p("PostgreSQL %s, fsync=%s, synchronous_commit=%s, shared_buffers=%s; pool of %d connections; %d CPUs, load average %s at start, %s at end\n\n",
-		r.Server.Version, r.Server.Fsync, r.Server.SynchronousCommit, r.Server.SharedBuffers, r.PoolMaxConns, r.CPUs,
+	p("PostgreSQL %s, fsync=%s, synchronous_commit=%s, shared_buffers=%s, plan_cache_mode=%s; pool of %d connections; %d CPUs, load average %s at start, %s at end\n\n",
+		r.Server.Version, r.Server.Fsync, r.Server.SynchronousCommit, r.Server.SharedBuffers, r.Server.PlanCacheMode, r.PoolMaxConns, r.CPUs,
 		fmtLoad(r.LoadAvgStart), fmtLoad(r.LoadAvgEnd))
 	p("%-32s %10s %9s %11s\n", "phase", "count", "seconds", "per second")
 	p("%-32s %10d %9.2f %11.0f   (%d created, %d answered created=false)\n", "create (calls)", r.CreateCalls, r.CreateSeconds, r.CreatesPerSec, r.Created, r.DuplicateAnswers)
@@ -493,6 +530,11 @@ func (r *benchReport) print(w io.Writer) error {
 	p("%-32s %10.2f %9.2f\n", "finish transaction", r.FinishMS.P50, r.FinishMS.P99)
 	p("\n%-32s %10.2f   (xact_commit delta over the deliver phase / deliveries)\n", "db transactions per delivery", r.DBXactsPerDelivery)
 	p("%-32s %10.3f   (this process: workers, fakes and HTTP on both sides)\n", "client CPU ms per delivery", r.CPUMSPerDelivery)
+	if r.ServerCPUSkipped == "" {
+		p("%-32s %10.3f   (all PostgreSQL processes, from /proc)\n", "server CPU ms per delivery", r.ServerCPUMSPerDelivery)
+	} else {
+		p("%-32s %10s   (%s)\n", "server CPU ms per delivery", "-", r.ServerCPUSkipped)
+	}
 	p("%-32s %10.1f   (VmHWM of this process; the workers and the fakes run in it)\n", "peak RSS MiB", r.PeakRSSMiB)
 	if h := r.History; h != nil {
 		p("\nclaim latency vs history (a fresh probe of %d due tasks each time, %d workers, batch %d; the seed's claim\n", h.Before.Tasks, r.Workers, r.Batch)
@@ -505,8 +547,13 @@ func (r *benchReport) print(w io.Writer) error {
 			h.Rows, h.FillSeconds, fmtLoad(h.Before.LoadAvg), fmtLoad(h.After.LoadAvg))
 	}
 	if g := r.Pgbench; g != nil {
-		p("\npgbench %s (-M prepared): %d clients, %d threads, %d deliveries: %.0f tps, latency avg %.2f ms\n",
-			g.Script, g.Clients, g.Threads, g.Transactions, g.TPS, g.LatencyAvgMS)
+		p("\npgbench %s (-M prepared, plan_cache_mode=%s): %d clients, %d threads, %d deliveries: %.0f tps, latency avg %.2f ms\n",
+			g.Script, r.Server.PlanCacheMode, g.Clients, g.Threads, g.Transactions, g.TPS, g.LatencyAvgMS)
+		p("CPU ms per delivery: pgbench %.3f", g.ClientCPUMSPerDelivery)
+		if r.ServerCPUSkipped == "" {
+			p(", server %.3f (Go side: client %.3f, server %.3f)", g.ServerCPUMSPerDelivery, r.CPUMSPerDelivery, r.ServerCPUMSPerDelivery)
+		}
+		p("\n")
 		p("Go deliveries/s (batch %d) / pgbench tps (per task) = %.0f / %.0f = %.2f\n", r.Batch, r.DeliveriesPerSec, g.TPS, g.GoVsPgbench)
 	} else if r.PgbenchSkipped != "" {
 		p("\npgbench: skipped (%s)\n", r.PgbenchSkipped)

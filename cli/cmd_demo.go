@@ -54,7 +54,7 @@ type demoTask struct {
 }
 
 func runDemo(ctx context.Context, e *env, timeout time.Duration) error {
-	pool, err := e.pool(8)
+	pool, err := e.workerPool(8)
 	if err != nil {
 		return err
 	}

@@ -246,7 +246,7 @@ func work(c *cli.Context, e *env) error {
 		}
 		cfg.loop.OnResult = m.onResult
 	}
-	pool, err := e.pool(int32(cfg.loop.Concurrency + 2))
+	pool, err := e.workerPool(int32(cfg.loop.Concurrency + 2))
 	if err != nil {
 		return err
 	}

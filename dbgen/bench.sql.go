@@ -9,18 +9,31 @@ import (
 	"context"
 )
 
-const benchAnalyze = `-- name: BenchAnalyze :exec
+const BenchAnalyze = `-- name: BenchAnalyze :exec
 ANALYZE notification, delivery_task, delivery_attempt, channel_pref
 `
 
 // Between the create and the deliver phase: fresh planner statistics, as testdata/bench/setup.sql takes
 // them before pgbench replays the same SQL, so both sides start from the same kind of tables.
 func (q *Queries) BenchAnalyze(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, benchAnalyze)
+	_, err := q.db.Exec(ctx, BenchAnalyze)
 	return err
 }
 
-const benchFillHistory = `-- name: BenchFillHistory :execrows
+const BenchBackendPID = `-- name: BenchBackendPID :one
+SELECT pg_backend_pid()::int AS pid
+`
+
+// The process id of this connection's backend. The bench reads the server's CPU time from /proc through
+// it (its parent is the postmaster) when PostgreSQL runs on the bench's machine.
+func (q *Queries) BenchBackendPID(ctx context.Context) (int32, error) {
+	row := q.db.QueryRow(ctx, BenchBackendPID)
+	var pid int32
+	err := row.Scan(&pid)
+	return pid, err
+}
+
+const BenchFillHistory = `-- name: BenchFillHistory :execrows
 WITH arg AS (
     SELECT $1::text AS tag, $2::bigint AS first, $3::bigint AS notifications
 ), n AS (
@@ -56,14 +69,14 @@ type BenchFillHistoryParams struct {
 // attempts (= tasks) inserted. The parameters sit in their own CTE (arg): sqlc v1.31 mis-edits named
 // parameters inside a data-modifying CTE.
 func (q *Queries) BenchFillHistory(ctx context.Context, arg BenchFillHistoryParams) (int64, error) {
-	result, err := q.db.Exec(ctx, benchFillHistory, arg.Tag, arg.First, arg.Notifications)
+	result, err := q.db.Exec(ctx, BenchFillHistory, arg.Tag, arg.First, arg.Notifications)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const benchFinishedTasks = `-- name: BenchFinishedTasks :one
+const BenchFinishedTasks = `-- name: BenchFinishedTasks :one
 SELECT count(*)::bigint AS tasks
 FROM delivery_task
 WHERE next_attempt_at IS NULL AND state <> 'SENDING'
@@ -71,23 +84,23 @@ WHERE next_attempt_at IS NULL AND state <> 'SENDING'
 
 // Tasks no claim will select again (finished or parked): the history a claim must not walk.
 func (q *Queries) BenchFinishedTasks(ctx context.Context) (int64, error) {
-	row := q.db.QueryRow(ctx, benchFinishedTasks)
+	row := q.db.QueryRow(ctx, BenchFinishedTasks)
 	var tasks int64
 	err := row.Scan(&tasks)
 	return tasks, err
 }
 
-const benchPlanWithoutBitmapScans = `-- name: BenchPlanWithoutBitmapScans :exec
+const BenchPlanWithoutBitmapScans = `-- name: BenchPlanWithoutBitmapScans :exec
 SELECT set_config('enable_bitmapscan', 'off', true)
 `
 
 // enable_bitmapscan = off until the end of the current transaction (set_config(..., true) is SET LOCAL).
 func (q *Queries) BenchPlanWithoutBitmapScans(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, benchPlanWithoutBitmapScans)
+	_, err := q.db.Exec(ctx, BenchPlanWithoutBitmapScans)
 	return err
 }
 
-const benchRunCheck = `-- name: BenchRunCheck :one
+const BenchRunCheck = `-- name: BenchRunCheck :one
 SELECT (SELECT count(*) FROM notification n
         WHERE left(n.user_id, length($1::text)) = $1::text)::bigint AS notifications,
        (SELECT count(*) FROM (SELECT 1 FROM notification n
@@ -111,7 +124,7 @@ type BenchRunCheckRow struct {
 // The final check of a bench run over its users (user_id starting with @user_prefix): notifications,
 // (user, event_key) pairs with more than one notification (must be 0, R1), tasks, and tasks not SENT.
 func (q *Queries) BenchRunCheck(ctx context.Context, userPrefix string) (BenchRunCheckRow, error) {
-	row := q.db.QueryRow(ctx, benchRunCheck, userPrefix)
+	row := q.db.QueryRow(ctx, BenchRunCheck, userPrefix)
 	var i BenchRunCheckRow
 	err := row.Scan(
 		&i.Notifications,
@@ -122,7 +135,7 @@ func (q *Queries) BenchRunCheck(ctx context.Context, userPrefix string) (BenchRu
 	return i, err
 }
 
-const benchSeedClaim = `-- name: BenchSeedClaim :one
+const BenchSeedClaim = `-- name: BenchSeedClaim :one
 
 SELECT t.id, t.state, t.channel, t.attempt_count, t.outcome_uncertain,
        (t.state = 'SENDING') AS lease_expired,
@@ -159,7 +172,7 @@ type BenchSeedClaimRow struct {
 // rolls back (it claims nothing); NEVER used by workers, which run TaskClaim. On this schema the planner may still serve its OR with a BitmapOr over the partial
 // claim indexes and sort every due task; BenchSeedClaimOnSeedIndexes measures it without that rescue.
 func (q *Queries) BenchSeedClaim(ctx context.Context) (BenchSeedClaimRow, error) {
-	row := q.db.QueryRow(ctx, benchSeedClaim)
+	row := q.db.QueryRow(ctx, BenchSeedClaim)
 	var i BenchSeedClaimRow
 	err := row.Scan(
 		&i.ID,
@@ -176,7 +189,7 @@ func (q *Queries) BenchSeedClaim(ctx context.Context) (BenchSeedClaimRow, error)
 	return i, err
 }
 
-const benchSeedClaimOnSeedIndexes = `-- name: BenchSeedClaimOnSeedIndexes :one
+const BenchSeedClaimOnSeedIndexes = `-- name: BenchSeedClaimOnSeedIndexes :one
 SELECT t.id, t.state, t.channel, t.attempt_count, t.outcome_uncertain,
        (t.state = 'SENDING') AS lease_expired,
        coalesce(p.enabled, false), p.address, n.body, n.expires_at <= now()
@@ -209,7 +222,7 @@ type BenchSeedClaimOnSeedIndexesRow struct {
 // what the seed's schema had (the primary key): walk delivery_task by id, or scan it all and sort. A
 // benchmark baseline only; never used by workers.
 func (q *Queries) BenchSeedClaimOnSeedIndexes(ctx context.Context) (BenchSeedClaimOnSeedIndexesRow, error) {
-	row := q.db.QueryRow(ctx, benchSeedClaimOnSeedIndexes)
+	row := q.db.QueryRow(ctx, BenchSeedClaimOnSeedIndexes)
 	var i BenchSeedClaimOnSeedIndexesRow
 	err := row.Scan(
 		&i.ID,
@@ -226,7 +239,7 @@ func (q *Queries) BenchSeedClaimOnSeedIndexes(ctx context.Context) (BenchSeedCla
 	return i, err
 }
 
-const benchSentLatency = `-- name: BenchSentLatency :one
+const BenchSentLatency = `-- name: BenchSentLatency :one
 SELECT count(*)::bigint AS sent,
        (1000 * coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM t.updated_at - n.created_at)), 0))::float8 AS p50_ms,
        (1000 * coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM t.updated_at - n.created_at)), 0))::float8 AS p99_ms
@@ -251,17 +264,18 @@ type BenchSentLatencyRow struct {
 // (the create transaction's start) to the task's updated_at when it became SENT (the finish
 // transaction's start), in milliseconds.
 func (q *Queries) BenchSentLatency(ctx context.Context, arg BenchSentLatencyParams) (BenchSentLatencyRow, error) {
-	row := q.db.QueryRow(ctx, benchSentLatency, arg.MinID, arg.MaxID)
+	row := q.db.QueryRow(ctx, BenchSentLatency, arg.MinID, arg.MaxID)
 	var i BenchSentLatencyRow
 	err := row.Scan(&i.Sent, &i.P50Ms, &i.P99Ms)
 	return i, err
 }
 
-const benchSettings = `-- name: BenchSettings :one
+const BenchSettings = `-- name: BenchSettings :one
 SELECT current_setting('server_version')::text     AS server_version,
        current_setting('fsync')::text              AS fsync,
        current_setting('synchronous_commit')::text AS synchronous_commit,
-       current_setting('shared_buffers')::text     AS shared_buffers
+       current_setting('shared_buffers')::text     AS shared_buffers,
+       current_setting('plan_cache_mode')::text    AS plan_cache_mode
 `
 
 type BenchSettingsRow struct {
@@ -269,22 +283,25 @@ type BenchSettingsRow struct {
 	Fsync             string
 	SynchronousCommit string
 	SharedBuffers     string
+	PlanCacheMode     string
 }
 
-// The server settings a throughput figure depends on, printed with it.
+// The server settings a throughput figure depends on, printed with it. plan_cache_mode is this session's
+// (a worker connection's, service.WorkerPlanCacheMode): the bench runs pgbench with the same.
 func (q *Queries) BenchSettings(ctx context.Context) (BenchSettingsRow, error) {
-	row := q.db.QueryRow(ctx, benchSettings)
+	row := q.db.QueryRow(ctx, BenchSettings)
 	var i BenchSettingsRow
 	err := row.Scan(
 		&i.ServerVersion,
 		&i.Fsync,
 		&i.SynchronousCommit,
 		&i.SharedBuffers,
+		&i.PlanCacheMode,
 	)
 	return i, err
 }
 
-const benchVacuumAnalyze = `-- name: BenchVacuumAnalyze :exec
+const BenchVacuumAnalyze = `-- name: BenchVacuumAnalyze :exec
 VACUUM (ANALYZE) notification, delivery_task, delivery_attempt, channel_pref
 `
 
@@ -292,11 +309,11 @@ VACUUM (ANALYZE) notification, delivery_task, delivery_attempt, channel_pref
 // earlier phases gone, visibility map set, fresh planner statistics), and no insert-triggered
 // autovacuum of a million new rows running on a small machine while the probe measures.
 func (q *Queries) BenchVacuumAnalyze(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, benchVacuumAnalyze)
+	_, err := q.db.Exec(ctx, BenchVacuumAnalyze)
 	return err
 }
 
-const benchXactCommit = `-- name: BenchXactCommit :one
+const BenchXactCommit = `-- name: BenchXactCommit :one
 SELECT coalesce(xact_commit, 0)::bigint AS xact_commit
 FROM pg_catalog.pg_stat_database
 WHERE datname = current_database()
@@ -305,7 +322,7 @@ WHERE datname = current_database()
 // Committed transactions of this database so far (cumulative statistics, flushed by each backend at
 // most about once a second): the delta over a phase divided by its deliveries.
 func (q *Queries) BenchXactCommit(ctx context.Context) (int64, error) {
-	row := q.db.QueryRow(ctx, benchXactCommit)
+	row := q.db.QueryRow(ctx, BenchXactCommit)
 	var xact_commit int64
 	err := row.Scan(&xact_commit)
 	return xact_commit, err

@@ -9,7 +9,7 @@ import (
 	"context"
 )
 
-const prefListByUser = `-- name: PrefListByUser :many
+const PrefListByUser = `-- name: PrefListByUser :many
 SELECT user_id, channel, address, enabled, version, updated_at
 FROM channel_pref
 WHERE user_id = $1
@@ -18,7 +18,7 @@ ORDER BY channel
 
 // A user's channels, for operators and tests.
 func (q *Queries) PrefListByUser(ctx context.Context, userID string) ([]ChannelPref, error) {
-	rows, err := q.db.Query(ctx, prefListByUser, userID)
+	rows, err := q.db.Query(ctx, PrefListByUser, userID)
 	if err != nil {
 		return nil, err
 	}
@@ -44,7 +44,7 @@ func (q *Queries) PrefListByUser(ctx context.Context, userID string) ([]ChannelP
 	return items, nil
 }
 
-const prefUpsert = `-- name: PrefUpsert :one
+const PrefUpsert = `-- name: PrefUpsert :one
 INSERT INTO channel_pref (user_id, channel, address, enabled)
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (user_id, channel) DO UPDATE
@@ -70,7 +70,7 @@ type PrefUpsertParams struct {
 // of the same setting) so a reader can tell two settings apart. The switch is read again by every claim:
 // disabling it stops any task not yet claimed.
 func (q *Queries) PrefUpsert(ctx context.Context, arg PrefUpsertParams) (ChannelPref, error) {
-	row := q.db.QueryRow(ctx, prefUpsert,
+	row := q.db.QueryRow(ctx, PrefUpsert,
 		arg.UserID,
 		arg.Channel,
 		arg.Address,

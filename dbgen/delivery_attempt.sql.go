@@ -9,7 +9,7 @@ import (
 	"context"
 )
 
-const attemptListByTask = `-- name: AttemptListByTask :many
+const AttemptListByTask = `-- name: AttemptListByTask :many
 SELECT id, task_id, attempt_no, attempt_token, action, worker, started_at, finished_at, outcome,
        provider_msg_id, error, late_outcome, late_at, note
 FROM delivery_attempt
@@ -19,7 +19,7 @@ ORDER BY attempt_no
 
 // A task's whole history in order: what every attempt observed, and what arrived late.
 func (q *Queries) AttemptListByTask(ctx context.Context, taskID int64) ([]DeliveryAttempt, error) {
-	rows, err := q.db.Query(ctx, attemptListByTask, taskID)
+	rows, err := q.db.Query(ctx, AttemptListByTask, taskID)
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +53,7 @@ func (q *Queries) AttemptListByTask(ctx context.Context, taskID int64) ([]Delive
 	return items, nil
 }
 
-const attemptMarkLeaseExpired = `-- name: AttemptMarkLeaseExpired :execrows
+const AttemptMarkLeaseExpired = `-- name: AttemptMarkLeaseExpired :execrows
 UPDATE delivery_attempt
 SET outcome     = 'LEASE_EXPIRED',
     finished_at = now(),
@@ -66,14 +66,14 @@ WHERE attempt_token = ANY ($1::uuid[])
 // call may or may not have been accepted, so the new attempt counts as uncertain. Only an open attempt is
 // touched: a recorded outcome is never overwritten (R3).
 func (q *Queries) AttemptMarkLeaseExpired(ctx context.Context, attemptTokens []string) (int64, error) {
-	result, err := q.db.Exec(ctx, attemptMarkLeaseExpired, attemptTokens)
+	result, err := q.db.Exec(ctx, AttemptMarkLeaseExpired, attemptTokens)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const attemptRecordManual = `-- name: AttemptRecordManual :exec
+const AttemptRecordManual = `-- name: AttemptRecordManual :exec
 INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome,
                               provider_msg_id, note)
 VALUES ($1, $2, gen_random_uuid(), 'MANUAL', $3::text, now(), $4::text,
@@ -92,7 +92,7 @@ type AttemptRecordManualParams struct {
 // The MANUAL_SENT / MANUAL_FAILED row of a resolution, in the transaction whose TaskResolveManually
 // matched: who decided, when, and why.
 func (q *Queries) AttemptRecordManual(ctx context.Context, arg AttemptRecordManualParams) error {
-	_, err := q.db.Exec(ctx, attemptRecordManual,
+	_, err := q.db.Exec(ctx, AttemptRecordManual,
 		arg.TaskID,
 		arg.AttemptNo,
 		arg.Operator,
@@ -103,7 +103,7 @@ func (q *Queries) AttemptRecordManual(ctx context.Context, arg AttemptRecordManu
 	return err
 }
 
-const attemptRecordSkip = `-- name: AttemptRecordSkip :exec
+const AttemptRecordSkip = `-- name: AttemptRecordSkip :exec
 INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome, error)
 VALUES ($1, $2, gen_random_uuid(), 'SKIP', $3::text, now(), $4::text, $5::text)
 `
@@ -118,7 +118,7 @@ type AttemptRecordSkipParams struct {
 
 // Records a claim-time decision not to call (PREF_DISABLED, TTL_EXPIRED and their _UNCERTAIN variants).
 func (q *Queries) AttemptRecordSkip(ctx context.Context, arg AttemptRecordSkipParams) error {
-	_, err := q.db.Exec(ctx, attemptRecordSkip,
+	_, err := q.db.Exec(ctx, AttemptRecordSkip,
 		arg.TaskID,
 		arg.AttemptNo,
 		arg.Worker,

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-const taskClaim = `-- name: TaskClaim :many
+const TaskClaim = `-- name: TaskClaim :many
 WITH lease_expired AS (
     SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
            t.attempt_token, t.uncertain_since, t.updated_at
@@ -48,8 +48,13 @@ SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attem
        -- how long the uncertainty has lasted; for a lease that just expired, since the lost attempt began
        extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
 FROM locked t
-JOIN notification n ON n.id = t.notification_id
-LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel
+CROSS JOIN LATERAL (
+    -- OFFSET 0: a per-row primary-key lookup, never a hash join (see above)
+    SELECT n.user_id, n.body, n.expires_at FROM notification n WHERE n.id = t.notification_id OFFSET 0
+) n
+LEFT JOIN LATERAL (
+    SELECT p.enabled, p.address FROM channel_pref p WHERE p.user_id = n.user_id AND p.channel = t.channel OFFSET 0
+) p ON true
 `
 
 type TaskClaimParams struct {
@@ -83,9 +88,13 @@ type TaskClaimRow struct {
 // delivery_task_ready_idx only rows with a next_attempt_at), so finished and parked history is never read:
 // parked and finished tasks have no next_attempt_at (CHECK delivery_task_scheduled_iff_waiting). The
 // branches are CTEs scanned lazily under the outer LIMIT: due tasks are locked only when fewer than
-// @max_tasks leases expired, and never more rows than are returned.
+// @max_tasks leases expired, and never more rows than are returned. The notification and preference of
+// each locked task are read by primary key, one lookup per row, by construction (LATERAL ... OFFSET 0):
+// a worker runs this statement prepared, and its generic plan cannot see @max_tasks; it guesses 10% of
+// the due backlog and, with a backlog large next to notification, would hash the locked rows and scan
+// all of notification (history) on every claim (TestClaimGenericPlanLooksUpByKey).
 func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]TaskClaimRow, error) {
-	rows, err := q.db.Query(ctx, taskClaim, arg.Channels, arg.MaxTasks)
+	rows, err := q.db.Query(ctx, TaskClaim, arg.Channels, arg.MaxTasks)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +129,7 @@ func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]TaskCla
 	return items, nil
 }
 
-const taskCountByChannelState = `-- name: TaskCountByChannelState :many
+const TaskCountByChannelState = `-- name: TaskCountByChannelState :many
 SELECT channel, state, needs_review, count(*)::bigint AS tasks
 FROM delivery_task
 GROUP BY channel, state, needs_review
@@ -136,7 +145,7 @@ type TaskCountByChannelStateRow struct {
 
 // Counts for notifier status.
 func (q *Queries) TaskCountByChannelState(ctx context.Context) ([]TaskCountByChannelStateRow, error) {
-	rows, err := q.db.Query(ctx, taskCountByChannelState)
+	rows, err := q.db.Query(ctx, TaskCountByChannelState)
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +169,7 @@ func (q *Queries) TaskCountByChannelState(ctx context.Context) ([]TaskCountByCha
 	return items, nil
 }
 
-const taskFinish = `-- name: TaskFinish :many
+const TaskFinish = `-- name: TaskFinish :many
 WITH u AS (
     SELECT unnest($1::bigint[]) AS id,
            unnest($2::uuid[]) AS attempt_token,
@@ -251,7 +260,7 @@ type TaskFinishRow struct {
 // retry (a negative retry_after_seconds means none: finished, or parked with needs_review; the table's
 // CHECKs refuse any other combination). An empty provider_msg_id, last_error or error means none.
 func (q *Queries) TaskFinish(ctx context.Context, arg TaskFinishParams) ([]TaskFinishRow, error) {
-	rows, err := q.db.Query(ctx, taskFinish,
+	rows, err := q.db.Query(ctx, TaskFinish,
 		arg.Ids,
 		arg.AttemptTokens,
 		arg.States,
@@ -281,7 +290,7 @@ func (q *Queries) TaskFinish(ctx context.Context, arg TaskFinishParams) ([]TaskF
 	return items, nil
 }
 
-const taskGet = `-- name: TaskGet :one
+const TaskGet = `-- name: TaskGet :one
 SELECT id, notification_id, channel, state, attempt_count, max_attempts, attempt_token, lease_owner,
        lease_until, next_attempt_at, outcome_uncertain, uncertain_since, needs_review, provider_msg_id,
        last_error, created_at, updated_at
@@ -311,7 +320,7 @@ type TaskGetRow struct {
 
 // One task as the service knows it.
 func (q *Queries) TaskGet(ctx context.Context, id int64) (TaskGetRow, error) {
-	row := q.db.QueryRow(ctx, taskGet, id)
+	row := q.db.QueryRow(ctx, TaskGet, id)
 	var i TaskGetRow
 	err := row.Scan(
 		&i.ID,
@@ -335,7 +344,7 @@ func (q *Queries) TaskGet(ctx context.Context, id int64) (TaskGetRow, error) {
 	return i, err
 }
 
-const taskInsertForEnabledPrefs = `-- name: TaskInsertForEnabledPrefs :many
+const TaskInsertForEnabledPrefs = `-- name: TaskInsertForEnabledPrefs :many
 INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
 SELECT $1, p.channel, $2, now()
 FROM channel_pref p
@@ -359,7 +368,7 @@ type TaskInsertForEnabledPrefsRow struct {
 // notification. Guards R2: UNIQUE (notification_id, channel) allows one task per channel; it runs only
 // for the submitter whose NotificationInsert returned a row.
 func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertForEnabledPrefsParams) ([]TaskInsertForEnabledPrefsRow, error) {
-	rows, err := q.db.Query(ctx, taskInsertForEnabledPrefs, arg.NotificationID, arg.MaxAttempts, arg.UserID)
+	rows, err := q.db.Query(ctx, TaskInsertForEnabledPrefs, arg.NotificationID, arg.MaxAttempts, arg.UserID)
 	if err != nil {
 		return nil, err
 	}
@@ -378,7 +387,7 @@ func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertF
 	return items, nil
 }
 
-const taskListByNotification = `-- name: TaskListByNotification :many
+const TaskListByNotification = `-- name: TaskListByNotification :many
 SELECT id, channel
 FROM delivery_task
 WHERE notification_id = $1
@@ -392,7 +401,7 @@ type TaskListByNotificationRow struct {
 
 // The tasks of one notification (returned to a duplicate submitter; it writes none).
 func (q *Queries) TaskListByNotification(ctx context.Context, notificationID int64) ([]TaskListByNotificationRow, error) {
-	rows, err := q.db.Query(ctx, taskListByNotification, notificationID)
+	rows, err := q.db.Query(ctx, TaskListByNotification, notificationID)
 	if err != nil {
 		return nil, err
 	}
@@ -411,7 +420,7 @@ func (q *Queries) TaskListByNotification(ctx context.Context, notificationID int
 	return items, nil
 }
 
-const taskListParked = `-- name: TaskListParked :many
+const TaskListParked = `-- name: TaskListParked :many
 SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.provider_msg_id,
        t.last_error, t.updated_at, n.user_id, n.event_key
 FROM delivery_task t
@@ -443,7 +452,7 @@ type TaskListParkedRow struct {
 
 // Tasks waiting for a human (notifier review), oldest first, via delivery_task_parked_idx.
 func (q *Queries) TaskListParked(ctx context.Context, arg TaskListParkedParams) ([]TaskListParkedRow, error) {
-	rows, err := q.db.Query(ctx, taskListParked, arg.AfterID, arg.MaxRows)
+	rows, err := q.db.Query(ctx, TaskListParked, arg.AfterID, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -474,7 +483,7 @@ func (q *Queries) TaskListParked(ctx context.Context, arg TaskListParkedParams) 
 	return items, nil
 }
 
-const taskOldestReady = `-- name: TaskOldestReady :one
+const TaskOldestReady = `-- name: TaskOldestReady :one
 SELECT coalesce(extract(epoch FROM now() - min(next_attempt_at)), 0)::float8 AS age_seconds
 FROM delivery_task
 WHERE next_attempt_at IS NOT NULL AND next_attempt_at <= now()
@@ -482,13 +491,13 @@ WHERE next_attempt_at IS NOT NULL AND next_attempt_at <= now()
 
 // Age of the longest-waiting due task (0 when none), for notifier status and alerting.
 func (q *Queries) TaskOldestReady(ctx context.Context) (float64, error) {
-	row := q.db.QueryRow(ctx, taskOldestReady)
+	row := q.db.QueryRow(ctx, TaskOldestReady)
 	var age_seconds float64
 	err := row.Scan(&age_seconds)
 	return age_seconds, err
 }
 
-const taskPark = `-- name: TaskPark :exec
+const TaskPark = `-- name: TaskPark :exec
 UPDATE delivery_task
 SET state             = 'UNKNOWN',
     needs_review      = true,
@@ -511,11 +520,11 @@ type TaskParkParams struct {
 // again (a channel with neither idempotency key nor query, or no attempt budget left after a lease
 // expired). No call, no new attempt; a human resolves it (TaskResolveManually).
 func (q *Queries) TaskPark(ctx context.Context, arg TaskParkParams) error {
-	_, err := q.db.Exec(ctx, taskPark, arg.LastError, arg.ID)
+	_, err := q.db.Exec(ctx, TaskPark, arg.LastError, arg.ID)
 	return err
 }
 
-const taskResolveManually = `-- name: TaskResolveManually :one
+const TaskResolveManually = `-- name: TaskResolveManually :one
 UPDATE delivery_task
 SET state           = $1,
     needs_review    = false,
@@ -540,13 +549,13 @@ type TaskResolveManuallyParams struct {
 // (UNKNOWN and needs_review) can be resolved, once: a second or concurrent call re-evaluates the WHERE
 // after the first commits and matches 0 rows (pgx.ErrNoRows).
 func (q *Queries) TaskResolveManually(ctx context.Context, arg TaskResolveManuallyParams) (int32, error) {
-	row := q.db.QueryRow(ctx, taskResolveManually, arg.FinalState, arg.ProviderMsgID, arg.ID)
+	row := q.db.QueryRow(ctx, TaskResolveManually, arg.FinalState, arg.ProviderMsgID, arg.ID)
 	var attempt_count int32
 	err := row.Scan(&attempt_count)
 	return attempt_count, err
 }
 
-const taskSettleWithoutCall = `-- name: TaskSettleWithoutCall :one
+const TaskSettleWithoutCall = `-- name: TaskSettleWithoutCall :one
 UPDATE delivery_task
 SET state             = $1::text,
     needs_review      = $2,
@@ -576,7 +585,7 @@ type TaskSettleWithoutCallParams struct {
 // caller passes SUPPRESSED/FAILED only when no earlier attempt may have been accepted; otherwise UNKNOWN
 // with needs_review (parked). Counts as an attempt: the caller records its row with AttemptRecordSkip.
 func (q *Queries) TaskSettleWithoutCall(ctx context.Context, arg TaskSettleWithoutCallParams) (int32, error) {
-	row := q.db.QueryRow(ctx, taskSettleWithoutCall,
+	row := q.db.QueryRow(ctx, TaskSettleWithoutCall,
 		arg.State,
 		arg.NeedsReview,
 		arg.OutcomeUncertain,
@@ -588,7 +597,7 @@ func (q *Queries) TaskSettleWithoutCall(ctx context.Context, arg TaskSettleWitho
 	return attempt_count, err
 }
 
-const taskStartAttempts = `-- name: TaskStartAttempts :many
+const TaskStartAttempts = `-- name: TaskStartAttempts :many
 WITH started AS (
     UPDATE delivery_task t
     SET state             = 'SENDING',
@@ -639,7 +648,7 @@ type TaskStartAttemptsRow struct {
 // repeats the claim's, so no other row can be started; an attempt row is opened exactly for each task
 // started, with that task's new token and attempt number.
 func (q *Queries) TaskStartAttempts(ctx context.Context, arg TaskStartAttemptsParams) ([]TaskStartAttemptsRow, error) {
-	rows, err := q.db.Query(ctx, taskStartAttempts,
+	rows, err := q.db.Query(ctx, TaskStartAttempts,
 		arg.Worker,
 		arg.LeaseSeconds,
 		arg.Ids,

@@ -9,7 +9,7 @@ import (
 	"context"
 )
 
-const notificationGet = `-- name: NotificationGet :one
+const NotificationGet = `-- name: NotificationGet :one
 SELECT id, user_id, event_key, body, created_at, expires_at
 FROM notification
 WHERE id = $1
@@ -17,7 +17,7 @@ WHERE id = $1
 
 // One notification, for operators and tests.
 func (q *Queries) NotificationGet(ctx context.Context, id int64) (Notification, error) {
-	row := q.db.QueryRow(ctx, notificationGet, id)
+	row := q.db.QueryRow(ctx, NotificationGet, id)
 	var i Notification
 	err := row.Scan(
 		&i.ID,
@@ -30,7 +30,7 @@ func (q *Queries) NotificationGet(ctx context.Context, id int64) (Notification, 
 	return i, err
 }
 
-const notificationGetIDByUserEvent = `-- name: NotificationGetIDByUserEvent :one
+const NotificationGetIDByUserEvent = `-- name: NotificationGetIDByUserEvent :one
 SELECT id
 FROM notification
 WHERE user_id = $1 AND event_key = $2
@@ -44,13 +44,13 @@ type NotificationGetIDByUserEventParams struct {
 // Reads the notification that won the insert. Must run as a new statement (Read Committed) so it sees the
 // row committed by the concurrent winner, which the INSERT's own snapshot could not.
 func (q *Queries) NotificationGetIDByUserEvent(ctx context.Context, arg NotificationGetIDByUserEventParams) (int64, error) {
-	row := q.db.QueryRow(ctx, notificationGetIDByUserEvent, arg.UserID, arg.EventKey)
+	row := q.db.QueryRow(ctx, NotificationGetIDByUserEvent, arg.UserID, arg.EventKey)
 	var id int64
 	err := row.Scan(&id)
 	return id, err
 }
 
-const notificationInsert = `-- name: NotificationInsert :one
+const NotificationInsert = `-- name: NotificationInsert :one
 INSERT INTO notification (user_id, event_key, body, expires_at)
 VALUES ($1, $2, $3, now() + make_interval(secs => $4::float8))
 ON CONFLICT (user_id, event_key) DO NOTHING
@@ -68,7 +68,7 @@ type NotificationInsertParams struct {
 // not a prior SELECT, decides; a concurrent duplicate waits on the index and then inserts nothing, so
 // this returns no row (pgx.ErrNoRows) to every submitter but one.
 func (q *Queries) NotificationInsert(ctx context.Context, arg NotificationInsertParams) (int64, error) {
-	row := q.db.QueryRow(ctx, notificationInsert,
+	row := q.db.QueryRow(ctx, NotificationInsert,
 		arg.UserID,
 		arg.EventKey,
 		arg.Body,

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-const retentionPreview = `-- name: RetentionPreview :one
+const RetentionPreview = `-- name: RetentionPreview :one
 WITH prunable AS (
     SELECT t.id, t.notification_id
     FROM delivery_task t
@@ -42,13 +42,13 @@ type RetentionPreviewRow struct {
 // older than the period all of whose tasks (possibly none) are among them. Reads whole tables; for an
 // operator's look before the first prune, not for a schedule.
 func (q *Queries) RetentionPreview(ctx context.Context, olderThanSeconds float64) (RetentionPreviewRow, error) {
-	row := q.db.QueryRow(ctx, retentionPreview, olderThanSeconds)
+	row := q.db.QueryRow(ctx, RetentionPreview, olderThanSeconds)
 	var i RetentionPreviewRow
 	err := row.Scan(&i.Tasks, &i.Attempts, &i.Notifications)
 	return i, err
 }
 
-const retentionPruneBatch = `-- name: RetentionPruneBatch :one
+const RetentionPruneBatch = `-- name: RetentionPruneBatch :one
 
 WITH picked AS (
     SELECT t.id, t.notification_id, t.updated_at
@@ -141,7 +141,7 @@ type RetentionPruneBatchRow struct {
 // first), so a batch neither reads unfinished tasks nor re-reads the index entries of rows already
 // deleted. Returns picked = 0 when nothing is left.
 func (q *Queries) RetentionPruneBatch(ctx context.Context, arg RetentionPruneBatchParams) (RetentionPruneBatchRow, error) {
-	row := q.db.QueryRow(ctx, retentionPruneBatch,
+	row := q.db.QueryRow(ctx, RetentionPruneBatch,
 		arg.AfterUpdatedAt,
 		arg.AfterID,
 		arg.OlderThanSeconds,
@@ -159,7 +159,7 @@ func (q *Queries) RetentionPruneBatch(ctx context.Context, arg RetentionPruneBat
 	return i, err
 }
 
-const retentionPruneEmptyNotifications = `-- name: RetentionPruneEmptyNotifications :one
+const RetentionPruneEmptyNotifications = `-- name: RetentionPruneEmptyNotifications :one
 WITH walked AS (
     SELECT n.id, n.created_at < now() - make_interval(secs => $2::float8) AS old
     FROM notification n
@@ -202,7 +202,7 @@ type RetentionPruneEmptyNotificationsRow struct {
 // stops after a batch without any notification older than the period (old = 0): ids grow with
 // created_at, up to the length of one create transaction.
 func (q *Queries) RetentionPruneEmptyNotifications(ctx context.Context, arg RetentionPruneEmptyNotificationsParams) (RetentionPruneEmptyNotificationsRow, error) {
-	row := q.db.QueryRow(ctx, retentionPruneEmptyNotifications, arg.AfterID, arg.OlderThanSeconds, arg.BatchSize)
+	row := q.db.QueryRow(ctx, RetentionPruneEmptyNotifications, arg.AfterID, arg.OlderThanSeconds, arg.BatchSize)
 	var i RetentionPruneEmptyNotificationsRow
 	err := row.Scan(
 		&i.Walked,

@@ -122,8 +122,15 @@ WHERE n.id BETWEEN @min_id::bigint AND @max_id::bigint
   AND t.state = 'SENT';
 
 -- name: BenchSettings :one
--- The server settings a throughput figure depends on, printed with it.
+-- The server settings a throughput figure depends on, printed with it. plan_cache_mode is this session's
+-- (a worker connection's, service.WorkerPlanCacheMode): the bench runs pgbench with the same.
 SELECT current_setting('server_version')::text     AS server_version,
        current_setting('fsync')::text              AS fsync,
        current_setting('synchronous_commit')::text AS synchronous_commit,
-       current_setting('shared_buffers')::text     AS shared_buffers;
+       current_setting('shared_buffers')::text     AS shared_buffers,
+       current_setting('plan_cache_mode')::text    AS plan_cache_mode;
+
+-- name: BenchBackendPID :one
+-- The process id of this connection's backend. The bench reads the server's CPU time from /proc through
+-- it (its parent is the postmaster) when PostgreSQL runs on the bench's machine.
+SELECT pg_backend_pid()::int AS pid;

@@ -25,7 +25,11 @@ ORDER BY channel;
 -- delivery_task_ready_idx only rows with a next_attempt_at), so finished and parked history is never read:
 -- parked and finished tasks have no next_attempt_at (CHECK delivery_task_scheduled_iff_waiting). The
 -- branches are CTEs scanned lazily under the outer LIMIT: due tasks are locked only when fewer than
--- @max_tasks leases expired, and never more rows than are returned.
+-- @max_tasks leases expired, and never more rows than are returned. The notification and preference of
+-- each locked task are read by primary key, one lookup per row, by construction (LATERAL ... OFFSET 0):
+-- a worker runs this statement prepared, and its generic plan cannot see @max_tasks; it guesses 10% of
+-- the due backlog and, with a backlog large next to notification, would hash the locked rows and scan
+-- all of notification (history) on every claim (TestClaimGenericPlanLooksUpByKey).
 WITH lease_expired AS (
     SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
            t.attempt_token, t.uncertain_since, t.updated_at
@@ -63,8 +67,13 @@ SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attem
        -- how long the uncertainty has lasted; for a lease that just expired, since the lost attempt began
        extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
 FROM locked t
-JOIN notification n ON n.id = t.notification_id
-LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel;
+CROSS JOIN LATERAL (
+    -- OFFSET 0: a per-row primary-key lookup, never a hash join (see above)
+    SELECT n.user_id, n.body, n.expires_at FROM notification n WHERE n.id = t.notification_id OFFSET 0
+) n
+LEFT JOIN LATERAL (
+    SELECT p.enabled, p.address FROM channel_pref p WHERE p.user_id = n.user_id AND p.channel = t.channel OFFSET 0
+) p ON true;
 
 -- name: TaskStartAttempts :many
 -- Makes the claimer the only holder of tasks it has locked in this transaction, and opens their attempt

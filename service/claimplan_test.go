@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -316,4 +317,73 @@ func TestClaimLocksOnlyWhatItReturns(t *testing.T) {
 	var lockable int
 	is.NoErr(e.pool.QueryRow(e.ctx, `SELECT count(*) FROM (SELECT id FROM delivery_task FOR UPDATE SKIP LOCKED) l`).Scan(&lockable))
 	is.Equal(lockable, 7) // the 3 returned are locked, none of the other 7
+}
+
+// A worker runs TaskClaim as a prepared statement, and after five executions PostgreSQL settles on a
+// generic plan, which cannot see @max_tasks: it guesses 10% of the due backlog. With a backlog large next
+// to the notification table, a plain join made that plan hash the locked rows and scan all of
+// notification on every claim (found by `notifier bench`: the server's CPU per delivery grew with the
+// table). The claim must look notifications and preferences up by key in its generic plan too.
+func TestClaimGenericPlanLooksUpByKey(t *testing.T) {
+	e := newEnv(t)
+	ctx := e.ctx
+	is := is.New(t)
+	e.user("u1", "push", "sms")
+	_, err := e.pool.Exec(ctx, `
+		WITH n AS (
+			INSERT INTO notification (user_id, event_key, body, expires_at)
+			SELECT 'u1', 'backlog-' || g, 'body ' || g, now() + interval '1 day'
+			FROM generate_series(1, 5000) AS g
+			RETURNING id
+		)
+		INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
+		SELECT n.id, c.channel, 3, now() FROM n CROSS JOIN (VALUES ('push'), ('sms')) AS c (channel)`)
+	is.NoErr(err) // a backlog of 10,000 due tasks on 5,000 notifications
+	_, err = e.pool.Exec(ctx, `
+		INSERT INTO channel_pref (user_id, channel, address, enabled)
+		SELECT 'other-' || g, c.channel, 'other-' || g, true
+		FROM generate_series(1, 5000) AS g CROSS JOIN (VALUES ('push'), ('sms')) AS c (channel)`)
+	is.NoErr(err) // other users' preferences: scanning them would cost
+	_, err = e.pool.Exec(ctx, `ANALYZE`)
+	is.NoErr(err) // statistics see the backlog
+
+	// The unsafe variant, as TaskClaim was before: plain joins. Built from the production SQL so that
+	// only the join differs.
+	lateral := regexp.MustCompile(`(?s)CROSS JOIN LATERAL \(.*\) p ON true`)
+	is.True(lateral.MatchString(dbgen.TaskClaim)) // TaskClaim joins through LATERAL subqueries
+	plainJoins := lateral.ReplaceAllString(dbgen.TaskClaim,
+		"JOIN notification n ON n.id = t.notification_id\nLEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel")
+
+	for _, c := range []struct {
+		name    string
+		sql     string
+		byIndex bool
+	}{
+		{"TaskClaim", dbgen.TaskClaim, true},
+		{"negative control: plain joins", plainJoins, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			is := is.New(t)
+			tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+			is.NoErr(err)
+			defer func() { _ = tx.Rollback(context.Background()) }()
+			_, err = tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`)
+			is.NoErr(err) // plan as a worker's prepared statement ends up planned
+			_, err = tx.Exec(ctx, `PREPARE claim_generic (text[], int) AS `+c.sql)
+			is.NoErr(err) // prepared, as pgx prepares it
+			defer func() { _, _ = tx.Exec(context.Background(), `DEALLOCATE claim_generic`) }()
+			p := explainClaim(t, tx, `EXECUTE claim_generic('{push,sms}', 1)`, nil)
+			is.Equal(p.rootRows, float64(1)) // one task claimed
+			scansNotification := slices.Contains(p.seqScans, "notification")
+			if scansNotification == c.byIndex {
+				t.Logf("plan:\n%s", p.json)
+			}
+			is.Equal(!scansNotification, c.byIndex)             // notification read by key, not scanned
+			is.Equal(p.indexes["notification_pkey"], c.byIndex) // through its primary key
+			if c.byIndex {
+				is.True(!slices.Contains(p.seqScans, "channel_pref")) // preferences are read by key too
+				is.True(p.indexes["delivery_task_ready_idx"])         // and the backlog through its index
+			}
+		})
+	}
 }

@@ -211,7 +211,8 @@ func (d *Dispatcher) Claim(ctx context.Context) (*Attempt, Result, error) {
 // closes the open attempts of expired leases as LEASE_EXPIRED, decides per task (Decide), and for the
 // tasks to call sets a fresh token and lease and opens their attempt rows. After the commit the caller
 // holds each returned Attempt's only valid token until its lease ends. Tasks settled without a call
-// come back as Results.
+// come back as Results. Two round trips when tasks are started: BEGIN with TaskClaim, then
+// TaskStartAttempts with COMMIT (claimTx).
 func (d *Dispatcher) ClaimBatch(ctx context.Context, limit int) ([]*Attempt, []Result, error) {
 	limit = min(MaxBatch, max(1, limit))
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.DBTimeout)
@@ -220,8 +221,7 @@ func (d *Dispatcher) ClaimBatch(ctx context.Context, limit int) ([]*Attempt, []R
 		attempts []*Attempt
 		settled  []Result
 	)
-	err := inTx(ctx, d.pool, func(q *dbgen.Queries) error {
-		attempts, settled = nil, nil
+	err := inClaimTx(ctx, d.pool, func(q *dbgen.Queries, tx *claimTx) error {
 		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channels: d.channels, MaxTasks: int32(limit)})
 		if err != nil {
 			return fmt.Errorf("lock due tasks: %w", err)
@@ -271,6 +271,9 @@ func (d *Dispatcher) ClaimBatch(ctx context.Context, limit int) ([]*Attempt, []R
 		if len(start.Ids) == 0 {
 			return nil
 		}
+		// The COMMIT travels with this statement and runs as soon as it succeeds: an error after this
+		// point leaves started attempts that nobody calls, recovered like a crash, by lease expiry.
+		tx.commitWithNext()
 		started, err := q.TaskStartAttempts(ctx, start)
 		if err != nil {
 			return fmt.Errorf("start attempts: %w", err)

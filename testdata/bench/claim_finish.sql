@@ -5,12 +5,19 @@
 -- with an ACCEPTED observation): the claim transaction and the finish statement of one task, statement
 -- for statement, with the parameters of one task: arrays of one element, the task id and attempt token
 -- taken from the claim with \gset, constants where the worker sends constants. Run it with -M prepared
--- (pgx prepares every statement too) against tasks made by setup.sql, no more transactions than tasks:
+-- (pgx prepares every statement too) and the workers' plan_cache_mode (service.WorkerPlanCacheMode)
+-- against tasks made by setup.sql, no more transactions than tasks:
 --
 --   psql "$DATABASE_URL" -v tasks=40000 -f testdata/bench/setup.sql
---   pgbench -n -M prepared -c 8 -j 2 -t 5000 -f testdata/bench/claim_finish.sql "$DATABASE_URL"
+--   PGOPTIONS='-c plan_cache_mode=force_generic_plan' \
+--     pgbench -n -M prepared -c 8 -j 2 -t 5000 -f testdata/bench/claim_finish.sql "$DATABASE_URL"
+--
+-- Same statements, not the same round trips: the worker pipelines TxBegin with TaskClaim and
+-- TaskStartAttempts with TxCommit (3 round trips per delivery); pgbench cannot pipeline a statement
+-- whose result it \gsets, so here each of the 5 statements waits for its answer.
 \set max_tasks 1
 \set lease_seconds 60
+-- TxBegin (queries/tx.sql)
 BEGIN ISOLATION LEVEL READ COMMITTED;
 -- TaskClaim (queries/delivery_task.sql)
 WITH lease_expired AS (
@@ -49,8 +56,12 @@ SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attem
        (n.expires_at <= now())::bool    AS expired,
        extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
 FROM locked t
-JOIN notification n ON n.id = t.notification_id
-LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel \gset
+CROSS JOIN LATERAL (
+    SELECT n.user_id, n.body, n.expires_at FROM notification n WHERE n.id = t.notification_id OFFSET 0
+) n
+LEFT JOIN LATERAL (
+    SELECT p.enabled, p.address FROM channel_pref p WHERE p.user_id = n.user_id AND p.channel = t.channel OFFSET 0
+) p ON true \gset
 -- TaskStartAttempts (queries/delivery_task.sql)
 WITH started AS (
     UPDATE delivery_task t
@@ -76,6 +87,7 @@ WITH started AS (
 )
 SELECT s.id, s.attempt_token::uuid AS attempt_token, s.attempt_count, s.lease_until::timestamptz AS lease_until
 FROM started s \gset
+-- TxCommit (queries/tx.sql)
 COMMIT;
 -- the channel call happens here, outside any transaction; the finish is one autocommit statement
 -- TaskFinish (queries/delivery_task.sql)
