@@ -38,7 +38,10 @@ once, and --workers goroutines, each with its own dispatcher, over one connectio
      (queries/bench.sql BenchSeedClaim, run in a rolled-back transaction);
   4. pgbench (when found next to the server binaries, or with --pgbench): the claim and finish SQL of one
      task replayed by pgbench (testdata/bench/claim_finish.sql) with as many clients as workers, for as
-     many deliveries; the Go side's deliveries/s is reported as a ratio of pgbench's.
+     many deliveries, and the workers' plan_cache_mode; the Go side's deliveries/s is reported as a
+     ratio of pgbench's.
+When PostgreSQL runs on this machine, the CPU its processes use per delivery is reported for the Go
+side and for pgbench (read from /proc), beside the client's.
 It prints a table (--json: one object) and fails (exit 1) if a task is not SENT, an event has more than
 one notification, or a fake channel sent a message twice.
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -58,8 +59,14 @@ func (tx *claimTx) rollback(ctx context.Context) {
 	if tx.conn.IsClosed() || tx.conn.PgConn().TxStatus() == 'I' {
 		return
 	}
-	_, _ = tx.conn.Exec(context.WithoutCancel(ctx), dbgen.TxRollback)
+	// Not cancelled with ctx (which may be what failed), but bounded: a hung connection is dropped instead.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	_, _ = tx.conn.Exec(ctx, dbgen.TxRollback)
 }
+
+// rollbackTimeout bounds the ROLLBACK of a failed claim.
+const rollbackTimeout = 5 * time.Second
 
 // pipelined reports whether the next statement needs a batch: a BEGIN before it or a COMMIT after it.
 func (tx *claimTx) pipelined() bool { return !tx.begun || tx.commitNext }

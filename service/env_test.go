@@ -23,6 +23,7 @@ type env struct {
 	t               testing.TB
 	ctx             context.Context
 	pool            *pgxpool.Pool
+	workerPool      *pgxpool.Pool // the same database, connections set up as a worker's (dispatchers use it)
 	n               *service.Notifier
 	push, sms, none *fakes.Channel
 }
@@ -30,6 +31,15 @@ type env struct {
 func newEnv(t testing.TB) *env {
 	t.Helper()
 	e := &env{t: t, ctx: context.Background(), pool: pgtest.NewDB(t)}
+	cfg, err := pgxpool.ParseConfig(e.pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	service.ConfigureWorkerConn(cfg.ConnConfig)
+	if e.workerPool, err = pgxpool.NewWithConfig(e.ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.workerPool.Close)
 	e.n = service.NewNotifier(e.pool)
 	e.push, e.sms, e.none = fakes.Start(fakes.Push), fakes.Start(fakes.SMS), fakes.Start(fakes.None)
 	t.Cleanup(func() { e.push.Close(); e.sms.Close(); e.none.Close() })
@@ -89,7 +99,7 @@ func (e *env) dispatcher(c dcfg) *dispatcher {
 		}
 		routes[name] = service.Route{Mode: mode, Contract: c.contracts[name], Client: client}
 	}
-	d, err := service.NewDispatcher(e.pool, service.DispatcherConfig{
+	d, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{
 		Worker: c.worker, Routes: routes, Lease: c.lease, CallTimeout: c.timeout,
 		Backoff: service.Backoff{Base: c.backoff, Max: 10 * c.backoff}, Batch: testBatch,
 	})
