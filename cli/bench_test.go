@@ -33,6 +33,8 @@ type benchJSON struct {
 	Claims             int            `json:"claims"`
 	DBXactsPerDelivery float64        `json:"db_xacts_per_delivery"`
 	PeakRSSMiB         float64        `json:"peak_rss_mib"`
+	ServerCPUMS        float64        `json:"server_cpu_ms_per_delivery"`
+	ServerCPUSkipped   string         `json:"server_cpu_skipped"`
 	Outbound           int            `json:"outbound"`
 	Server             serverInfo     `json:"server"`
 	History            *historyReport `json:"history"`
@@ -92,11 +94,22 @@ func checkBench(t *testing.T, got benchJSON, keys map[string]any, notifications,
 	is.True(got.PeakRSSMiB > 1 && got.PeakRSSMiB < 1024)                                         // VmHWM read
 	is.True(got.Outbound >= got.Deliveries)                                                      // every message went out, once (checked by bench)
 	is.True(got.Server.Fsync != "" && got.Server.SynchronousCommit != "")                        // settings reported
+	is.Equal(got.Server.PlanCacheMode, service.WorkerPlanCacheMode)                              // the workers' connections plan once
+	serverMeasured := got.ServerCPUSkipped == ""
+	if serverMeasured {
+		is.True(got.ServerCPUMS > 0) // the server's CPU per delivery, from /proc
+	} else {
+		t.Logf("server CPU not measured: %s", got.ServerCPUSkipped)
+	}
 	if got.Pgbench != nil {
 		is.True(got.Pgbench.TPS > 0)                        // pgbench ran
 		is.Equal(got.Pgbench.Clients, workers)              // as many clients as workers
 		is.True(got.Pgbench.Transactions >= got.Deliveries) // for as many deliveries
 		is.True(got.Pgbench.GoVsPgbench > 0)                // the ratio
+		is.True(got.Pgbench.ClientCPUMSPerDelivery > 0)     // pgbench's own CPU
+		if serverMeasured {
+			is.True(got.Pgbench.ServerCPUMSPerDelivery > 0) // and the server's for it
+		}
 	} else {
 		is.True(got.PgbenchSkipped != "") // says why not
 	}
@@ -276,4 +289,12 @@ func queryBody(t *testing.T, file, name string) string {
 		t.Fatalf("query %s not found in queries/%s", name, file)
 	}
 	return body
+}
+
+func TestWithPGOption(t *testing.T) {
+	is := is.New(t)
+	env := withPGOption([]string{"PATH=/bin", "PGOPTIONS=-c work_mem=64MB"}, "plan_cache_mode", "force_generic_plan")
+	is.Equal(env, []string{"PATH=/bin", "PGOPTIONS=-c work_mem=64MB -c plan_cache_mode=force_generic_plan"}) // added to the user's options
+	env = withPGOption([]string{"PATH=/bin"}, "plan_cache_mode", "auto")
+	is.Equal(env, []string{"PATH=/bin", "PGOPTIONS=-c plan_cache_mode=auto"}) // or set alone
 }
