@@ -72,6 +72,10 @@ finish (each bounded by --timeout) and record their outcome, then exits 0. Event
 and RESULT are logged on stderr. With --metrics-addr it serves Prometheus metrics at /metrics
 (port 0 picks a free port; the address is logged as "serving metrics").
 
+Its database connections start with plan_cache_mode=force_generic_plan (its statements are prepared
+once and planned once), unless the database URL or PGOPTIONS sets plan_cache_mode; behind PgBouncer
+see README "Running against your own database".
+
 With --once: runs one claim-call-finish cycle and prints one JSON object on stdout:
   {"result":"NOTHING"}
   {"result":"SENT","task_id":1,"channel":"push","attempt":1,"action":"SEND","outcome":"ACCEPTED","token":"..."}
