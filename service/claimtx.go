@@ -19,7 +19,7 @@ import (
 // so the generated queries run on it unchanged.
 //
 // In a pipeline the server skips every message after a failed one, so a COMMIT behind a failed
-// statement never runs; end then rolls the transaction back.
+// statement never runs; inClaimTx then rolls the transaction back.
 type claimTx struct {
 	conn       *pgx.Conn
 	begun      bool // TxBegin was sent
