@@ -84,9 +84,9 @@ func (b *bench) pgbenchCompare(ctx context.Context, rep *benchReport) error {
 		return fmt.Errorf("bench: pgbench: %w", err)
 	}
 	if st := cmd.ProcessState; st != nil && g.Transactions > 0 {
-		g.ClientCPUMSPerDelivery = round3((st.UserTime() + st.SystemTime()).Seconds() * 1000 / float64(g.Transactions))
+		g.ClientCPUMSPerDelivery = round3(msPer(st.UserTime()+st.SystemTime(), g.Transactions))
 		if b.server != nil {
-			g.ServerCPUMSPerDelivery = round3(srv.Seconds() * 1000 / float64(g.Transactions))
+			g.ServerCPUMSPerDelivery = round3(msPer(srv, g.Transactions))
 		}
 	}
 	g.GoVsPgbench = ratio(rep.DeliveriesPerSec, g.TPS)

@@ -239,6 +239,9 @@ func (b *bench) findServer(ctx context.Context) (*serverCPU, string) {
 	return s, ""
 }
 
+// msPer is d in milliseconds per one of n (deliveries); n > 0.
+func msPer(d time.Duration, n int) float64 { return d.Seconds() * 1000 / float64(n) }
+
 // serverUsed is the server's CPU time so far (0 when it is not measured).
 func (b *bench) serverUsed() time.Duration {
 	if b.server == nil {
@@ -368,9 +371,9 @@ func (b *bench) mainRun(ctx context.Context, rep *benchReport) error {
 	rep.ClaimMS, rep.FinishMS = percentiles(ds.claimLat), percentiles(ds.finishLat)
 	if ds.sent > 0 {
 		rep.DBXactsPerDelivery = float64(commits1-commits0) / float64(ds.sent)
-		rep.CPUMSPerDelivery = cpu.Seconds() * 1000 / float64(ds.sent)
+		rep.CPUMSPerDelivery = msPer(cpu, ds.sent)
 		if b.server != nil {
-			rep.ServerCPUMSPerDelivery = srv.Seconds() * 1000 / float64(ds.sent)
+			rep.ServerCPUMSPerDelivery = msPer(srv, ds.sent)
 		}
 	}
 	dctx, cancel := b.e.dbContext(ctx)
