@@ -20,22 +20,32 @@ import (
 //
 // In a pipeline the server skips every message after a failed one, so a COMMIT behind a failed
 // statement never runs; inClaimTx then rolls the transaction back.
+//
+// A prelude (an earlier batch's finish) may ride ahead of the BEGIN in its own implicit transaction.
 type claimTx struct {
 	conn       *pgx.Conn
-	begun      bool // TxBegin was sent
-	commitNext bool // the next statement carries TxCommit
-	committed  bool // TxCommit succeeded
+	prelude    *prelude // sent ahead of the first statement's BEGIN, under the prelude's context
+	begun      bool     // TxBegin was sent
+	commitNext bool     // the next statement carries TxCommit
+	committed  bool     // TxCommit succeeded
 }
 
 // inClaimTx runs fn in a claimTx on a connection of pool. If fn returns nil and did not commit with its
 // last statement, the transaction is committed on its own; if anything fails it is rolled back.
-func inClaimTx(ctx context.Context, pool *pgxpool.Pool, fn func(q *dbgen.Queries, tx *claimTx) error) error {
-	conn, err := pool.Acquire(ctx)
+//
+// With a prelude, the first statement's round trip carries it ahead of BEGIN; the connection is then
+// acquired, and that round trip bounded, under the prelude's context (a finish is not cancelled).
+func inClaimTx(ctx context.Context, pool *pgxpool.Pool, pre *prelude, fn func(q *dbgen.Queries, tx *claimTx) error) error {
+	acquireCtx := ctx
+	if pre != nil {
+		acquireCtx = pre.ctx
+	}
+	conn, err := pool.Acquire(acquireCtx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release() // the pool destroys a connection left inside a transaction
-	tx := &claimTx{conn: conn.Conn()}
+	tx := &claimTx{conn: conn.Conn(), prelude: pre}
 	q := dbgen.New(tx)
 	err = fn(q, tx)
 	if err == nil && !tx.committed && tx.begun {
@@ -71,12 +81,35 @@ const rollbackTimeout = 5 * time.Second
 // pipelined reports whether the next statement needs a batch: a BEGIN before it or a COMMIT after it.
 func (tx *claimTx) pipelined() bool { return !tx.begun || tx.commitNext }
 
-// send sends [TxBegin] sql [TxCommit] in one round trip and reads TxBegin's result. The caller reads
-// sql's result and then finish's.
-func (tx *claimTx) send(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
+// roundTrip is the rest of a round trip in flight: the next result, then what was queued behind it.
+// pgx.BatchResults is one; pipelineResults (a prelude's round trip) another.
+type roundTrip interface {
+	Exec() (pgconn.CommandTag, error)
+	Query() (pgx.Rows, error)
+	Close() error
+}
+
+// send sends [prelude Sync] [TxBegin] sql [TxCommit] in one round trip and reads what precedes sql.
+func (tx *claimTx) send(ctx context.Context, sql string, args []any) (roundTrip, error) {
 	if tx.committed {
 		return nil, errors.New("claim transaction: statement after COMMIT")
 	}
+	if tx.prelude != nil {
+		pre, begin, commit := tx.prelude, "", ""
+		tx.prelude = nil
+		if !tx.begun {
+			begin, tx.begun = dbgen.TxBegin, true
+		}
+		if tx.commitNext {
+			commit = dbgen.TxCommit
+		}
+		return tx.sendAfter(pre.ctx, pre, sql, args, begin, commit)
+	}
+	return tx.sendBatch(ctx, sql, args)
+}
+
+// sendBatch sends [TxBegin] sql [TxCommit] in one round trip (one pgx batch) and reads TxBegin's result.
+func (tx *claimTx) sendBatch(ctx context.Context, sql string, args []any) (roundTrip, error) {
 	b := &pgx.Batch{}
 	begin := !tx.begun
 	if begin {
@@ -97,8 +130,8 @@ func (tx *claimTx) send(ctx context.Context, sql string, args []any) (pgx.BatchR
 	return br, nil
 }
 
-// finish reads the COMMIT's result if the batch carries one, and closes the batch.
-func (tx *claimTx) finish(br pgx.BatchResults, err error) error {
+// finish reads the COMMIT's result if the round trip carries one, and closes it.
+func (tx *claimTx) finish(br roundTrip, err error) error {
 	if err == nil && tx.commitNext {
 		tx.commitNext = false
 		if _, err = br.Exec(); err != nil {
@@ -156,7 +189,7 @@ func (tx *claimTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 type batchRows struct {
 	pgx.Rows
 	tx   *claimTx
-	br   pgx.BatchResults
+	br   roundTrip
 	done bool
 	err  error
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/notifierhq/notifier/dbgen"
@@ -66,9 +67,10 @@ const (
 // Dispatcher runs the delivery protocol for one worker: claim (first correctness check), call outside
 // any transaction, finish (second correctness check).
 type Dispatcher struct {
-	pool     *pgxpool.Pool
-	cfg      DispatcherConfig
-	channels []string
+	pool      *pgxpool.Pool
+	cfg       DispatcherConfig
+	channels  []string
+	pipelines bool // the pool's connections can carry a finish ahead of a claim (FinishBatchThenClaim)
 }
 
 // NewDispatcher checks the configuration and fills defaults.
@@ -79,7 +81,7 @@ func NewDispatcher(pool *pgxpool.Pool, cfg DispatcherConfig) (*Dispatcher, error
 	if len(cfg.Routes) == 0 {
 		return nil, &InputError{Field: "channels", Reason: "a worker needs at least one channel"}
 	}
-	d := &Dispatcher{pool: pool, cfg: cfg}
+	d := &Dispatcher{pool: pool, cfg: cfg, pipelines: pipelines(pool.Config().ConnConfig)}
 	for name, r := range cfg.Routes {
 		if err := checkChannel(name); err != nil {
 			return nil, err
@@ -214,6 +216,11 @@ func (d *Dispatcher) Claim(ctx context.Context) (*Attempt, Result, error) {
 // come back as Results. Two round trips when tasks are started: BEGIN with TaskClaim, then
 // TaskStartAttempts with COMMIT (claimTx).
 func (d *Dispatcher) ClaimBatch(ctx context.Context, limit int) ([]*Attempt, []Result, error) {
+	return d.claimBatch(ctx, limit, nil)
+}
+
+// claimBatch is ClaimBatch with an optional prelude carried by its first round trip.
+func (d *Dispatcher) claimBatch(ctx context.Context, limit int, pre *prelude) ([]*Attempt, []Result, error) {
 	limit = min(MaxBatch, max(1, limit))
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.DBTimeout)
 	defer cancel()
@@ -221,7 +228,7 @@ func (d *Dispatcher) ClaimBatch(ctx context.Context, limit int) ([]*Attempt, []R
 		attempts []*Attempt
 		settled  []Result
 	)
-	err := inClaimTx(ctx, d.pool, func(q *dbgen.Queries, tx *claimTx) error {
+	err := inClaimTx(ctx, d.pool, pre, func(q *dbgen.Queries, tx *claimTx) error {
 		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channels: d.channels, MaxTasks: int32(limit)})
 		if err != nil {
 			return fmt.Errorf("lock due tasks: %w", err)
@@ -359,13 +366,67 @@ func (d *Dispatcher) Finish(ctx context.Context, a *Attempt, obs Observation) (R
 // task's valid one; those attempts get their outcome. Superseded attempts keep their observation as late_outcome and
 // their result is STALE. The results are in the order of attempts.
 func (d *Dispatcher) FinishBatch(ctx context.Context, attempts []*Attempt, obs []Observation) ([]Result, error) {
-	if len(attempts) != len(obs) {
-		return nil, fmt.Errorf("finish: %d attempts but %d observations", len(attempts), len(obs))
+	params, results, err := d.finishParams(attempts, obs)
+	if err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
 	defer cancel()
-	results := make([]Result, len(attempts))
+	// One autocommit statement: the token-guarded task updates and the attempt rows they decide.
+	rows, err := dbgen.New(d.pool).TaskFinish(ctx, params)
+	return finishResults(attempts, results, rows, err)
+}
+
+// Handoff is what FinishBatchThenClaim did: one batch finished, the next one claimed.
+type Handoff struct {
+	Finished  []Result   // the finished batch's results, in the order of its attempts
+	FinishErr error      // the finish failed: its tasks stay SENDING, recovered after their lease
+	Next      []*Attempt // the next batch: call, then finish
+	Settled   []Result   // tasks of the next claim decided without a call
+	ClaimErr  error
+}
+
+// FinishBatchThenClaim is FinishBatch followed by ClaimBatch with one round trip fewer: TaskFinish
+// travels in the same write as the claim's BEGIN and TaskClaim, in its own implicit transaction ahead
+// of them (prelude). The finish commits before the claim begins; a failed claim does not undo it and a
+// failed finish does not stop the claim. A worker that is stopping calls FinishBatch alone instead.
+// On connections that do not prepare statements (pipelines) it is FinishBatch then ClaimBatch.
+func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attempt, obs []Observation, limit int) Handoff {
+	var h Handoff
+	params, results, err := d.finishParams(attempts, obs)
+	if err != nil || !d.pipelines {
+		h.Finished, h.FinishErr = d.FinishBatch(ctx, attempts, obs)
+		h.Next, h.Settled, h.ClaimErr = d.ClaimBatch(ctx, limit)
+		return h
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
+	defer cancel()
+	var (
+		statement recorder
+		rows      []dbgen.TaskFinishRow
+	)
+	_, _ = dbgen.New(&statement).TaskFinish(fctx, params)
+	pre := &prelude{ctx: fctx, sql: statement.sql, args: statement.args, read: func(r pgx.Rows) (err error) {
+		rows, err = dbgen.New(replayed{sql: statement.sql, rows: r}).TaskFinish(fctx, params)
+		return err
+	}}
+	h.Next, h.Settled, h.ClaimErr = d.claimBatch(ctx, limit, pre)
+	if !pre.sent { // the claim failed before its first round trip: the finish goes alone
+		h.Finished, h.FinishErr = d.FinishBatch(ctx, attempts, obs)
+		return h
+	}
+	h.Finished, h.FinishErr = finishResults(attempts, results, rows, pre.err)
+	return h
+}
+
+// finishParams maps each observation to its task's next state: TaskFinish's arguments, and the results
+// to report if the token guard holds.
+func (d *Dispatcher) finishParams(attempts []*Attempt, obs []Observation) (dbgen.TaskFinishParams, []Result, error) {
 	finish := dbgen.TaskFinishParams{}
+	if len(attempts) != len(obs) {
+		return finish, nil, fmt.Errorf("finish: %d attempts but %d observations", len(attempts), len(obs))
+	}
+	results := make([]Result, len(attempts))
 	for i, a := range attempts {
 		o := obs[i]
 		t := Next(Facts{Outcome: o.Outcome, PriorUncertain: a.PriorUncertain, BudgetLeft: a.No < a.MaxAttempts,
@@ -387,20 +448,24 @@ func (d *Dispatcher) FinishBatch(ctx context.Context, attempts []*Attempt, obs [
 		finish.Outcomes = append(finish.Outcomes, string(o.Outcome))
 		finish.Errors = append(finish.Errors, truncate(o.Detail, MaxNoteLength))
 	}
-	// One autocommit statement: the token-guarded task updates and the attempt rows they decide.
-	rows, err := dbgen.New(d.pool).TaskFinish(ctx, finish)
+	return finish, results, nil
+}
+
+// finishResults checks TaskFinish's rows against the attempts: an attempt whose token no longer held
+// is STALE.
+func finishResults(attempts []*Attempt, results []Result, rows []dbgen.TaskFinishRow, err error) ([]Result, error) {
 	if err == nil && len(rows) != len(attempts) {
 		err = fmt.Errorf("%d rows for %d attempts", len(rows), len(attempts))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("finish: %w", err)
 	}
-	byID := make(map[int64]dbgen.TaskFinishRow, len(rows))
+	current := make(map[int64]bool, len(rows))
 	for _, r := range rows {
-		byID[r.ID] = r
+		current[r.ID] = r.Current
 	}
 	for i, a := range attempts {
-		if !byID[a.TaskID].Current {
+		if !current[a.TaskID] {
 			results[i].Kind = ResultStale
 		}
 	}

@@ -2,11 +2,11 @@ package service_test
 
 import (
 	"context"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/matryer/is"
 
@@ -14,24 +14,33 @@ import (
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
-// roundTrips counts what a connection sends and waits for: a query, or a batch of them.
+// roundTrips counts what connections write: pgx writes a query, a batch or a pipeline at once and
+// then waits for the answer, so each write is a round trip.
 type roundTrips struct{ n atomic.Int64 }
 
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	r.n.Add(1)
-	return ctx
+type countingConn struct {
+	net.Conn
+	trips *roundTrips
 }
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	r.n.Add(1)
-	return ctx
-}
-func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
-// Per delivery a worker waits on the database three times: BEGIN with TaskClaim, TaskStartAttempts
-// with COMMIT, and TaskFinish. An idle claim costs two. Round trips are what a worker's throughput pays
-// for on a busy machine (README "What limits throughput here").
+func (c countingConn) Write(b []byte) (int, error) {
+	c.trips.n.Add(1)
+	return c.Conn.Write(b)
+}
+
+func (r *roundTrips) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return countingConn{Conn: conn, trips: r}, nil
+}
+
+// Per delivery a worker waits on the database twice: TaskFinish of the previous batch with BEGIN and
+// TaskClaim (FinishBatchThenClaim), then TaskStartAttempts with COMMIT. Alone, a claim costs two
+// round trips (BEGIN with TaskClaim, TaskStartAttempts with COMMIT) and a finish one; an idle claim
+// two. Round trips are what a worker's throughput pays for on a busy machine (README "What limits
+// throughput here").
 func TestDeliveryRoundTrips(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
@@ -39,10 +48,10 @@ func TestDeliveryRoundTrips(t *testing.T) {
 	cfg, err := pgxpool.ParseConfig(e.pool.Config().ConnString())
 	is.NoErr(err) // pool config
 	trips := &roundTrips{}
-	cfg.ConnConfig.Tracer = trips
+	cfg.ConnConfig.DialFunc = trips.dial
 	cfg.MaxConns = 1 // one connection, so statements prepared by the first delivery are reused
 	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
-	is.NoErr(err) // traced pool
+	is.NoErr(err) // counted pool
 	t.Cleanup(pool.Close)
 	client, err := httpchannel.New(e.push.URL(), httpchannel.Options{})
 	is.NoErr(err) // push client
@@ -50,20 +59,29 @@ func TestDeliveryRoundTrips(t *testing.T) {
 		Worker: "w-trips", Routes: map[string]service.Route{"push": {Mode: service.ModeIdempotent, Client: client}},
 	})
 	is.NoErr(err) // dispatcher
-
-	deliver := func() (claim, finish int64) {
+	counted := func(f func()) int64 {
 		start := trips.n.Load()
-		attempts, settled, err := d.ClaimBatch(e.ctx, 1)
-		is.NoErr(err)              // claim
-		is.Equal(len(settled), 0)  // nothing settled without a call
-		is.Equal(len(attempts), 1) // one task claimed
-		claim = trips.n.Load() - start
+		f()
+		return trips.n.Load() - start
+	}
+
+	// Claim and finish on their own.
+	deliver := func() (claim, finish int64) {
+		var attempts []*service.Attempt
+		claim = counted(func() {
+			var settled []service.Result
+			attempts, settled, err = d.ClaimBatch(e.ctx, 1)
+			is.NoErr(err)              // claim
+			is.Equal(len(settled), 0)  // nothing settled without a call
+			is.Equal(len(attempts), 1) // one task claimed
+		})
 		obs := d.CallAll(e.ctx, attempts)
-		start = trips.n.Load()
-		results, err := d.FinishBatch(e.ctx, attempts, obs)
-		is.NoErr(err)                                 // finish
-		is.Equal(results[0].Kind, service.ResultSent) // delivered
-		return claim, trips.n.Load() - start
+		finish = counted(func() {
+			results, err := d.FinishBatch(e.ctx, attempts, obs)
+			is.NoErr(err)                                 // finish
+			is.Equal(results[0].Kind, service.ResultSent) // delivered
+		})
+		return claim, finish
 	}
 	e.create("u1", "warm-up", time.Hour, 3)
 	deliver() // prepares every statement on the connection
@@ -72,9 +90,30 @@ func TestDeliveryRoundTrips(t *testing.T) {
 	is.Equal(claim, int64(2))  // BEGIN+TaskClaim, TaskStartAttempts+COMMIT
 	is.Equal(finish, int64(1)) // TaskFinish, autocommit
 
-	start := trips.n.Load()
-	attempts, settled, err := d.ClaimBatch(e.ctx, 1)
-	is.NoErr(err)                            // idle claim
-	is.Equal(len(attempts)+len(settled), 0)  // nothing due
-	is.Equal(trips.n.Load()-start, int64(2)) // BEGIN+TaskClaim, COMMIT
+	idle := counted(func() {
+		attempts, settled, err := d.ClaimBatch(e.ctx, 1)
+		is.NoErr(err)                           // idle claim
+		is.Equal(len(attempts)+len(settled), 0) // nothing due
+	})
+	is.Equal(idle, int64(2)) // BEGIN+TaskClaim, COMMIT
+
+	// A worker's cycle: each finish carries the next claim.
+	for _, event := range []string{"p1", "p2", "p3"} {
+		e.create("u1", event, time.Hour, 3)
+	}
+	attempts, _, err := d.ClaimBatch(e.ctx, 1)
+	is.NoErr(err) // first claim
+	cycle := func(wantNext int) int64 {
+		return counted(func() {
+			h := d.FinishBatchThenClaim(e.ctx, attempts, d.CallAll(e.ctx, attempts), 1)
+			is.NoErr(h.FinishErr)                            // finish
+			is.NoErr(h.ClaimErr)                             // next claim
+			is.Equal(h.Finished[0].Kind, service.ResultSent) // delivered
+			is.Equal(len(h.Next), wantNext)                  // claimed in the same cycle
+			attempts = h.Next
+		})
+	}
+	cycle(1)                     // prepares the pipelined statements
+	is.Equal(cycle(1), int64(2)) // TaskFinish+BEGIN+TaskClaim, TaskStartAttempts+COMMIT
+	is.Equal(cycle(0), int64(2)) // TaskFinish+BEGIN+TaskClaim, COMMIT: nothing left
 }
