@@ -40,13 +40,21 @@ func RunBatch(ctx context.Context, d *service.Dispatcher, batch int, log *slog.L
 	if err != nil {
 		return nil, err
 	}
-	for _, res := range settled {
-		log.Info("RESULT", "result", res.Kind, "task", res.TaskID, "channel", res.Channel, "attempt", res.Attempt,
-			"action", res.Action, "outcome", res.Outcome, "detail", res.Detail)
-	}
+	logSettled(log, settled)
 	if len(attempts) == 0 {
 		return settled, nil
 	}
+	obs, elapsed := call(ctx, d, attempts, log)
+	results, err := d.FinishBatch(ctx, attempts, obs)
+	if err != nil {
+		logFinishFailed(log, len(attempts), err)
+		return settled, err
+	}
+	return append(settled, logFinished(log, results, elapsed)...), nil
+}
+
+// call calls the attempts' channels concurrently and logs CLAIMED and CALLED per task.
+func call(ctx context.Context, d *service.Dispatcher, attempts []*service.Attempt, log *slog.Logger) ([]service.Observation, []time.Duration) {
 	obs := make([]service.Observation, len(attempts))
 	elapsed := make([]time.Duration, len(attempts))
 	var wg sync.WaitGroup
@@ -64,19 +72,30 @@ func RunBatch(ctx context.Context, d *service.Dispatcher, batch int, log *slog.L
 		}()
 	}
 	wg.Wait()
-	results, err := d.FinishBatch(ctx, attempts, obs)
-	if err != nil {
-		// The tasks stay SENDING with these tokens; lease expiry recovers them, as uncertain.
-		log.Error("finish failed; the tasks will be recovered after their lease", "tasks", len(attempts), "error", err)
-		return settled, err
+	return obs, elapsed
+}
+
+func logSettled(log *slog.Logger, settled []service.Result) {
+	for _, res := range settled {
+		log.Info("RESULT", "result", res.Kind, "task", res.TaskID, "channel", res.Channel, "attempt", res.Attempt,
+			"action", res.Action, "outcome", res.Outcome, "detail", res.Detail)
 	}
+}
+
+// logFinished logs RESULT per finished task and sets the results' call durations.
+func logFinished(log *slog.Logger, results []service.Result, elapsed []time.Duration) []service.Result {
 	for i, res := range results {
 		res.CallDuration = elapsed[i]
 		results[i] = res
 		log.Info("RESULT", "result", res.Kind, "task", res.TaskID, "attempt", res.Attempt, "action", res.Action,
 			"outcome", res.Outcome, "token", prefix(res.Token))
 	}
-	return append(settled, results...), nil
+	return results
+}
+
+func logFinishFailed(log *slog.Logger, tasks int, err error) {
+	// The tasks stay SENDING with these tokens; lease expiry recovers them, as uncertain.
+	log.Error("finish failed; the tasks will be recovered after their lease", "tasks", tasks, "error", err)
 }
 
 // Run loops until ctx ends. On cancellation no new task is claimed; cycles already calling a channel
@@ -94,43 +113,106 @@ func Run(ctx context.Context, d *service.Dispatcher, cfg Config) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	health := &dbHealth{log: cfg.Logger}
+	l := &loop{d: d, cfg: cfg, health: &dbHealth{log: cfg.Logger}}
 	var wg sync.WaitGroup
 	for range cfg.Concurrency {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			loop(ctx, d, cfg, health)
+			l.run(ctx)
 		}()
 	}
 	wg.Wait()
 }
 
-func loop(ctx context.Context, d *service.Dispatcher, cfg Config, health *dbHealth) {
-	wait := time.Duration(0)
+// loop is one worker's cycles. While tasks keep coming, each finish carries the next claim
+// (FinishBatchThenClaim); after an empty claim or a failure it waits and claims on its own.
+type loop struct {
+	d      *service.Dispatcher
+	cfg    Config
+	health *dbHealth
+}
+
+func (l *loop) run(ctx context.Context) {
+	log := l.cfg.Logger
+	var (
+		held []*service.Attempt // claimed, to call and finish
+		wait time.Duration
+	)
 	for {
-		if !sleep(ctx, wait) {
-			return
-		}
-		results, err := RunBatch(ctx, d, cfg.Batch, cfg.Logger)
-		switch {
-		case ctx.Err() != nil && err != nil:
-			return
-		case err != nil:
-			health.failed(err)
-			wait = min(max(2*wait, cfg.Poll), cfg.MaxBackoff)
+		if len(held) == 0 {
+			if !sleep(ctx, wait) {
+				return
+			}
+			attempts, settled, err := l.d.ClaimBatch(ctx, l.cfg.Batch)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				wait = l.failed(err, wait)
+				continue
+			}
+			l.health.ok()
+			logSettled(log, settled)
+			l.report(settled)
+			held, wait = attempts, l.idle(attempts, settled)
 			continue
 		}
-		health.ok()
-		for _, res := range results {
-			if cfg.OnResult != nil {
-				cfg.OnResult(res)
+		obs, elapsed := call(ctx, l.d, held, log)
+		if ctx.Err() != nil { // stopping: record what was called, claim nothing more
+			if results, err := l.d.FinishBatch(ctx, held, obs); err != nil {
+				logFinishFailed(log, len(held), err)
+			} else {
+				l.report(logFinished(log, results, elapsed))
 			}
+			return
 		}
-		wait = 0
-		if len(results) == 0 {
-			wait = cfg.Poll
+		h := l.d.FinishBatchThenClaim(ctx, held, obs, l.cfg.Batch)
+		if h.FinishErr != nil {
+			logFinishFailed(log, len(held), h.FinishErr)
+		} else {
+			l.report(logFinished(log, h.Finished, elapsed))
 		}
+		held = nil
+		switch {
+		case h.ClaimErr != nil && ctx.Err() != nil:
+			return
+		case h.ClaimErr != nil:
+			wait = l.failed(h.ClaimErr, wait)
+		case h.FinishErr != nil:
+			wait = l.failed(h.FinishErr, wait)
+			held = h.Next // claimed all the same: this worker holds their tokens
+			logSettled(log, h.Settled)
+			l.report(h.Settled)
+		default:
+			l.health.ok()
+			logSettled(log, h.Settled)
+			l.report(h.Settled)
+			held, wait = h.Next, l.idle(h.Next, h.Settled)
+		}
+	}
+}
+
+// failed records a failed cycle and returns the backoff before the next claim.
+func (l *loop) failed(err error, wait time.Duration) time.Duration {
+	l.health.failed(err)
+	return min(max(2*wait, l.cfg.Poll), l.cfg.MaxBackoff)
+}
+
+// idle is the wait before the next claim: none while tasks come, the poll interval after an empty one.
+func (l *loop) idle(attempts []*service.Attempt, settled []service.Result) time.Duration {
+	if len(attempts)+len(settled) == 0 {
+		return l.cfg.Poll
+	}
+	return 0
+}
+
+func (l *loop) report(results []service.Result) {
+	if l.cfg.OnResult == nil {
+		return
+	}
+	for _, res := range results {
+		l.cfg.OnResult(res)
 	}
 }
 
