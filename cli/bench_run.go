@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -121,13 +122,16 @@ func (b *bench) createAll(ctx context.Context, label string, count int, dupShare
 type deliverStats struct {
 	sent, claims, emptyClaims int
 	other                     map[string]int
-	claimLat, finishLat       []time.Duration
-	seconds                   float64
+	// Claims on their own, finishes on their own, and finishes carrying the next claim.
+	claimLat, finishLat, handoffLat []time.Duration
+	seconds                         float64
 }
 
 // deliver runs the workers until target tasks are settled (SENT, or finally not sent), each cycle
-// driven here: ClaimBatch (timed), the calls (concurrently for a batch), FinishBatch (timed).
-func (b *bench) deliver(ctx context.Context, label string, target int) (deliverStats, error) {
+// driven here: a claim, the calls (concurrently for a batch), and a finish, all timed. With pipeline,
+// each finish carries the next claim (FinishBatchThenClaim), as `notifier work` does; without, claims
+// and finishes go on their own (the claim-latency probes measure the claim alone).
+func (b *bench) deliver(ctx context.Context, label string, target int, pipeline bool) (deliverStats, error) {
 	// Open every worker's connection first: connecting is not part of the figures.
 	if err := b.warmPool(ctx, len(b.dispatchers)); err != nil {
 		return deliverStats{}, err
@@ -149,7 +153,7 @@ func (b *bench) deliver(ctx context.Context, label string, target int) (deliverS
 		go func() {
 			defer wg.Done()
 			local := deliverStats{other: map[string]int{}}
-			err := b.work(ctx, d, int64(target), &settled, bar, &local)
+			err := b.work(ctx, d, int64(target), pipeline, &settled, bar, &local)
 			mu.Lock()
 			st.sent += local.sent
 			st.claims += local.claims
@@ -159,6 +163,7 @@ func (b *bench) deliver(ctx context.Context, label string, target int) (deliverS
 			}
 			st.claimLat = append(st.claimLat, local.claimLat...)
 			st.finishLat = append(st.finishLat, local.finishLat...)
+			st.handoffLat = append(st.handoffLat, local.handoffLat...)
 			mu.Unlock()
 			if err != nil {
 				errOnce.Do(func() { runErr = err; cancel() })
@@ -176,52 +181,14 @@ func (b *bench) deliver(ctx context.Context, label string, target int) (deliverS
 }
 
 // work is one worker's loop.
-func (b *bench) work(ctx context.Context, d *service.Dispatcher, target int64, settled *atomic.Int64, bar *progress, st *deliverStats) error {
+func (b *bench) work(ctx context.Context, d *service.Dispatcher, target int64, pipeline bool, settled *atomic.Int64, bar *progress, st *deliverStats) error {
 	batch := b.cfg.batch
-	for settled.Load() < target {
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("%d of %d tasks settled: %w", settled.Load(), target, err)
-		}
-		t0 := time.Now()
-		attempts, decided, err := d.ClaimBatch(ctx, batch)
-		claimed := time.Since(t0)
-		if err != nil {
-			return err
-		}
-		for _, r := range decided { // settled at claim time: never expected here, counted if it happens
-			st.other[string(r.Kind)]++
-			if terminal(r.Kind) {
-				settled.Add(1)
-				bar.Add(1)
-			}
-		}
-		if len(attempts) == 0 {
-			st.emptyClaims++
-			time.Sleep(2 * time.Millisecond) // the last tasks are held by other workers, or retrying
-			continue
-		}
-		st.claims++
-		st.claimLat = append(st.claimLat, claimed)
-		var obs []service.Observation
-		if b.cfg.skipCalls {
-			obs = make([]service.Observation, len(attempts))
-			for i, a := range attempts {
-				obs[i] = service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: "bench-" + a.Message.Ref}
-			}
-		} else {
-			obs = d.CallAll(ctx, attempts)
-		}
-		t1 := time.Now()
-		results, err := d.FinishBatch(ctx, attempts, obs)
-		st.finishLat = append(st.finishLat, time.Since(t1))
-		if err != nil {
-			return err
-		}
+	count := func(results []service.Result) {
 		for _, r := range results {
 			if r.Kind == service.ResultSent {
 				st.sent++
 			} else {
-				st.other[string(r.Kind)]++
+				st.other[string(r.Kind)]++ // settled at claim time, stale or retried: never expected here
 			}
 			if terminal(r.Kind) {
 				settled.Add(1)
@@ -229,7 +196,67 @@ func (b *bench) work(ctx context.Context, d *service.Dispatcher, target int64, s
 			}
 		}
 	}
+	var held []*service.Attempt // claimed, to call and finish
+	for settled.Load() < target || len(held) > 0 {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("%d of %d tasks settled: %w", settled.Load(), target, err)
+		}
+		if len(held) == 0 {
+			t0 := time.Now()
+			attempts, decided, err := d.ClaimBatch(ctx, batch)
+			claimed := time.Since(t0)
+			if err != nil {
+				return err
+			}
+			count(decided)
+			if len(attempts) == 0 {
+				st.emptyClaims++
+				time.Sleep(2 * time.Millisecond) // the last tasks are held by other workers, or retrying
+				continue
+			}
+			st.claims++
+			st.claimLat = append(st.claimLat, claimed)
+			held = attempts
+		}
+		obs := b.call(ctx, d, held)
+		t1 := time.Now()
+		if !pipeline {
+			results, err := d.FinishBatch(ctx, held, obs)
+			st.finishLat = append(st.finishLat, time.Since(t1))
+			if err != nil {
+				return err
+			}
+			count(results)
+			held = nil
+			continue
+		}
+		h := d.FinishBatchThenClaim(ctx, held, obs, batch)
+		st.handoffLat = append(st.handoffLat, time.Since(t1))
+		if err := cmp.Or(h.FinishErr, h.ClaimErr); err != nil {
+			return err
+		}
+		count(h.Finished)
+		count(h.Settled)
+		held = h.Next
+		if len(held) > 0 {
+			st.claims++
+		} else {
+			st.emptyClaims++
+		}
+	}
 	return nil
+}
+
+// call calls the channels of the attempts, or with --skip-calls records ACCEPTED at once.
+func (b *bench) call(ctx context.Context, d *service.Dispatcher, attempts []*service.Attempt) []service.Observation {
+	if !b.cfg.skipCalls {
+		return d.CallAll(ctx, attempts)
+	}
+	obs := make([]service.Observation, len(attempts))
+	for i, a := range attempts {
+		obs[i] = service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: "bench-" + a.Message.Ref}
+	}
+	return obs
 }
 
 // terminal reports whether a result settles a task for good (or for a human).
@@ -310,7 +337,7 @@ func (b *bench) probe(ctx context.Context, label string) (*probeReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	ds, err := b.deliver(ctx, label+" deliver", cs.tasks)
+	ds, err := b.deliver(ctx, label+" deliver", cs.tasks, false)
 	if err != nil {
 		return nil, err
 	}

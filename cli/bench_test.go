@@ -30,6 +30,9 @@ type benchJSON struct {
 	CreateToSentMS     latency        `json:"create_to_sent_ms"`
 	ClaimMS            latency        `json:"claim_ms"`
 	FinishMS           latency        `json:"finish_ms"`
+	FinishThenClaimMS  latency        `json:"finish_then_claim_ms"`
+	Pipeline           bool           `json:"pipeline"`
+	ClaimsAlone        int            `json:"claims_alone"`
 	Claims             int            `json:"claims"`
 	DBXactsPerDelivery float64        `json:"db_xacts_per_delivery"`
 	PeakRSSMiB         float64        `json:"peak_rss_mib"`
@@ -69,23 +72,31 @@ func checkBench(t *testing.T, got benchJSON, keys map[string]any, notifications,
 	for _, k := range []string{"notifications", "tasks", "workers", "batch", "duplicates", "pool_max_conns", "server",
 		"create_calls", "created", "duplicate_answers", "create_seconds", "creates_per_sec", "create_call_ms",
 		"deliveries", "deliver_seconds", "deliveries_per_sec", "create_to_sent_ms", "claim_ms", "finish_ms",
-		"db_xacts_per_delivery", "cpu_ms_per_delivery", "peak_rss_mib", "outbound", "check"} {
+		"finish_then_claim_ms", "pipeline", "claims_alone", "db_xacts_per_delivery", "cpu_ms_per_delivery", "peak_rss_mib", "outbound", "check"} {
 		if _, ok := keys[k]; !ok {
 			t.Errorf("field %q missing", k)
 		}
 	}
-	is.Equal(got.Check, "ok")                                             // every task SENT, one notification per event
-	is.Equal(got.Notifications, notifications)                            // as asked
-	is.Equal(got.Workers, workers)                                        // as asked
-	is.Equal(got.Batch, batch)                                            // as asked
-	is.Equal(got.Created, notifications)                                  // each event created once (R1)
-	is.Equal(got.CreateCalls, notifications+notifications/10)             // --duplicates 0.1 by default
-	is.Equal(got.DuplicateAnswers, notifications/10)                      // the repeats answered created=false
-	is.Equal(got.Tasks, 2*notifications)                                  // push and sms per notification
-	is.Equal(got.Deliveries, got.Tasks)                                   // every task of the main run SENT
-	is.True(got.CreatesPerSec > 0 && got.DeliveriesPerSec > 0)            // rates measured
-	is.True(got.ClaimMS.P50 > 0 && got.ClaimMS.P99 >= got.ClaimMS.P50)    // claim latency measured
-	is.True(got.FinishMS.P50 > 0 && got.FinishMS.P99 >= got.FinishMS.P50) // finish latency measured
+	is.Equal(got.Check, "ok")                                          // every task SENT, one notification per event
+	is.Equal(got.Notifications, notifications)                         // as asked
+	is.Equal(got.Workers, workers)                                     // as asked
+	is.Equal(got.Batch, batch)                                         // as asked
+	is.Equal(got.Created, notifications)                               // each event created once (R1)
+	is.Equal(got.CreateCalls, notifications+notifications/10)          // --duplicates 0.1 by default
+	is.Equal(got.DuplicateAnswers, notifications/10)                   // the repeats answered created=false
+	is.Equal(got.Tasks, 2*notifications)                               // push and sms per notification
+	is.Equal(got.Deliveries, got.Tasks)                                // every task of the main run SENT
+	is.True(got.CreatesPerSec > 0 && got.DeliveriesPerSec > 0)         // rates measured
+	is.True(got.ClaimMS.P50 > 0 && got.ClaimMS.P99 >= got.ClaimMS.P50) // claim latency measured
+	is.True(got.ClaimsAlone >= 1)                                      // a worker's first claim is alone at least
+	if got.Pipeline {                                                  // finishes carried the next claim
+		is.True(got.FinishThenClaimMS.P50 > 0 && got.FinishThenClaimMS.P99 >= got.FinishThenClaimMS.P50) // measured
+		is.True(got.ClaimsAlone < got.Claims)                                                            // most claims rode with a finish
+	} else {
+		is.True(got.FinishMS.P50 > 0 && got.FinishMS.P99 >= got.FinishMS.P50) // finish latency measured
+		is.Equal(got.FinishThenClaimMS.P50, 0.0)                              // no finish carried a claim
+		is.Equal(got.ClaimsAlone, got.Claims)                                 // every claim went alone
+	}
 	is.True(got.CreateToSentMS.P50 > 0 && got.CreateToSentMS.P99 >= got.CreateToSentMS.P50)
 	// Two transactions per claim-and-finish cycle, a few empty claims at the end: per task at batch 1,
 	// per batch otherwise.
@@ -117,9 +128,10 @@ func checkBench(t *testing.T, got benchJSON, keys map[string]any, notifications,
 
 func TestBench(t *testing.T) {
 	c, _ := newCLI(t)
-	got, keys := runBenchJSON(t, c, "--notifications", "200", "--warmup", "50", "--workers", "4")
+	got, keys := runBenchJSON(t, c, "--notifications", "200", "--warmup", "50", "--workers", "4", "--pipeline=false")
 	checkBench(t, got, keys, 200, 4, 1)
 	is := is.New(t)
+	is.True(!got.Pipeline)                                      // --pipeline=false: claims and finishes on their own
 	is.Equal(got.WarmupDeliveries, 100)                         // --warmup 50: push and sms each, before the figures
 	is.Equal(got.Outbound, got.Deliveries+got.WarmupDeliveries) // each sent once, warm-up included in the final check
 	if got.History != nil {
@@ -132,6 +144,7 @@ func TestBenchBatchedWithHistory(t *testing.T) {
 	c, _ := newCLI(t)
 	got, keys := runBenchJSON(t, c, "--notifications", "200", "--warmup", "0", "--workers", "4", "--batch", "8", "--history", "2000")
 	checkBench(t, got, keys, 200, 4, 8)
+	is.True(got.Pipeline) // by default, as notifier work does
 	h := got.History
 	is.True(h != nil)                                                   // --history measured
 	is.Equal(h.Rows, 2000)                                              // finished tasks added

@@ -53,7 +53,7 @@ func benchCommand(e *env) *cli.Command {
 		Usage: "load-test create and delivery end to end against in-process fakes (throwaway database!)",
 		UsageText: "notifier bench [--notifications 20000] [--warmup 4000] [--workers 8] [--batch 1] [--duplicates 0.1]\n" +
 			"   [--history N] [--probe N] [--pgbench[=false]] [--pgbench-scripts DIR] [--json] [--timeout 30m]\n" +
-			"   [--skip-calls] [--cpuprofile FILE]",
+			"   [--pipeline[=false]] [--skip-calls] [--cpuprofile FILE]",
 		Description: benchDescription,
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "notifications", Value: 20000, Usage: "events to create (each gets a push and an sms task)"},
@@ -67,6 +67,7 @@ func benchCommand(e *env) *cli.Command {
 			&cli.StringFlag{Name: "pgbench-scripts", Usage: "directory of setup.sql and claim_finish.sql (default: testdata/bench here or above)"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object instead of the table (and no progress bar)"},
 			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Minute, Usage: "give up after this long"},
+			&cli.BoolFlag{Name: "pipeline", Value: true, Usage: "send each finish with the next claim in one round trip, as `notifier work` does (=false: on their own, one round trip more per delivery)"},
 			&cli.BoolFlag{Name: "skip-calls", Usage: "do not call the fakes: record ACCEPTED at once (the database side alone)"},
 			&cli.StringFlag{Name: "cpuprofile", Usage: "write a Go CPU profile of the deliver phase to this file (go tool pprof)"},
 		},
@@ -95,6 +96,7 @@ type benchConfig struct {
 	timeout       time.Duration
 	cpuprofile    string
 	skipCalls     bool
+	pipeline      bool
 }
 
 // benchCreators is how many goroutines submit creates at once.
@@ -105,7 +107,7 @@ func parseBench(c *cli.Context) (benchConfig, error) {
 		notifications: c.Int("notifications"), warmup: c.Int("warmup"), workers: c.Int("workers"), batch: c.Int("batch"),
 		duplicates: c.Float64("duplicates"), history: c.Int("history"), probe: c.Int("probe"),
 		pgbench: "auto", scripts: c.String("pgbench-scripts"), json: c.Bool("json"), timeout: c.Duration("timeout"),
-		cpuprofile: c.String("cpuprofile"), skipCalls: c.Bool("skip-calls"),
+		cpuprofile: c.String("cpuprofile"), skipCalls: c.Bool("skip-calls"), pipeline: c.Bool("pipeline"),
 	}
 	if c.IsSet("pgbench") {
 		cfg.pgbench = map[bool]string{true: "on", false: "off"}[c.Bool("pgbench")]
@@ -167,7 +169,7 @@ func runBench(ctx context.Context, e *env, cfg benchConfig) (err error) {
 	if !cfg.json && isTerminal(e.stderr) {
 		b.bar = e.stderr
 	}
-	rep := &benchReport{SkipCalls: cfg.skipCalls, Notifications: cfg.notifications, Channels: len(benchChannels), Workers: cfg.workers,
+	rep := &benchReport{SkipCalls: cfg.skipCalls, Pipeline: cfg.pipeline, Notifications: cfg.notifications, Channels: len(benchChannels), Workers: cfg.workers,
 		Batch: cfg.batch, Duplicates: cfg.duplicates, PoolMaxConns: poolSize, CPUs: runtime.NumCPU(),
 		LoadAvgStart: loadAvg()}
 
@@ -316,7 +318,7 @@ func (b *bench) warmupRun(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	ds, err := b.deliver(ctx, "warmup", cs.tasks)
+	ds, err := b.deliver(ctx, "warmup", cs.tasks, b.cfg.pipeline)
 	if err != nil {
 		return ds.sent, err
 	}
@@ -352,7 +354,7 @@ func (b *bench) mainRun(ctx context.Context, rep *benchReport) error {
 		return err
 	}
 	cpu0, srv0 := processCPU(), b.serverUsed()
-	ds, err := b.deliver(ctx, "deliver", cs.tasks)
+	ds, err := b.deliver(ctx, "deliver", cs.tasks, b.cfg.pipeline)
 	cpu, srv := processCPU()-cpu0, b.serverUsed()-srv0
 	if perr := stopProfile(); err == nil {
 		err = perr
@@ -369,6 +371,7 @@ func (b *bench) mainRun(ctx context.Context, rep *benchReport) error {
 	rep.OtherResults = ds.other
 	rep.Claims, rep.EmptyClaims = ds.claims, ds.emptyClaims
 	rep.ClaimMS, rep.FinishMS = percentiles(ds.claimLat), percentiles(ds.finishLat)
+	rep.FinishThenClaimMS, rep.ClaimsAlone = percentiles(ds.handoffLat), len(ds.claimLat)
 	if ds.sent > 0 {
 		rep.DBXactsPerDelivery = float64(commits1-commits0) / float64(ds.sent)
 		rep.CPUMSPerDelivery = msPer(cpu, ds.sent)
@@ -468,35 +471,39 @@ func benchServer(s dbgen.BenchSettingsRow) serverInfo {
 
 // benchReport is what bench prints: the table, or with --json this object.
 type benchReport struct {
-	Notifications      int            `json:"notifications"`
-	Channels           int            `json:"channels"`
-	Tasks              int            `json:"tasks"`
-	Workers            int            `json:"workers"`
-	Batch              int            `json:"batch"`
-	Duplicates         float64        `json:"duplicates"`
-	PoolMaxConns       int            `json:"pool_max_conns"`
-	Server             serverInfo     `json:"server"`
-	CPUs               int            `json:"cpus"`
-	LoadAvgStart       []float64      `json:"load_avg_start"`
-	LoadAvgEnd         []float64      `json:"load_avg_end"`
-	CreateCalls        int            `json:"create_calls"`
-	Created            int            `json:"created"`
-	DuplicateAnswers   int            `json:"duplicate_answers"`
-	CreateSeconds      float64        `json:"create_seconds"`
-	CreatesPerSec      float64        `json:"creates_per_sec"`
-	CreateCallMS       latency        `json:"create_call_ms"`
-	WarmupDeliveries   int            `json:"warmup_deliveries"` // before anything was measured, not in the figures
-	Deliveries         int            `json:"deliveries"`
-	DeliverSeconds     float64        `json:"deliver_seconds"`
-	DeliveriesPerSec   float64        `json:"deliveries_per_sec"`
-	OtherResults       map[string]int `json:"other_results"`
-	Claims             int            `json:"claims"`
-	EmptyClaims        int            `json:"empty_claims"`
-	CreateToSentMS     latency        `json:"create_to_sent_ms"`
-	ClaimMS            latency        `json:"claim_ms"`
-	FinishMS           latency        `json:"finish_ms"`
-	DBXactsPerDelivery float64        `json:"db_xacts_per_delivery"`
-	CPUMSPerDelivery   float64        `json:"cpu_ms_per_delivery"`
+	Notifications    int            `json:"notifications"`
+	Channels         int            `json:"channels"`
+	Tasks            int            `json:"tasks"`
+	Workers          int            `json:"workers"`
+	Batch            int            `json:"batch"`
+	Duplicates       float64        `json:"duplicates"`
+	PoolMaxConns     int            `json:"pool_max_conns"`
+	Server           serverInfo     `json:"server"`
+	CPUs             int            `json:"cpus"`
+	LoadAvgStart     []float64      `json:"load_avg_start"`
+	LoadAvgEnd       []float64      `json:"load_avg_end"`
+	CreateCalls      int            `json:"create_calls"`
+	Created          int            `json:"created"`
+	DuplicateAnswers int            `json:"duplicate_answers"`
+	CreateSeconds    float64        `json:"create_seconds"`
+	CreatesPerSec    float64        `json:"creates_per_sec"`
+	CreateCallMS     latency        `json:"create_call_ms"`
+	WarmupDeliveries int            `json:"warmup_deliveries"` // before anything was measured, not in the figures
+	Deliveries       int            `json:"deliveries"`
+	DeliverSeconds   float64        `json:"deliver_seconds"`
+	DeliveriesPerSec float64        `json:"deliveries_per_sec"`
+	OtherResults     map[string]int `json:"other_results"`
+	Claims           int            `json:"claims"`
+	EmptyClaims      int            `json:"empty_claims"`
+	CreateToSentMS   latency        `json:"create_to_sent_ms"`
+	ClaimMS          latency        `json:"claim_ms"`
+	FinishMS         latency        `json:"finish_ms"`
+	// Finishes that carried the next claim (--pipeline): TaskFinish, the claim, and its start.
+	FinishThenClaimMS  latency `json:"finish_then_claim_ms"`
+	Pipeline           bool    `json:"pipeline"`
+	ClaimsAlone        int     `json:"claims_alone"` // claims with tasks not carried by a finish
+	DBXactsPerDelivery float64 `json:"db_xacts_per_delivery"`
+	CPUMSPerDelivery   float64 `json:"cpu_ms_per_delivery"`
 	// The PostgreSQL server's CPU (all its processes) over the deliver phase, when it runs here.
 	ServerCPUMSPerDelivery float64        `json:"server_cpu_ms_per_delivery,omitempty"`
 	ServerCPUSkipped       string         `json:"server_cpu_skipped,omitempty"`
@@ -532,8 +539,13 @@ func (r *benchReport) print(w io.Writer) error {
 	p("\n%-32s %10s %9s\n", "latency (ms)", "p50", "p99")
 	p("%-32s %10.2f %9.2f\n", "create -> SENT", r.CreateToSentMS.P50, r.CreateToSentMS.P99)
 	p("%-32s %10.2f %9.2f\n", "create call", r.CreateCallMS.P50, r.CreateCallMS.P99)
-	p("%-32s %10.2f %9.2f   (%d claims with tasks, %d empty)\n", "claim transaction", r.ClaimMS.P50, r.ClaimMS.P99, r.Claims, r.EmptyClaims)
-	p("%-32s %10.2f %9.2f\n", "finish transaction", r.FinishMS.P50, r.FinishMS.P99)
+	if r.Pipeline {
+		p("%-32s %10.2f %9.2f   (%d of %d claims with tasks; %d empty)\n", "claim transaction alone", r.ClaimMS.P50, r.ClaimMS.P99, r.ClaimsAlone, r.Claims, r.EmptyClaims)
+		p("%-32s %10.2f %9.2f   (TaskFinish in the claim's first round trip, until the claim committed)\n", "finish + next claim", r.FinishThenClaimMS.P50, r.FinishThenClaimMS.P99)
+	} else {
+		p("%-32s %10.2f %9.2f   (%d claims with tasks, %d empty)\n", "claim transaction", r.ClaimMS.P50, r.ClaimMS.P99, r.Claims, r.EmptyClaims)
+		p("%-32s %10.2f %9.2f\n", "finish transaction", r.FinishMS.P50, r.FinishMS.P99)
+	}
 	p("\n%-32s %10.2f   (xact_commit delta over the deliver phase / deliveries)\n", "db transactions per delivery", r.DBXactsPerDelivery)
 	p("%-32s %10.3f   (this process: workers, fakes and HTTP on both sides)\n", "client CPU ms per delivery", r.CPUMSPerDelivery)
 	if r.ServerCPUSkipped == "" {
