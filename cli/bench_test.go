@@ -230,7 +230,7 @@ func pgbenchScript(t *testing.T) string {
 -- query: NOTIFIER_UPDATE_BENCH=1 go test ./cli -run TestPgbenchScript
 --
 -- One delivery as a Go worker makes it at --batch 1 (Dispatcher.ClaimBatch, then Dispatcher.FinishBatch
--- with an ACCEPTED observation): the claim transaction and the finish statement of one task, statement
+-- or FinishBatchThenClaim with an ACCEPTED observation): the claim transaction and the finish statement of one task, statement
 -- for statement, with the parameters of one task: arrays of one element, the task id and attempt token
 -- taken from the claim with \gset, constants where the worker sends constants. Run it with -M prepared
 -- (pgx prepares every statement too) and the workers' plan_cache_mode (service.WorkerPlanCacheMode)
@@ -240,9 +240,10 @@ func pgbenchScript(t *testing.T) string {
 --   PGOPTIONS='-c plan_cache_mode=force_generic_plan' \
 --     pgbench -n -M prepared -c 8 -j 2 -t 5000 -f testdata/bench/claim_finish.sql "$DATABASE_URL"
 --
--- Same statements, not the same round trips: the worker pipelines TxBegin with TaskClaim and
--- TaskStartAttempts with TxCommit (3 round trips per delivery); pgbench cannot pipeline a statement
--- whose result it \gsets, so here each of the 5 statements waits for its answer.
+-- Same statements, not the same round trips: the worker sends the previous task's TaskFinish with
+-- TxBegin and TaskClaim, then TaskStartAttempts with TxCommit (2 round trips per delivery); pgbench
+-- cannot pipeline a statement whose result it \gsets, so here each of the 5 statements waits for its
+-- answer.
 \set max_tasks 1
 \set lease_seconds 60
 `)

@@ -74,7 +74,8 @@ and RESULT are logged on stderr. With --metrics-addr it serves Prometheus metric
 
 Its database connections start with plan_cache_mode=force_generic_plan (its statements are prepared
 once and planned once), unless the database URL or PGOPTIONS sets plan_cache_mode; behind PgBouncer
-see README "Running against your own database".
+see README "Running against your own database". While tasks keep coming, each finish travels with the
+next claim in one round trip, committed on its own before the claim begins.
 
 With --once: runs one claim-call-finish cycle and prints one JSON object on stdout:
   {"result":"NOTHING"}
