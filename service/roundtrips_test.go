@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/matryer/is"
 
@@ -116,4 +117,43 @@ func TestDeliveryRoundTrips(t *testing.T) {
 	cycle(1)                     // prepares the pipelined statements
 	is.Equal(cycle(1), int64(2)) // TaskFinish+BEGIN+TaskClaim, TaskStartAttempts+COMMIT
 	is.Equal(cycle(0), int64(2)) // TaskFinish+BEGIN+TaskClaim, COMMIT: nothing left
+}
+
+// Connections told not to prepare statements (for poolers that drop them) finish and claim on their own:
+// the same results, one round trip more.
+func TestFinishThenClaimWithoutPreparedStatements(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "push")
+	cfg, err := pgxpool.ParseConfig(e.pool.Config().ConnString())
+	is.NoErr(err)                                               // pool config
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec // as default_query_exec_mode=exec in the URL
+	trips := &roundTrips{}
+	cfg.ConnConfig.DialFunc = trips.dial
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
+	is.NoErr(err) // counted pool
+	t.Cleanup(pool.Close)
+	client, err := httpchannel.New(e.push.URL(), httpchannel.Options{})
+	is.NoErr(err) // push client
+	d, err := service.NewDispatcher(pool, service.DispatcherConfig{
+		Worker: "w-exec", Routes: map[string]service.Route{"push": {Mode: service.ModeIdempotent, Client: client}},
+	})
+	is.NoErr(err) // dispatcher
+	for _, event := range []string{"x1", "x2"} {
+		e.create("u1", event, time.Hour, 3)
+	}
+	attempts, _, err := d.ClaimBatch(e.ctx, 1)
+	is.NoErr(err)              // first claim
+	is.Equal(len(attempts), 1) // one task
+	start := trips.n.Load()
+	h := d.FinishBatchThenClaim(e.ctx, attempts, d.CallAll(e.ctx, attempts), 1)
+	is.NoErr(h.FinishErr)                            // finish
+	is.NoErr(h.ClaimErr)                             // next claim
+	is.Equal(h.Finished[0].Kind, service.ResultSent) // delivered
+	is.Equal(len(h.Next), 1)                         // the second task claimed
+	is.Equal(trips.n.Load()-start, int64(3))         // TaskFinish; BEGIN+TaskClaim; TaskStartAttempts+COMMIT
+	results, err := d.FinishBatch(e.ctx, h.Next, d.CallAll(e.ctx, h.Next))
+	is.NoErr(err)                                 // last finish
+	is.Equal(results[0].Kind, service.ResultSent) // delivered too
 }
