@@ -11,6 +11,7 @@ package service_test
 //	go test -run '^$' -bench . -benchtime=2000x ./service/
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"testing"
@@ -152,5 +153,48 @@ func BenchmarkDeliverBatch8(b *testing.B) {
 	b.ReportMetric(float64(batch*b.N)/b.Elapsed().Seconds(), "tasks/s")
 	if got := e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENT'`); got != int64(batch*b.N) {
 		b.Fatalf("%d tasks SENT, want %d", got, batch*b.N)
+	}
+}
+
+// BenchmarkDeliver: one task per iteration through a worker's cycle, the finish carrying the next claim
+// (FinishBatchThenClaim: 2 round trips per delivery); BenchmarkDeliverSeparately claims and finishes on
+// their own (3). One worker, so the difference is the round trip, not contention.
+func BenchmarkDeliver(b *testing.B)           { benchmarkDeliver(b, true) }
+func BenchmarkDeliverSeparately(b *testing.B) { benchmarkDeliver(b, false) }
+
+func benchmarkDeliver(b *testing.B, pipeline bool) {
+	e := newEnv(b)
+	e.dueTasks(b.N)
+	d := e.dispatcher(dcfg{})
+	ctx := context.Background()
+	b.ResetTimer()
+	attempts, _, err := d.ClaimBatch(ctx, 1)
+	for i := range b.N {
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(attempts) != 1 {
+			b.Fatalf("delivery %d: claimed %d tasks, want 1", i, len(attempts))
+		}
+		obs := d.CallAll(ctx, attempts)
+		var results []service.Result
+		if pipeline && i < b.N-1 {
+			h := d.FinishBatchThenClaim(ctx, attempts, obs, 1)
+			results, attempts, err = h.Finished, h.Next, cmp.Or(h.FinishErr, h.ClaimErr)
+		} else {
+			if results, err = d.FinishBatch(ctx, attempts, obs); err == nil && i < b.N-1 {
+				attempts, _, err = d.ClaimBatch(ctx, 1)
+			}
+		}
+		if err == nil && results[0].Kind != service.ResultSent {
+			b.Fatalf("delivery %d: %+v", i, results[0])
+		}
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	if got := e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENT'`); got != int64(b.N) {
+		b.Fatalf("%d tasks SENT, want %d", got, b.N)
 	}
 }
