@@ -50,27 +50,120 @@ func (b *bench) pgbenchCompare(ctx context.Context, rep *benchReport) error {
 		b.notef("pgbench skipped: %v", err)
 		return nil
 	}
+	g, err := b.runPgbench(ctx, bin, scripts, rep.Deliveries, rep.Server.PlanCacheMode)
+	if err != nil {
+		return err
+	}
+	g.GoVsPgbench = ratio(rep.DeliveriesPerSec, g.TPS)
+	rep.Pgbench = g
+	b.notef("pgbench: %.0f tps; Go %.0f deliveries/s = %.2f x pgbench", g.TPS, rep.DeliveriesPerSec, g.GoVsPgbench)
+	if b.cfg.rounds < 2 {
+		return nil
+	}
+	rep.Rounds = []roundReport{{Round: 1, Deliveries: rep.Deliveries, DeliveriesPerSec: round3(rep.DeliveriesPerSec),
+		PgbenchTPS: g.TPS, GoVsPgbench: g.GoVsPgbench, CPUMSPerDelivery: round3(rep.CPUMSPerDelivery),
+		ServerCPUMSPerDelivery: round3(rep.ServerCPUMSPerDelivery), PgbenchCPUMSPerDelivery: g.ClientCPUMSPerDelivery,
+		PgbenchServerCPUMSPerDelivery: g.ServerCPUMSPerDelivery}}
+	for n := 2; n <= b.cfg.rounds; n++ {
+		r, err := b.compareRound(ctx, n, bin, scripts, rep.Server.PlanCacheMode)
+		if err != nil {
+			return err
+		}
+		rep.Rounds = append(rep.Rounds, r)
+	}
+	ratios := make([]float64, len(rep.Rounds))
+	for i, r := range rep.Rounds {
+		ratios[i] = r.GoVsPgbench
+	}
+	rep.MedianGoVsPgbench = round3(median(ratios))
+	b.notef("rounds: Go / pgbench %v, median %.2f", ratios, rep.MedianGoVsPgbench)
+	return nil
+}
+
+// roundReport is one Go deliver phase and the pgbench run after it (--rounds).
+type roundReport struct {
+	Round                         int     `json:"round"`
+	Deliveries                    int     `json:"deliveries"`
+	DeliveriesPerSec              float64 `json:"deliveries_per_sec"`
+	PgbenchTPS                    float64 `json:"pgbench_tps"`
+	GoVsPgbench                   float64 `json:"go_vs_pgbench"`
+	CPUMSPerDelivery              float64 `json:"cpu_ms_per_delivery"`
+	ServerCPUMSPerDelivery        float64 `json:"server_cpu_ms_per_delivery,omitempty"`
+	PgbenchCPUMSPerDelivery       float64 `json:"pgbench_cpu_ms_per_delivery"`
+	PgbenchServerCPUMSPerDelivery float64 `json:"pgbench_server_cpu_ms_per_delivery,omitempty"`
+}
+
+// compareRound is one more pair after the first: --notifications created (no duplicates: only the
+// deliveries are compared), delivered by the workers, then as many replayed by pgbench. Alternating
+// the two sides makes a machine whose speed drifts (shared cores) weigh on both alike.
+func (b *bench) compareRound(ctx context.Context, n int, bin, scripts, planCacheMode string) (roundReport, error) {
+	label := fmt.Sprintf("round%d", n)
+	cs, err := b.createAll(ctx, label, b.cfg.notifications, 0)
+	if err != nil {
+		return roundReport{}, err
+	}
+	dctx, cancel := b.e.dbContext(ctx)
+	err = b.q.BenchAnalyze(dctx)
+	cancel()
+	if err != nil {
+		return roundReport{}, fmt.Errorf("bench: analyze: %w", err)
+	}
+	cpu0, srv0 := processCPU(), b.serverUsed()
+	ds, err := b.deliver(ctx, label+" deliver", cs.tasks, b.cfg.pipeline)
+	cpu, srv := processCPU()-cpu0, b.serverUsed()-srv0
+	if err != nil {
+		return roundReport{}, err
+	}
+	r := roundReport{Round: n, Deliveries: ds.sent, DeliveriesPerSec: round3(float64(ds.sent) / ds.seconds)}
+	if ds.sent > 0 {
+		r.CPUMSPerDelivery = round3(msPer(cpu, ds.sent))
+		if b.server != nil {
+			r.ServerCPUMSPerDelivery = round3(msPer(srv, ds.sent))
+		}
+	}
+	g, err := b.runPgbench(ctx, bin, scripts, ds.sent, planCacheMode)
+	if err != nil {
+		return roundReport{}, err
+	}
+	r.PgbenchTPS, r.GoVsPgbench = g.TPS, ratio(r.DeliveriesPerSec, g.TPS)
+	r.PgbenchCPUMSPerDelivery, r.PgbenchServerCPUMSPerDelivery = g.ClientCPUMSPerDelivery, g.ServerCPUMSPerDelivery
+	b.notef("round %d: Go %.0f deliveries/s, pgbench %.0f tps = %.2f", n, r.DeliveriesPerSec, r.PgbenchTPS, r.GoVsPgbench)
+	return r, nil
+}
+
+// median of xs (not empty); xs is sorted in place.
+func median(xs []float64) float64 {
+	slices.Sort(xs)
+	if len(xs)%2 == 1 {
+		return xs[len(xs)/2]
+	}
+	return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
+}
+
+// runPgbench prepares deliveries due tasks with setup.sql and replays them with pgbench: as many clients
+// as workers, the workers' plan_cache_mode.
+func (b *bench) runPgbench(ctx context.Context, bin, scripts string, deliveries int, planCacheMode string) (*pgbenchReport, error) {
 	clients := b.cfg.workers
-	perClient := (rep.Deliveries + clients - 1) / clients
+	perClient := (deliveries + clients - 1) / clients
 	g := &pgbenchReport{Script: filepath.Join(scripts, "claim_finish.sql"), Clients: clients,
 		Threads: min(clients, runtime.NumCPU()), Transactions: perClient * clients}
 	conn, env, err := libpqConn(b.e.dbURL)
 	if err != nil {
-		return fmt.Errorf("bench: pgbench: %w", err)
+		return nil, fmt.Errorf("bench: pgbench: %w", err)
 	}
 	b.notef("pgbench: preparing %d tasks (psql -f %s)", g.Transactions, filepath.Join(scripts, "setup.sql"))
 	setup := exec.CommandContext(ctx, filepath.Join(bin, "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
 		"-v", "tasks="+strconv.Itoa(g.Transactions), "-f", filepath.Join(scripts, "setup.sql"), "-d", conn)
 	setup.Env = env
 	if out, err := setup.CombinedOutput(); err != nil {
-		return fmt.Errorf("bench: pgbench setup: %w: %s", err, bytes.TrimSpace(out))
+		return nil, fmt.Errorf("bench: pgbench setup: %w: %s", err, bytes.TrimSpace(out))
 	}
 	b.notef("pgbench: %d clients x %d deliveries (PGOPTIONS='-c plan_cache_mode=%s' pgbench -n -M prepared -c %d -j %d -t %d -f %s)",
-		clients, perClient, rep.Server.PlanCacheMode, clients, g.Threads, perClient, g.Script)
+		clients, perClient, planCacheMode, clients, g.Threads, perClient, g.Script)
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, "pgbench"), "-n", "-M", "prepared",
 		"-c", strconv.Itoa(clients), "-j", strconv.Itoa(g.Threads), "-t", strconv.Itoa(perClient), "-f", g.Script, conn)
 	// The same session setting as the workers' connections: the plans are part of what is replayed.
-	cmd.Env = withPGOption(env, "plan_cache_mode", rep.Server.PlanCacheMode)
+	cmd.Env = withPGOption(env, "plan_cache_mode", planCacheMode)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	started, srv0 := time.Now(), b.serverUsed()
@@ -78,10 +171,10 @@ func (b *bench) pgbenchCompare(ctx context.Context, rep *benchReport) error {
 	srv := b.serverUsed() - srv0
 	g.Seconds = round3(time.Since(started).Seconds())
 	if err != nil {
-		return fmt.Errorf("bench: pgbench: %w: %s", err, lastLines(stderr.String()+stdout.String(), 5))
+		return nil, fmt.Errorf("bench: pgbench: %w: %s", err, lastLines(stderr.String()+stdout.String(), 5))
 	}
 	if err := parsePgbench(stdout.String(), g); err != nil {
-		return fmt.Errorf("bench: pgbench: %w", err)
+		return nil, fmt.Errorf("bench: pgbench: %w", err)
 	}
 	if st := cmd.ProcessState; st != nil && g.Transactions > 0 {
 		g.ClientCPUMSPerDelivery = round3(msPer(st.UserTime()+st.SystemTime(), g.Transactions))
@@ -89,10 +182,7 @@ func (b *bench) pgbenchCompare(ctx context.Context, rep *benchReport) error {
 			g.ServerCPUMSPerDelivery = round3(msPer(srv, g.Transactions))
 		}
 	}
-	g.GoVsPgbench = ratio(rep.DeliveriesPerSec, g.TPS)
-	rep.Pgbench = g
-	b.notef("pgbench: %.0f tps; Go %.0f deliveries/s = %.2f x pgbench", g.TPS, rep.DeliveriesPerSec, g.GoVsPgbench)
-	return nil
+	return g, nil
 }
 
 var (

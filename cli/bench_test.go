@@ -33,6 +33,8 @@ type benchJSON struct {
 	FinishThenClaimMS  latency        `json:"finish_then_claim_ms"`
 	Pipeline           bool           `json:"pipeline"`
 	ClaimsAlone        int            `json:"claims_alone"`
+	Rounds             []roundReport  `json:"rounds"`
+	MedianGoVsPgbench  float64        `json:"median_go_vs_pgbench"`
 	Claims             int            `json:"claims"`
 	DBXactsPerDelivery float64        `json:"db_xacts_per_delivery"`
 	PeakRSSMiB         float64        `json:"peak_rss_mib"`
@@ -167,6 +169,9 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 		{"bench", "--duplicates", "-1"},
 		{"bench", "--notifications", "0"},
 		{"bench", "--warmup", "-1"},
+		{"bench", "--rounds", "0"},
+		{"bench", "--rounds", "21"},
+		{"bench", "--rounds", "2", "--pgbench=false"},
 	} {
 		r := c.run("", args...)
 		if r.code != exitUsage {
@@ -311,4 +316,25 @@ func TestWithPGOption(t *testing.T) {
 	is.Equal(env, []string{"PATH=/bin", "PGOPTIONS=-c work_mem=64MB -c plan_cache_mode=force_generic_plan"}) // added to the user's options
 	env = withPGOption([]string{"PATH=/bin"}, "plan_cache_mode", "auto")
 	is.Equal(env, []string{"PATH=/bin", "PGOPTIONS=-c plan_cache_mode=auto"}) // or set alone
+}
+
+// --rounds alternates Go deliver phases and pgbench runs and reports each ratio and their median.
+func TestBenchRounds(t *testing.T) {
+	is := is.New(t)
+	c, _ := newCLI(t)
+	got, keys := runBenchJSON(t, c, "--notifications", "100", "--warmup", "0", "--workers", "2", "--rounds", "2")
+	checkBench(t, got, keys, 100, 2, 1)
+	if got.Pgbench == nil {
+		t.Skipf("pgbench not found: %s", got.PgbenchSkipped)
+	}
+	is.Equal(len(got.Rounds), 2)                                 // the main pair and one more
+	is.Equal(got.Rounds[0].GoVsPgbench, got.Pgbench.GoVsPgbench) // the first is the main run's
+	for _, r := range got.Rounds {
+		is.Equal(r.Deliveries, 200)                         // 100 notifications x 2 channels each round
+		is.True(r.DeliveriesPerSec > 0 && r.PgbenchTPS > 0) // both sides measured
+		is.True(r.GoVsPgbench > 0)                          // and compared
+	}
+	lo, hi := min(got.Rounds[0].GoVsPgbench, got.Rounds[1].GoVsPgbench), max(got.Rounds[0].GoVsPgbench, got.Rounds[1].GoVsPgbench)
+	is.True(got.MedianGoVsPgbench >= lo-0.001 && got.MedianGoVsPgbench <= hi+0.001) // the median of two lies between them
+	is.Equal(got.Outbound, 2*200)                                                   // every round's tasks sent once, in the final check
 }

@@ -39,7 +39,10 @@ once, and --workers goroutines, each with its own dispatcher, over one connectio
   4. pgbench (when found next to the server binaries, or with --pgbench): the claim and finish SQL of one
      task replayed by pgbench (testdata/bench/claim_finish.sql) with as many clients as workers, for as
      many deliveries, and the workers' plan_cache_mode; the Go side's deliveries/s is reported as a
-     ratio of pgbench's.
+     ratio of pgbench's. With --rounds R, R-1 more pairs follow (--notifications created and
+     delivered, then as many replayed by pgbench), alternated, and the median of the R ratios is
+     reported: on shared cores a single pair varies with the machine.
+  2-4 deliver as notifier work does: each finish travels with the next claim (--pipeline=false: apart).
 When PostgreSQL runs on this machine, the CPU its processes use per delivery is reported for the Go
 side and for pgbench (read from /proc), beside the client's.
 It prints a table (--json: one object) and fails (exit 1) if a task is not SENT, an event has more than
@@ -53,7 +56,7 @@ func benchCommand(e *env) *cli.Command {
 		Usage: "load-test create and delivery end to end against in-process fakes (throwaway database!)",
 		UsageText: "notifier bench [--notifications 20000] [--warmup 4000] [--workers 8] [--batch 1] [--duplicates 0.1]\n" +
 			"   [--history N] [--probe N] [--pgbench[=false]] [--pgbench-scripts DIR] [--json] [--timeout 30m]\n" +
-			"   [--pipeline[=false]] [--skip-calls] [--cpuprofile FILE]",
+			"   [--rounds 1] [--pipeline[=false]] [--skip-calls] [--cpuprofile FILE]",
 		Description: benchDescription,
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "notifications", Value: 20000, Usage: "events to create (each gets a push and an sms task)"},
@@ -67,6 +70,7 @@ func benchCommand(e *env) *cli.Command {
 			&cli.StringFlag{Name: "pgbench-scripts", Usage: "directory of setup.sql and claim_finish.sql (default: testdata/bench here or above)"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object instead of the table (and no progress bar)"},
 			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Minute, Usage: "give up after this long"},
+			&cli.IntFlag{Name: "rounds", Value: 1, Usage: "with pgbench: alternate this many Go deliver phases (--notifications each) and pgbench runs, and report every ratio and their median (1-20); on a shared machine one pair says little"},
 			&cli.BoolFlag{Name: "pipeline", Value: true, Usage: "send each finish with the next claim in one round trip, as `notifier work` does (=false: on their own, one round trip more per delivery)"},
 			&cli.BoolFlag{Name: "skip-calls", Usage: "do not call the fakes: record ACCEPTED at once (the database side alone)"},
 			&cli.StringFlag{Name: "cpuprofile", Usage: "write a Go CPU profile of the deliver phase to this file (go tool pprof)"},
@@ -97,6 +101,7 @@ type benchConfig struct {
 	cpuprofile    string
 	skipCalls     bool
 	pipeline      bool
+	rounds        int
 }
 
 // benchCreators is how many goroutines submit creates at once.
@@ -108,6 +113,7 @@ func parseBench(c *cli.Context) (benchConfig, error) {
 		duplicates: c.Float64("duplicates"), history: c.Int("history"), probe: c.Int("probe"),
 		pgbench: "auto", scripts: c.String("pgbench-scripts"), json: c.Bool("json"), timeout: c.Duration("timeout"),
 		cpuprofile: c.String("cpuprofile"), skipCalls: c.Bool("skip-calls"), pipeline: c.Bool("pipeline"),
+		rounds: c.Int("rounds"),
 	}
 	if c.IsSet("pgbench") {
 		cfg.pgbench = map[bool]string{true: "on", false: "off"}[c.Bool("pgbench")]
@@ -125,6 +131,10 @@ func parseBench(c *cli.Context) (benchConfig, error) {
 		return cfg, usagef("invalid --duplicates %v: want a share from 0 to 10", cfg.duplicates)
 	case cfg.history < 0 || cfg.history > 100_000_000:
 		return cfg, usagef("invalid --history %d: want 0 to 100000000", cfg.history)
+	case cfg.rounds < 1 || cfg.rounds > 20:
+		return cfg, usagef("invalid --rounds %d: want 1 to 20", cfg.rounds)
+	case cfg.rounds > 1 && cfg.pgbench == "off":
+		return cfg, usagef("--rounds %d compares with pgbench: not with --pgbench=false", cfg.rounds)
 	case cfg.probe < 0 || cfg.probe > 1_000_000:
 		return cfg, usagef("invalid --probe %d: want 0 to 1000000", cfg.probe)
 	case cfg.timeout <= 0:
@@ -512,8 +522,12 @@ type benchReport struct {
 	SkipCalls              bool           `json:"skip_calls,omitempty"`
 	History                *historyReport `json:"history,omitempty"`
 	Pgbench                *pgbenchReport `json:"pgbench,omitempty"`
-	PgbenchSkipped         string         `json:"pgbench_skipped,omitempty"`
-	Check                  string         `json:"check"`
+	// --rounds: every pair of a Go deliver phase and pgbench (the first is the main run's), and the
+	// median of their ratios.
+	Rounds            []roundReport `json:"rounds,omitempty"`
+	MedianGoVsPgbench float64       `json:"median_go_vs_pgbench,omitempty"`
+	PgbenchSkipped    string        `json:"pgbench_skipped,omitempty"`
+	Check             string        `json:"check"`
 }
 
 func (r *benchReport) print(w io.Writer) error {
@@ -573,6 +587,14 @@ func (r *benchReport) print(w io.Writer) error {
 		}
 		p("\n")
 		p("Go deliveries/s (batch %d) / pgbench tps (per task) = %.0f / %.0f = %.2f\n", r.Batch, r.DeliveriesPerSec, g.TPS, g.GoVsPgbench)
+		if len(r.Rounds) > 0 {
+			p("\n%-6s %16s %12s %13s %22s %22s\n", "round", "Go deliveries/s", "pgbench tps", "Go / pgbench", "Go CPU ms client/srv", "pgbench CPU ms cl/srv")
+			for _, x := range r.Rounds {
+				p("%-6d %16.0f %12.0f %13.2f %15.3f/%.3f %15.3f/%.3f\n", x.Round, x.DeliveriesPerSec, x.PgbenchTPS, x.GoVsPgbench,
+					x.CPUMSPerDelivery, x.ServerCPUMSPerDelivery, x.PgbenchCPUMSPerDelivery, x.PgbenchServerCPUMSPerDelivery)
+			}
+			p("median Go / pgbench over %d rounds = %.2f\n", len(r.Rounds), r.MedianGoVsPgbench)
+		}
 	} else if r.PgbenchSkipped != "" {
 		p("\npgbench: skipped (%s)\n", r.PgbenchSkipped)
 	}
