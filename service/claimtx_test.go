@@ -20,19 +20,10 @@ import (
 // claimable again.
 func TestClaimTxWritesNothingWhenTheStatementBeforeCommitFails(t *testing.T) {
 	is := is.New(t)
-	ctx := context.Background()
-	pool := pgtest.NewDB(t)
-	n := NewNotifier(pool)
-	for _, ch := range []string{"push", "sms"} {
-		_, err := n.SetPreference(ctx, "u1", ch, "u1@"+ch, true)
-		is.NoErr(err) // preference set
-	}
-	_, _, tasks, err := n.Create(ctx, "u1", "e1", "body", time.Hour, 3)
-	is.NoErr(err)           // notification created
-	is.Equal(len(tasks), 2) // a push and an sms task
+	ctx, n, pool, tasks := twoTasks(t)
 	channels := []string{"push", "sms"}
 
-	err = inClaimTx(ctx, pool, nil, func(q *dbgen.Queries, tx *claimTx) error {
+	err := inClaimTx(ctx, pool, nil, func(q *dbgen.Queries, tx *claimTx) error {
 		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channels: channels, MaxTasks: 2})
 		is.NoErr(err)                                                                                                  // claim
 		is.Equal(len(rows), 2)                                                                                         // both tasks are locked
@@ -47,13 +38,13 @@ func TestClaimTxWritesNothingWhenTheStatementBeforeCommitFails(t *testing.T) {
 	is.True(err != nil)                                        // the failed statement is reported
 	is.True(strings.Contains(err.Error(), "delivery_attempt")) // by the constraint that refused it
 
-	for _, ref := range tasks {
-		task, err := n.Task(ctx, ref.TaskID)
+	for _, id := range tasks {
+		task, err := n.Task(ctx, id)
 		is.NoErr(err)
 		is.Equal(task.State, StatePending) // neither started nor parked: all rolled back with the failed statement
 		is.True(!task.NeedsReview)         // the park was undone
 		is.Equal(task.AttemptCount, 0)     // no attempt counted
-		attempts, err := n.Attempts(ctx, ref.TaskID)
+		attempts, err := n.Attempts(ctx, id)
 		is.NoErr(err)
 		is.Equal(len(attempts), 0) // no attempt row
 	}
@@ -68,8 +59,8 @@ func TestClaimTxWritesNothingWhenTheStatementBeforeCommitFails(t *testing.T) {
 	is.NoErr(err) // the second claim commits
 }
 
-// preludeTasks creates one notification for u1 with a push and an sms task and returns their ids.
-func preludeTasks(t *testing.T) (context.Context, *Notifier, *pgxpool.Pool, []int64) {
+// twoTasks creates one notification for u1 with a push and an sms task and returns their ids.
+func twoTasks(t *testing.T) (context.Context, *Notifier, *pgxpool.Pool, []int64) {
 	is := is.New(t)
 	ctx := context.Background()
 	pool := pgtest.NewDB(t)
@@ -97,7 +88,7 @@ func recordedPrelude(ctx context.Context, run func(q *dbgen.Queries) error) *pre
 // that then fails and rolls back leaves it written.
 func TestPreludeCommitsAloneWhenTheClaimFails(t *testing.T) {
 	is := is.New(t)
-	ctx, n, pool, ids := preludeTasks(t)
+	ctx, n, pool, ids := twoTasks(t)
 	park := recordedPrelude(ctx, func(q *dbgen.Queries) error {
 		return q.TaskPark(ctx, dbgen.TaskParkParams{ID: ids[1], LastError: "parked by the prelude"})
 	})
@@ -128,7 +119,7 @@ func TestPreludeCommitsAloneWhenTheClaimFails(t *testing.T) {
 // A prelude that fails rolls back alone: the claim behind it runs and commits.
 func TestFailedPreludeDoesNotStopTheClaim(t *testing.T) {
 	is := is.New(t)
-	ctx, n, pool, ids := preludeTasks(t)
+	ctx, n, pool, ids := twoTasks(t)
 	bad := recordedPrelude(ctx, func(q *dbgen.Queries) error {
 		_, err := q.TaskStartAttempts(ctx, dbgen.TaskStartAttemptsParams{
 			Ids: []int64{ids[0]}, OutcomeUncertain: []bool{false}, Actions: []string{"NOT-AN-ACTION"},

@@ -37,20 +37,17 @@ func (r *roundTrips) dial(ctx context.Context, network, addr string) (net.Conn, 
 	return countingConn{Conn: conn, trips: r}, nil
 }
 
-// Per delivery a worker waits on the database twice: TaskFinish of the previous batch with BEGIN and
-// TaskClaim (FinishBatchThenClaim), then TaskStartAttempts with COMMIT. Alone, a claim costs two
-// round trips (BEGIN with TaskClaim, TaskStartAttempts with COMMIT) and a finish one; an idle claim
-// two. Round trips are what a worker's throughput pays for on a busy machine (README "What limits
-// throughput here").
-func TestDeliveryRoundTrips(t *testing.T) {
+// countedDispatcher is a push dispatcher on a pool of one connection (so statements prepared by one
+// delivery are reused by the next) whose writes are counted; mode sets the pool's query exec mode.
+func countedDispatcher(t *testing.T, e *env, mode pgx.QueryExecMode) (*service.Dispatcher, *roundTrips) {
 	is := is.New(t)
-	e := newEnv(t)
-	e.user("u1", "push")
+	is.Helper()
 	cfg, err := pgxpool.ParseConfig(e.pool.Config().ConnString())
 	is.NoErr(err) // pool config
+	cfg.ConnConfig.DefaultQueryExecMode = mode
 	trips := &roundTrips{}
 	cfg.ConnConfig.DialFunc = trips.dial
-	cfg.MaxConns = 1 // one connection, so statements prepared by the first delivery are reused
+	cfg.MaxConns = 1
 	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
 	is.NoErr(err) // counted pool
 	t.Cleanup(pool.Close)
@@ -60,6 +57,20 @@ func TestDeliveryRoundTrips(t *testing.T) {
 		Worker: "w-trips", Routes: map[string]service.Route{"push": {Mode: service.ModeIdempotent, Client: client}},
 	})
 	is.NoErr(err) // dispatcher
+	return d, trips
+}
+
+// Per delivery a worker waits on the database twice: TaskFinish of the previous batch with BEGIN and
+// TaskClaim (FinishBatchThenClaim), then TaskStartAttempts with COMMIT. Alone, a claim costs two
+// round trips (BEGIN with TaskClaim, TaskStartAttempts with COMMIT) and a finish one; an idle claim
+// two. Round trips are what a worker's throughput pays for on a busy machine (README "What limits
+// throughput here").
+func TestDeliveryRoundTrips(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "push")
+	d, trips := countedDispatcher(t, e, pgx.QueryExecModeCacheStatement) // pgx's default
+	var err error
 	counted := func(f func()) int64 {
 		start := trips.n.Load()
 		f()
@@ -125,21 +136,7 @@ func TestFinishThenClaimWithoutPreparedStatements(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	e.user("u1", "push")
-	cfg, err := pgxpool.ParseConfig(e.pool.Config().ConnString())
-	is.NoErr(err)                                               // pool config
-	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec // as default_query_exec_mode=exec in the URL
-	trips := &roundTrips{}
-	cfg.ConnConfig.DialFunc = trips.dial
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
-	is.NoErr(err) // counted pool
-	t.Cleanup(pool.Close)
-	client, err := httpchannel.New(e.push.URL(), httpchannel.Options{})
-	is.NoErr(err) // push client
-	d, err := service.NewDispatcher(pool, service.DispatcherConfig{
-		Worker: "w-exec", Routes: map[string]service.Route{"push": {Mode: service.ModeIdempotent, Client: client}},
-	})
-	is.NoErr(err) // dispatcher
+	d, trips := countedDispatcher(t, e, pgx.QueryExecModeExec) // as default_query_exec_mode=exec in the URL
 	for _, event := range []string{"x1", "x2"} {
 		e.create("u1", event, time.Hour, 3)
 	}
