@@ -32,7 +32,8 @@ once, and --workers goroutines, each with its own dispatcher, over one connectio
   1. create: --notifications events for 1000 users with push and sms enabled, plus --duplicates x that
      many repeated submissions of random events, shuffled, from 8 concurrent submitters;
   2. deliver: the workers claim (--batch tasks per claim transaction), call and finish until every task
-     is settled;
+     is settled, as notifier work does: each finish travels with the next claim (--pipeline=false:
+     apart; the claim-latency probes of --history always claim apart);
   3. with --history N: the claim latency on a fresh set of due tasks (--probe notifications) before and
      after N finished tasks are added in bulk, beside the same for the seed's claim query
      (queries/bench.sql BenchSeedClaim, run in a rolled-back transaction);
@@ -42,7 +43,6 @@ once, and --workers goroutines, each with its own dispatcher, over one connectio
      ratio of pgbench's. With --rounds R, R-1 more pairs follow (--notifications created and
      delivered, then as many replayed by pgbench), alternated, and the median of the R ratios is
      reported: on shared cores a single pair varies with the machine.
-  2-4 deliver as notifier work does: each finish travels with the next claim (--pipeline=false: apart).
 When PostgreSQL runs on this machine, the CPU its processes use per delivery is reported for the Go
 side and for pgbench (read from /proc), beside the client's.
 It prints a table (--json: one object) and fails (exit 1) if a task is not SENT, an event has more than
@@ -71,7 +71,7 @@ func benchCommand(e *env) *cli.Command {
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object instead of the table (and no progress bar)"},
 			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Minute, Usage: "give up after this long"},
 			&cli.IntFlag{Name: "rounds", Value: 1, Usage: "with pgbench: alternate this many Go deliver phases (--notifications each) and pgbench runs, and report every ratio and their median (1-20); on a shared machine one pair says little"},
-			&cli.BoolFlag{Name: "pipeline", Value: true, Usage: "send each finish with the next claim in one round trip, as `notifier work` does (=false: on their own, one round trip more per delivery)"},
+			&cli.BoolFlag{Name: "pipeline", Value: true, Usage: "send each finish with the next claim in one round trip, as notifier work does (=false: on their own, one round trip more per delivery)"},
 			&cli.BoolFlag{Name: "skip-calls", Usage: "do not call the fakes: record ACCEPTED at once (the database side alone)"},
 			&cli.StringFlag{Name: "cpuprofile", Usage: "write a Go CPU profile of the deliver phase to this file (go tool pprof)"},
 		},
