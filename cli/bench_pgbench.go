@@ -102,25 +102,16 @@ func (b *bench) compareRound(ctx context.Context, n int, bin, scripts, planCache
 	if err != nil {
 		return roundReport{}, err
 	}
-	dctx, cancel := b.e.dbContext(ctx)
-	err = b.q.BenchAnalyze(dctx)
-	cancel()
-	if err != nil {
-		return roundReport{}, fmt.Errorf("bench: analyze: %w", err)
+	if err := b.analyze(ctx); err != nil {
+		return roundReport{}, err
 	}
-	cpu0, srv0 := processCPU(), b.serverUsed()
 	ds, err := b.deliver(ctx, label+" deliver", cs.tasks, b.cfg.pipeline)
-	cpu, srv := processCPU()-cpu0, b.serverUsed()-srv0
 	if err != nil {
 		return roundReport{}, err
 	}
-	r := roundReport{Round: n, Deliveries: ds.sent, DeliveriesPerSec: round3(float64(ds.sent) / ds.seconds)}
-	if ds.sent > 0 {
-		r.CPUMSPerDelivery = round3(msPer(cpu, ds.sent))
-		if b.server != nil {
-			r.ServerCPUMSPerDelivery = round3(msPer(srv, ds.sent))
-		}
-	}
+	client, server := ds.cpuMSPerDelivery()
+	r := roundReport{Round: n, Deliveries: ds.sent, DeliveriesPerSec: round3(float64(ds.sent) / ds.seconds),
+		CPUMSPerDelivery: round3(client), ServerCPUMSPerDelivery: round3(server)}
 	g, err := b.runPgbench(ctx, bin, scripts, ds.sent, planCacheMode)
 	if err != nil {
 		return roundReport{}, err

@@ -125,6 +125,15 @@ type deliverStats struct {
 	// Claims on their own, finishes on their own, and finishes carrying the next claim.
 	claimLat, finishLat, handoffLat []time.Duration
 	seconds                         float64
+	clientCPU, serverCPU            time.Duration // this process's and the server's (0: not measured)
+}
+
+// cpuMSPerDelivery is the client's and the server's CPU milliseconds per task SENT (0 without any).
+func (st deliverStats) cpuMSPerDelivery() (client, server float64) {
+	if st.sent == 0 {
+		return 0, 0
+	}
+	return msPer(st.clientCPU, st.sent), msPer(st.serverCPU, st.sent)
 }
 
 // deliver runs the workers until target tasks are settled (SENT, or finally not sent), each cycle
@@ -147,7 +156,7 @@ func (b *bench) deliver(ctx context.Context, label string, target int, pipeline 
 		runErr  error
 	)
 	bar := startProgress(b.bar, label, target)
-	started := time.Now()
+	started, cpu0, srv0 := time.Now(), processCPU(), b.serverUsed()
 	for _, d := range b.dispatchers {
 		wg.Add(1)
 		go func() {
@@ -172,6 +181,7 @@ func (b *bench) deliver(ctx context.Context, label string, target int, pipeline 
 	}
 	wg.Wait()
 	st.seconds = time.Since(started).Seconds()
+	st.clientCPU, st.serverCPU = processCPU()-cpu0, b.serverUsed()-srv0
 	bar.Done()
 	b.delivered += st.sent
 	if runErr != nil {

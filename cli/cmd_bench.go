@@ -346,11 +346,8 @@ func (b *bench) mainRun(ctx context.Context, rep *benchReport) error {
 	rep.Tasks, rep.CreateSeconds = cs.tasks, cs.seconds
 	rep.CreatesPerSec = float64(cs.calls) / cs.seconds
 	rep.CreateCallMS = percentiles(cs.latencies)
-	dctx, dcancel := b.e.dbContext(ctx)
-	err = b.q.BenchAnalyze(dctx)
-	dcancel()
-	if err != nil {
-		return fmt.Errorf("bench: analyze: %w", err)
+	if err := b.analyze(ctx); err != nil {
+		return err
 	}
 
 	// Every connection closed flushes its backend's statistics (an idle backend may hold them ~10 s),
@@ -363,9 +360,7 @@ func (b *bench) mainRun(ctx context.Context, rep *benchReport) error {
 	if err != nil {
 		return err
 	}
-	cpu0, srv0 := processCPU(), b.serverUsed()
 	ds, err := b.deliver(ctx, "deliver", cs.tasks, b.cfg.pipeline)
-	cpu, srv := processCPU()-cpu0, b.serverUsed()-srv0
 	if perr := stopProfile(); err == nil {
 		err = perr
 	}
@@ -384,11 +379,8 @@ func (b *bench) mainRun(ctx context.Context, rep *benchReport) error {
 	rep.FinishThenClaimMS, rep.ClaimsAlone = percentiles(ds.handoffLat), len(ds.claimLat)
 	if ds.sent > 0 {
 		rep.DBXactsPerDelivery = float64(commits1-commits0) / float64(ds.sent)
-		rep.CPUMSPerDelivery = msPer(cpu, ds.sent)
-		if b.server != nil {
-			rep.ServerCPUMSPerDelivery = msPer(srv, ds.sent)
-		}
 	}
+	rep.CPUMSPerDelivery, rep.ServerCPUMSPerDelivery = ds.cpuMSPerDelivery()
 	dctx, cancel := b.e.dbContext(ctx)
 	defer cancel()
 	lat, err := b.q.BenchSentLatency(dctx, dbgen.BenchSentLatencyParams{MinID: cs.minID, MaxID: cs.maxID})
@@ -397,6 +389,16 @@ func (b *bench) mainRun(ctx context.Context, rep *benchReport) error {
 	}
 	rep.CreateToSentMS = latency{P50: round3(lat.P50Ms), P99: round3(lat.P99Ms)}
 	b.notef("created %d (%d calls, %.0f/s), delivered %d (%.0f/s)", cs.created, cs.calls, rep.CreatesPerSec, ds.sent, rep.DeliveriesPerSec)
+	return nil
+}
+
+// analyze refreshes the planner's statistics before a deliver phase, as setup.sql does before pgbench.
+func (b *bench) analyze(ctx context.Context) error {
+	dctx, cancel := b.e.dbContext(ctx)
+	defer cancel()
+	if err := b.q.BenchAnalyze(dctx); err != nil {
+		return fmt.Errorf("bench: analyze: %w", err)
+	}
 	return nil
 }
 

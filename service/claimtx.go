@@ -103,7 +103,7 @@ func (tx *claimTx) send(ctx context.Context, sql string, args []any) (roundTrip,
 		if tx.commitNext {
 			commit = dbgen.TxCommit
 		}
-		return tx.sendAfter(pre.ctx, pre, sql, args, begin, commit)
+		return tx.sendAfter(pre, sql, args, begin, commit)
 	}
 	return tx.sendBatch(ctx, sql, args)
 }

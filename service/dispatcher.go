@@ -393,11 +393,17 @@ type Handoff struct {
 // On connections that do not prepare statements (pipelines) it is FinishBatch then ClaimBatch.
 func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attempt, obs []Observation, limit int) Handoff {
 	var h Handoff
-	params, results, err := d.finishParams(attempts, obs)
-	if err != nil || !d.pipelines {
+	apart := func() Handoff {
 		h.Finished, h.FinishErr = d.FinishBatch(ctx, attempts, obs)
 		h.Next, h.Settled, h.ClaimErr = d.ClaimBatch(ctx, limit)
 		return h
+	}
+	if !d.pipelines {
+		return apart()
+	}
+	params, results, err := d.finishParams(attempts, obs)
+	if err != nil {
+		return apart() // FinishBatch reports the same error; the claim goes on
 	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
 	defer cancel()

@@ -97,9 +97,9 @@ type queued struct {
 	sync bool
 }
 
-// sendAfter sends pre, Sync, [TxBegin] sql [TxCommit], Sync in one round trip, reads the prelude's
-// result into pre and TxBegin's, and returns the rest of the round trip.
-func (tx *claimTx) sendAfter(ctx context.Context, pre *prelude, sql string, args []any, begin, commit string) (roundTrip, error) {
+// sendAfter sends pre, Sync, [TxBegin] sql [TxCommit], Sync in one round trip under the prelude's
+// context, reads the prelude's result into pre and TxBegin's, and returns the rest of the round trip.
+func (tx *claimTx) sendAfter(pre *prelude, sql string, args []any, begin, commit string) (roundTrip, error) {
 	list := []queued{{sql: pre.sql, args: pre.args, sync: true}}
 	if begin != "" {
 		list = append(list, queued{sql: begin})
@@ -109,7 +109,7 @@ func (tx *claimTx) sendAfter(ctx context.Context, pre *prelude, sql string, args
 		list = append(list, queued{sql: commit})
 	}
 	list[len(list)-1].sync = true
-	rt, err := sendPipeline(ctx, tx.conn, list, func() { pre.sent = true })
+	rt, err := sendPipeline(pre.ctx, tx.conn, list, func() { pre.sent = true })
 	if err != nil {
 		pre.err = err
 		return nil, err
