@@ -214,7 +214,7 @@ var pgbenchParams = map[string]string{
 	"@lease_seconds::float8":         ":lease_seconds::float8",
 	"@task_ids::bigint[]":            "ARRAY[:id]::bigint[]",
 	"@attempt_nos::int[]":            "ARRAY[:attempt_count]::int[]",
-	"@attempt_tokens::uuid[]":        "ARRAY[:attempt_token]::uuid[]",
+	"@attempt_tokens::text[]":        "ARRAY[:attempt_token]::text[]",
 	"@actions::text[]":               "'{SEND}'::text[]",
 	"@states::text[]":                "'{SENT}'::text[]",
 	"@needs_review::bool[]":          "'{f}'::bool[]",

@@ -172,7 +172,7 @@ func (q *Queries) TaskCountByChannelState(ctx context.Context) ([]TaskCountByCha
 const TaskFinish = `-- name: TaskFinish :many
 WITH u AS (
     SELECT unnest($1::bigint[]) AS id,
-           unnest($2::uuid[]) AS attempt_token,
+           unnest($2::text[])::uuid AS attempt_token,
            unnest($3::text[]) AS state,
            unnest($4::bool[]) AS outcome_uncertain,
            unnest($5::bool[]) AS needs_review,
@@ -259,6 +259,9 @@ type TaskFinishRow struct {
 // per attempt whether its task changed (current). next_attempt_at is set only for states that wait for a
 // retry (a negative retry_after_seconds means none: finished, or parked with needs_review; the table's
 // CHECKs refuse any other combination). An empty provider_msg_id, last_error or error means none.
+// Attempt tokens arrive as text[] and are cast to uuid here: the worker holds them as strings, and pgx
+// cannot send strings as a binary uuid[], so a uuid[] parameter made it fail and retry the encoding as
+// text on every call. A malformed token fails the whole statement, as before.
 func (q *Queries) TaskFinish(ctx context.Context, arg TaskFinishParams) ([]TaskFinishRow, error) {
 	rows, err := q.db.Query(ctx, TaskFinish,
 		arg.Ids,

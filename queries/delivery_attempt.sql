@@ -1,12 +1,13 @@
 -- name: AttemptMarkLeaseExpired :execrows
 -- Closes the open attempt of a holder whose lease ran out, when another claim takes the task over. Its
 -- call may or may not have been accepted, so the new attempt counts as uncertain. Only an open attempt is
--- touched: a recorded outcome is never overwritten (R3).
+-- touched: a recorded outcome is never overwritten (R3). Tokens arrive as text[] and are cast here, as in
+-- TaskFinish (the worker holds them as strings; the cast is on the parameter, the index still serves).
 UPDATE delivery_attempt
 SET outcome     = 'LEASE_EXPIRED',
     finished_at = now(),
     error       = 'lease expired before the holder recorded a result; the call may have been accepted'
-WHERE attempt_token = ANY (@attempt_tokens::uuid[])
+WHERE attempt_token = ANY ((@attempt_tokens::text[])::uuid[])
   AND outcome IS NULL;
 
 -- name: AttemptRecordSkip :exec

@@ -159,9 +159,12 @@ WHERE id = @id;
 -- per attempt whether its task changed (current). next_attempt_at is set only for states that wait for a
 -- retry (a negative retry_after_seconds means none: finished, or parked with needs_review; the table's
 -- CHECKs refuse any other combination). An empty provider_msg_id, last_error or error means none.
+-- Attempt tokens arrive as text[] and are cast to uuid here: the worker holds them as strings, and pgx
+-- cannot send strings as a binary uuid[], so a uuid[] parameter made it fail and retry the encoding as
+-- text on every call. A malformed token fails the whole statement, as before.
 WITH u AS (
     SELECT unnest(@ids::bigint[]) AS id,
-           unnest(@attempt_tokens::uuid[]) AS attempt_token,
+           unnest(@attempt_tokens::text[])::uuid AS attempt_token,
            unnest(@states::text[]) AS state,
            unnest(@outcome_uncertain::bool[]) AS outcome_uncertain,
            unnest(@needs_review::bool[]) AS needs_review,

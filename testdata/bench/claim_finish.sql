@@ -94,7 +94,7 @@ COMMIT;
 -- TaskFinish (queries/delivery_task.sql)
 WITH u AS (
     SELECT unnest(ARRAY[:id]::bigint[]) AS id,
-           unnest(ARRAY[:attempt_token]::uuid[]) AS attempt_token,
+           unnest(ARRAY[:attempt_token]::text[])::uuid AS attempt_token,
            unnest('{SENT}'::text[]) AS state,
            unnest('{f}'::bool[]) AS outcome_uncertain,
            unnest('{f}'::bool[]) AS needs_review,
