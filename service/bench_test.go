@@ -42,6 +42,12 @@ func (e *env) dueTasks(n int) {
 	}
 }
 
+// reportCPU reports this process's CPU per iteration since start: the client's cost, which competes
+// with PostgreSQL for the cores when both run on one machine.
+func reportCPU(b *testing.B, start time.Duration) {
+	b.ReportMetric(float64((processCPU(b)-start).Microseconds())/float64(b.N), "cpu-us/op")
+}
+
 // claimAll claims n tasks (in batches, outside the timer) and returns their attempts.
 func claimAll(b *testing.B, d *dispatcher, n int) []*service.Attempt {
 	b.Helper()
@@ -65,6 +71,7 @@ func BenchmarkClaim(b *testing.B) {
 	e.dueTasks(b.N)
 	d := e.dispatcher(dcfg{})
 	ctx := context.Background()
+	cpu := processCPU(b)
 	b.ResetTimer()
 	for range b.N {
 		attempts, _, err := d.ClaimBatch(ctx, 1)
@@ -76,6 +83,7 @@ func BenchmarkClaim(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	reportCPU(b, cpu)
 	if got := e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENDING'`); got != int64(b.N) {
 		b.Fatalf("%d tasks SENDING, want %d", got, b.N)
 	}
@@ -89,6 +97,7 @@ func BenchmarkFinish(b *testing.B) {
 	d := e.dispatcher(dcfg{})
 	attempts := claimAll(b, d, b.N)
 	ctx := context.Background()
+	cpu := processCPU(b)
 	b.ResetTimer()
 	for i := range b.N {
 		res, err := d.Finish(ctx, attempts[i], service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: "m-1"})
@@ -100,6 +109,7 @@ func BenchmarkFinish(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	reportCPU(b, cpu)
 	if got := e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENT'`); got != int64(b.N) {
 		b.Fatalf("%d tasks SENT, want %d", got, b.N)
 	}
@@ -158,7 +168,8 @@ func BenchmarkDeliverBatch8(b *testing.B) {
 
 // BenchmarkDeliver: one task per iteration through a worker's cycle, the finish carrying the next claim
 // (FinishBatchThenClaim: 2 round trips per delivery); BenchmarkDeliverSeparately claims and finishes on
-// their own (3). One worker, so the difference is the round trip, not contention.
+// their own (3). One worker, so the difference is the round trip, not contention. cpu-us/op includes
+// the HTTP call, both ends (the fake push channel runs in this process).
 func BenchmarkDeliver(b *testing.B)           { benchmarkDeliver(b, true) }
 func BenchmarkDeliverSeparately(b *testing.B) { benchmarkDeliver(b, false) }
 
@@ -167,6 +178,7 @@ func benchmarkDeliver(b *testing.B, pipeline bool) {
 	e.dueTasks(b.N)
 	d := e.dispatcher(dcfg{})
 	ctx := context.Background()
+	cpu := processCPU(b)
 	b.ResetTimer()
 	attempts, _, err := d.ClaimBatch(ctx, 1)
 	for i := range b.N {
@@ -194,6 +206,7 @@ func benchmarkDeliver(b *testing.B, pipeline bool) {
 		b.Fatal(err)
 	}
 	b.StopTimer()
+	reportCPU(b, cpu)
 	if got := e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENT'`); got != int64(b.N) {
 		b.Fatalf("%d tasks SENT, want %d", got, b.N)
 	}
