@@ -36,7 +36,7 @@ func newMetrics() *metrics {
 		}, []string{"channel", "action", "outcome"}),
 		finishes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "notifier_finish_total",
-			Help: "Completed cycles by result (SENT, PENDING, UNKNOWN, PARKED, FAILED, SUPPRESSED, STALE).",
+			Help: "Completed cycles by result (SENT, PENDING, UNKNOWN, PARKED, FAILED, SUPPRESSED, STALE; UNRECORDED: the finish of that task failed, it is recovered after its lease).",
 		}, []string{"result"}),
 		parked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "notifier_parked_total",

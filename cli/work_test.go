@@ -241,3 +241,34 @@ func TestFake(t *testing.T) {
 	is.Equal(p.stop(syscall.SIGTERM), 0)                // a clean stop
 	is.Equal(strings.Count(p.stdout.String(), "\n"), 1) // exactly one line on stdout
 }
+
+// A finish the server refuses for the task's row fails `work --once` (non-zero exit, the reason on
+// stderr, nothing on stdout), as any failed finish does: the call went out, the task stays SENDING and
+// is recovered after its lease.
+func TestOnceReportsARefusedFinish(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	c, pool := newCLI(t)
+	push := startFake(t, fakes.Push)
+	c.ok("pref", "set", "--user", "u1", "--channel", "push", "--address", "device-1")
+	var created createOutput
+	decode(t, c.ok("create", "--user", "u1", "--event-key", "e1", "--body", "b").stdout, &created)
+	_, err := pool.Exec(context.Background(), `
+		CREATE FUNCTION refuse_row() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			RAISE EXCEPTION 'refused by the test' USING ERRCODE = 'check_violation';
+		END $$;
+		CREATE TRIGGER refuse_row BEFORE UPDATE ON delivery_task FOR EACH ROW
+			WHEN (OLD.state = 'SENDING' AND NEW.state <> 'SENDING') EXECUTE FUNCTION refuse_row()`)
+	is.NoErr(err) // trigger installed
+
+	r := c.run("", "work", "--once", "--worker-id", "w1", "--channel", "push=IDEMPOTENT,"+push.URL())
+	is.True(r.code != 0)                                       // the finish failed
+	is.True(strings.Contains(r.stderr, "refused by the test")) // with the server's reason
+	is.Equal(r.stdout, "")                                     // and no result
+	taskID := created.Tasks[0].TaskID
+	is.Equal(push.Outbound(service.Ref(taskID)), 1) // the call went out
+	task, err := service.NewNotifier(pool).Task(context.Background(), taskID)
+	is.NoErr(err)
+	is.Equal(task.State, service.StateSending) // left to lease expiry
+}

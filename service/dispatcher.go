@@ -121,6 +121,9 @@ const (
 	ResultFailed     ResultKind = "FAILED"     // certainly not accepted; given up
 	ResultSuppressed ResultKind = "SUPPRESSED" // the user disabled the channel before the call
 	ResultStale      ResultKind = "STALE"      // this holder was superseded; its observation went to late_outcome
+	// The server refused this attempt's own row of a finish (see FinishBatch): its observation is not
+	// stored. The task stays SENDING with this token until its lease expires, then counts as uncertain.
+	ResultUnrecorded ResultKind = "UNRECORDED"
 )
 
 // Result is what one claim-call-finish cycle did.
@@ -364,16 +367,21 @@ func (d *Dispatcher) Finish(ctx context.Context, a *Attempt, obs Observation) (R
 // FinishBatch is the second correctness check: it maps each observation to the task's next state
 // (Next) and, in one statement (TaskFinish), writes it only where the attempt's token is still the
 // task's valid one; those attempts get their outcome. Superseded attempts keep their observation as late_outcome and
-// their result is STALE. The results are in the order of attempts.
+// their result is STALE. The results are in the order of attempts. When the server refuses the statement
+// for what a row holds (rowFault), each attempt is finished on its own, so one bad row costs only its own
+// observation: that attempt's result is UNRECORDED.
 func (d *Dispatcher) FinishBatch(ctx context.Context, attempts []*Attempt, obs []Observation) ([]Result, error) {
 	params, results, err := d.finishParams(attempts, obs)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
 	defer cancel()
 	// One autocommit statement: the token-guarded task updates and the attempt rows they decide.
-	rows, err := dbgen.New(d.pool).TaskFinish(ctx, params)
+	rows, err := dbgen.New(d.pool).TaskFinish(fctx, params)
+	if rowFault(err) {
+		return d.finishEach(ctx, attempts, params, results), nil
+	}
 	return finishResults(attempts, results, rows, err)
 }
 
@@ -419,6 +427,10 @@ func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attem
 	h.Next, h.Settled, h.ClaimErr = d.claimBatch(ctx, limit, pre)
 	if !pre.sent { // the claim failed before its first round trip: the finish goes alone
 		h.Finished, h.FinishErr = d.FinishBatch(ctx, attempts, obs)
+		return h
+	}
+	if rowFault(pre.err) {
+		h.Finished = d.finishEach(ctx, attempts, params, results)
 		return h
 	}
 	h.Finished, h.FinishErr = finishResults(attempts, results, rows, pre.err)

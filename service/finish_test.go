@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -96,4 +97,77 @@ func TestFinishWaitingOnTakeoverRecordsLate(t *testing.T) {
 	task := e.task(id)
 	is.Equal(task.State, service.StateSending) // the new holder's task, unchanged by the stale finish
 	is.Equal(task.LeaseOwner, "w-new")         // held by the new holder
+}
+
+// refusingBatch claims three due push tasks in one batch, calls them (all accepted), and makes the
+// server refuse any change of the middle task's row with errcode, as a trigger on bad data would.
+func refusingBatch(t *testing.T, errcode string) (*env, *dispatcher, []*service.Attempt, []service.Observation) {
+	is := is.New(t)
+	is.Helper()
+	e := newEnv(t)
+	e.dueTasks(4)
+	d := e.dispatcher(dcfg{})
+	attempts, _, err := d.ClaimBatch(e.ctx, 3)
+	is.NoErr(err)              // claim
+	is.Equal(len(attempts), 3) // a batch of three
+	_, err = e.pool.Exec(e.ctx, `
+		CREATE FUNCTION refuse_row() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			RAISE EXCEPTION 'refused by the test' USING ERRCODE = '`+errcode+`';
+		END $$;
+		CREATE TRIGGER refuse_row BEFORE UPDATE ON delivery_task FOR EACH ROW
+			WHEN (OLD.id = `+strconv.FormatInt(attempts[1].TaskID, 10)+` AND NEW.state <> 'SENDING')
+			EXECUTE FUNCTION refuse_row()`)
+	is.NoErr(err) // trigger installed
+	obs := d.CallAll(e.ctx, attempts)
+	for _, o := range obs {
+		is.Equal(o.Outcome, service.OutcomeAccepted) // every call accepted
+	}
+	return e, d, attempts, obs
+}
+
+// A row the server refuses costs its own observation only: the batch's finish is refused whole, then
+// each attempt is finished alone. The refused one is UNRECORDED: still SENDING with an open attempt,
+// recovered after its lease like a crashed holder's; the others are SENT. Both finishes do it: alone,
+// and carried by the next claim (which still claims).
+func TestRefusedRowCostsOnlyItsOwnObservation(t *testing.T) {
+	for _, carried := range []bool{false, true} {
+		t.Run(map[bool]string{false: "FinishBatch", true: "FinishBatchThenClaim"}[carried], func(t *testing.T) {
+			is := is.New(t)
+			e, d, attempts, obs := refusingBatch(t, "check_violation")
+			var results []service.Result
+			if carried {
+				h := d.FinishBatchThenClaim(e.ctx, attempts, obs, 1)
+				is.NoErr(h.FinishErr)    // the rows not at fault are recorded
+				is.NoErr(h.ClaimErr)     // and the claim went on
+				is.Equal(len(h.Next), 1) // the fourth task
+				results = h.Finished
+			} else {
+				var err error
+				results, err = d.FinishBatch(e.ctx, attempts, obs)
+				is.NoErr(err) // the rows not at fault are recorded
+			}
+			kinds := []service.ResultKind{results[0].Kind, results[1].Kind, results[2].Kind}
+			is.Equal(kinds, []service.ResultKind{service.ResultSent, service.ResultUnrecorded, service.ResultSent})
+			is.True(strings.Contains(results[1].Detail, "refused by the test")) // the server's reason
+			is.Equal(e.task(attempts[0].TaskID).State, service.StateSent)
+			is.Equal(e.task(attempts[2].TaskID).State, service.StateSent)
+			is.Equal(e.task(attempts[1].TaskID).State, service.StateSending)            // left to lease expiry
+			is.Equal(e.outcomes(attempts[1].TaskID), []service.Outcome{""})             // its attempt still open
+			is.Equal(e.outcomes(attempts[0].TaskID), outcomes(service.OutcomeAccepted)) // the others' recorded
+		})
+	}
+}
+
+// A refusal that is the server's trouble, not a row's (here disk_full), fails the whole finish as
+// before: finishing each row alone would only repeat it per row. Nothing of the batch is written.
+func TestServerTroubleFailsTheWholeFinish(t *testing.T) {
+	is := is.New(t)
+	e, d, attempts, obs := refusingBatch(t, "disk_full")
+	results, err := d.FinishBatch(e.ctx, attempts, obs)
+	is.True(err != nil)       // the finish failed
+	is.Equal(len(results), 0) // with no results
+	for _, a := range attempts {
+		is.Equal(e.task(a.TaskID).State, service.StateSending) // nothing written: every row waits for its lease
+	}
 }

@@ -4,6 +4,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -26,6 +27,9 @@ func RunOnce(ctx context.Context, d *service.Dispatcher, log *slog.Logger) (serv
 	results, err := RunBatch(ctx, d, 1, log)
 	if len(results) == 0 {
 		return service.Result{Kind: service.ResultNothing}, err
+	}
+	if err == nil && results[0].Kind == service.ResultUnrecorded {
+		err = errors.New("finish: " + results[0].Detail) // a failed finish, as for a batch of one it always was
 	}
 	return results[0], err
 }
@@ -87,6 +91,11 @@ func logFinished(log *slog.Logger, results []service.Result, elapsed []time.Dura
 	for i, res := range results {
 		res.CallDuration = elapsed[i]
 		results[i] = res
+		if res.Kind == service.ResultUnrecorded {
+			log.Error("finish failed for this task; it will be recovered after its lease", "task", res.TaskID,
+				"attempt", res.Attempt, "outcome", res.Outcome, "token", prefix(res.Token), "error", res.Detail)
+			continue
+		}
 		log.Info("RESULT", "result", res.Kind, "task", res.TaskID, "attempt", res.Attempt, "action", res.Action,
 			"outcome", res.Outcome, "token", prefix(res.Token))
 	}

@@ -6,8 +6,11 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/service"
 )
 
 // An outage is logged once when it starts and once when it ends, however many retries it takes.
@@ -32,4 +35,22 @@ func TestPrefix(t *testing.T) {
 	is := is.New(t)
 	is.Equal(prefix("0123456789abcdef"), "01234567") // tokens are logged by their first 8 characters
 	is.Equal(prefix("abc"), "abc")
+}
+
+// An unrecorded finish is logged as an error that says how the task recovers, not as a RESULT.
+func TestUnrecordedFinishIsLoggedAsAnError(t *testing.T) {
+	is := is.New(t)
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	results := logFinished(log, []service.Result{
+		{Kind: service.ResultSent, TaskID: 1},
+		{Kind: service.ResultUnrecorded, TaskID: 2, Detail: "finish: ERROR: refused (SQLSTATE 23514)"},
+	}, []time.Duration{time.Millisecond, 2 * time.Millisecond})
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	is.Equal(len(lines), 2)                                          // one line per task
+	is.True(strings.Contains(lines[0], "msg=RESULT"))                // the recorded one as a RESULT
+	is.True(strings.Contains(lines[1], "level=ERROR"))               // the unrecorded one as an error
+	is.True(strings.Contains(lines[1], "recovered after its lease")) // saying what happens next
+	is.True(strings.Contains(lines[1], "SQLSTATE 23514"))            // and why
+	is.Equal(results[1].CallDuration, 2*time.Millisecond)            // durations still set for metrics
 }
