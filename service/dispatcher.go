@@ -387,7 +387,7 @@ func (d *Dispatcher) FinishBatch(ctx context.Context, attempts []*Attempt, obs [
 
 // Handoff is what FinishBatchThenClaim did: one batch finished, the next one claimed.
 type Handoff struct {
-	Finished  []Result   // the finished batch's results, in the order of its attempts
+	Finished  []Result   // the finished batch's results, in the order of its attempts (UNRECORDED: see FinishBatch)
 	FinishErr error      // the finish failed: its tasks stay SENDING, recovered after their lease
 	Next      []*Attempt // the next batch: call, then finish
 	Settled   []Result   // tasks of the next claim decided without a call
