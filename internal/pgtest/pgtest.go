@@ -258,15 +258,32 @@ func (h *harness) urlFor(db string) string {
 	return u.String()
 }
 
+// exec runs an admin statement. After a test restarts the cluster, the pool's idle connections are
+// dead and it hands each out once before noticing: an error that is not the server's answer is retried.
+func (h *harness) exec(ctx context.Context, sql string) error {
+	for attempt := 1; ; attempt++ {
+		_, err := h.admin.Exec(ctx, sql)
+		var pgErr *pgconn.PgError
+		if err == nil || errors.As(err, &pgErr) || attempt == 10 || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func (h *harness) createDB(ctx context.Context, name string) error {
 	sql := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{h.template}.Sanitize()
 	for attempt := 1; ; attempt++ {
-		_, err := h.admin.Exec(ctx, sql)
+		err := h.exec(ctx, sql)
 		var pgErr *pgconn.PgError
 		// 55006 object_in_use: someone is connected to the template; retry briefly.
 		if err != nil && errors.As(err, &pgErr) && pgErr.Code == "55006" && attempt < 20 {
 			time.Sleep(100 * time.Millisecond)
 			continue
+		}
+		// 42P04 duplicate_database: the name is random, so a retried CREATE that had run already.
+		if err != nil && errors.As(err, &pgErr) && pgErr.Code == "42P04" {
+			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("create database %s from template %s: %w", name, h.template, err)
@@ -277,10 +294,10 @@ func (h *harness) createDB(ctx context.Context, name string) error {
 
 func (h *harness) dropDB(ctx context.Context, name string) error {
 	id := pgx.Identifier{name}.Sanitize()
-	_, err := h.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+id+" WITH (FORCE)")
+	err := h.exec(ctx, "DROP DATABASE IF EXISTS "+id+" WITH (FORCE)")
 	var pgErr *pgconn.PgError
 	if err != nil && errors.As(err, &pgErr) && pgErr.Code == "42601" { // before PostgreSQL 13: no FORCE
-		_, err = h.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+id)
+		err = h.exec(ctx, "DROP DATABASE IF EXISTS "+id)
 	}
 	if err != nil {
 		return fmt.Errorf("drop database %s: %w", name, err)
