@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,6 +30,7 @@ var (
 	soakDuration = flag.Duration("soak.duration", 40*time.Second, "how long the faults go on")
 	soakWorkers  = flag.Int("soak.workers", 3, "worker processes")
 	soakSeed     = flag.Uint64("soak.seed", 0, "random seed (0: time-based, printed)")
+	soakBatch    = flag.Int("soak.batch", 1, "tasks each worker cycle claims and finishes together (work --batch)")
 )
 
 func TestSoak(t *testing.T) {
@@ -40,7 +42,7 @@ func TestSoak(t *testing.T) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	t.Logf("soak: seed %d, %s of faults, %d workers", seed, *soakDuration, *soakWorkers)
+	t.Logf("soak: seed %d, %s of faults, %d workers, batch %d", seed, *soakDuration, *soakWorkers, *soakBatch)
 	rng := rand.New(rand.NewPCG(seed, 1))
 	var rngMu sync.Mutex
 	chance := func(p float64) bool { rngMu.Lock(); defer rngMu.Unlock(); return rng.Float64() < p }
@@ -176,7 +178,8 @@ func (s *soak) startWorker(i int) {
 		"--channel", "push=idempotent,"+s.push.URL(),
 		"--channel", "sms=queryable,"+s.sms.URL(),
 		"--channel", "none=none,"+s.none.URL(),
-		"--timeout", "300ms", "--lease", "2500ms", "--backoff", "100ms", "--poll", "50ms", "--concurrency", "2")
+		"--timeout", "300ms", "--lease", "2500ms", "--backoff", "100ms", "--poll", "50ms", "--concurrency", "2",
+		"--batch", strconv.Itoa(*soakBatch))
 	s.workers[i] = p
 	s.logs = append(s.logs, p.stderr)
 	s.starts++
