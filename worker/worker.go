@@ -29,7 +29,7 @@ func RunOnce(ctx context.Context, d *service.Dispatcher, log *slog.Logger) (serv
 		return service.Result{Kind: service.ResultNothing}, err
 	}
 	if err == nil && results[0].Kind == service.ResultUnrecorded {
-		err = errors.New("finish: " + results[0].Detail) // a failed finish, as for a batch of one it always was
+		err = errors.New(results[0].Detail) // a failed finish ("finish: ..."), as for a batch of one it always was
 	}
 	return results[0], err
 }
