@@ -263,7 +263,7 @@ func TestOnceReportsARefusedFinish(t *testing.T) {
 	is.NoErr(err) // trigger installed
 
 	r := c.run("", "work", "--once", "--worker-id", "w1", "--channel", "push=IDEMPOTENT,"+push.URL())
-	is.True(r.code != 0)                                       // the finish failed
+	is.Equal(r.code, 1)                                        // the finish failed: a runtime error
 	is.True(strings.Contains(r.stderr, "refused by the test")) // with the server's reason
 	is.Equal(r.stdout, "")                                     // and no result
 	taskID := created.Tasks[0].TaskID
