@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/notifierhq/notifier/internal/cputime"
 	"github.com/notifierhq/notifier/service"
 )
 
@@ -42,12 +43,6 @@ func (e *env) dueTasks(n int) {
 	}
 }
 
-// reportCPU reports this process's CPU per iteration since start: the client's cost, which competes
-// with PostgreSQL for the cores when both run on one machine.
-func reportCPU(b *testing.B, start time.Duration) {
-	b.ReportMetric(float64((processCPU(b)-start).Microseconds())/float64(b.N), "cpu-us/op")
-}
-
 // claimAll claims n tasks (in batches, outside the timer) and returns their attempts.
 func claimAll(b *testing.B, d *dispatcher, n int) []*service.Attempt {
 	b.Helper()
@@ -71,7 +66,7 @@ func BenchmarkClaim(b *testing.B) {
 	e.dueTasks(b.N)
 	d := e.dispatcher(dcfg{})
 	ctx := context.Background()
-	cpu := processCPU(b)
+	cpu := cputime.Process()
 	b.ResetTimer()
 	for range b.N {
 		attempts, _, err := d.ClaimBatch(ctx, 1)
@@ -83,7 +78,7 @@ func BenchmarkClaim(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	reportCPU(b, cpu)
+	cputime.ReportPerOp(b, cpu)
 	if got := e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENDING'`); got != int64(b.N) {
 		b.Fatalf("%d tasks SENDING, want %d", got, b.N)
 	}
@@ -97,7 +92,7 @@ func BenchmarkFinish(b *testing.B) {
 	d := e.dispatcher(dcfg{})
 	attempts := claimAll(b, d, b.N)
 	ctx := context.Background()
-	cpu := processCPU(b)
+	cpu := cputime.Process()
 	b.ResetTimer()
 	for i := range b.N {
 		res, err := d.Finish(ctx, attempts[i], service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: "m-1"})
@@ -109,7 +104,7 @@ func BenchmarkFinish(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	reportCPU(b, cpu)
+	cputime.ReportPerOp(b, cpu)
 	if got := e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENT'`); got != int64(b.N) {
 		b.Fatalf("%d tasks SENT, want %d", got, b.N)
 	}
@@ -178,7 +173,7 @@ func benchmarkDeliver(b *testing.B, pipeline bool) {
 	e.dueTasks(b.N)
 	d := e.dispatcher(dcfg{})
 	ctx := context.Background()
-	cpu := processCPU(b)
+	cpu := cputime.Process()
 	b.ResetTimer()
 	attempts, _, err := d.ClaimBatch(ctx, 1)
 	for i := range b.N {
@@ -206,7 +201,7 @@ func benchmarkDeliver(b *testing.B, pipeline bool) {
 		b.Fatal(err)
 	}
 	b.StopTimer()
-	reportCPU(b, cpu)
+	cputime.ReportPerOp(b, cpu)
 	if got := e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENT'`); got != int64(b.N) {
 		b.Fatalf("%d tasks SENT, want %d", got, b.N)
 	}

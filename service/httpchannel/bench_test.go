@@ -1,16 +1,14 @@
-//go:build unix
-
 package httpchannel_test
 
 import (
 	"context"
 	"strconv"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/internal/cputime"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
@@ -29,7 +27,7 @@ func BenchmarkSend(b *testing.B) {
 	var seq atomic.Int64
 	b.SetParallelism(4) // 4 x GOMAXPROCS callers: 8 on the 2-core machine of the README's figures
 	b.ReportAllocs()
-	start := processCPU(b)
+	start := cputime.Process()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -44,13 +42,5 @@ func BenchmarkSend(b *testing.B) {
 		}
 	})
 	b.StopTimer()
-	b.ReportMetric(float64((processCPU(b)-start).Microseconds())/float64(b.N), "cpu-us/op")
-}
-
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	cputime.ReportPerOp(b, start)
 }
