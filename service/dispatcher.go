@@ -21,29 +21,6 @@ type Route struct {
 	Client   Channel
 }
 
-// Contract refines a channel's Mode with what its provider documents. The zero value is the fakes'
-// contract: keys never expire, queries are immediately consistent, 5xx is answered before acceptance.
-type Contract struct {
-	// IdempotencyWindow is how long the channel remembers an idempotency key. A resend later than this
-	// after the first uncertain attempt began would not be deduplicated, so the task is parked instead.
-	// 0: forever.
-	IdempotencyWindow time.Duration
-	// QuerySettle is how long after an uncertain attempt began its query may still miss it. A
-	// QUERY_NOT_FOUND before then proves nothing: the task stays uncertain and is queried again later.
-	// 0: the query is immediately consistent.
-	QuerySettle time.Duration
-	// MaxInFlightAge bounds automatic recovery: once the first uncertain attempt began this long ago,
-	// the task is parked rather than retried again. 0: no bound beyond the attempt budget.
-	MaxInFlightAge time.Duration
-	// ServerErrorsUncertain makes 5xx and 429 count as "may have been accepted", for providers that do
-	// not promise to refuse before accepting.
-	ServerErrorsUncertain bool
-	// ResendWithTopic lets a NONE channel that supports replacement of undelivered messages (Web Push
-	// Topic, RFC 8030 section 5.4) resend after an uncertain attempt (action TOPIC_RESEND) instead of
-	// parking. It replaces the first message only if that one was not delivered yet.
-	ResendWithTopic bool
-}
-
 // DispatcherConfig configures a worker's claim-call-finish cycle.
 type DispatcherConfig struct {
 	Worker      string           // recorded as lease_owner and on every attempt

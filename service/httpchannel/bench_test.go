@@ -9,7 +9,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/cputime"
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
@@ -33,9 +33,9 @@ func BenchmarkSend(b *testing.B) {
 		for pb.Next() {
 			ref := "task-" + strconv.FormatInt(seq.Add(1), 10)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			obs := client.Send(ctx, service.Message{Ref: ref, IdempotencyKey: "ntf-" + ref, To: "user-1", Body: "hello"})
+			obs := client.Send(ctx, delivery.Message{Ref: ref, IdempotencyKey: "ntf-" + ref, To: "user-1", Body: "hello"})
 			cancel()
-			if obs.Outcome != service.OutcomeAccepted {
+			if obs.Outcome != delivery.OutcomeAccepted {
 				b.Errorf("%s: %+v", ref, obs)
 				return
 			}

@@ -1,6 +1,6 @@
 // Package httpchannel is the adapter for notifier's generic HTTP channel protocol (README, "Channel
 // protocol"): POST {base}/send with an Idempotency-Key, GET {base}/messages?ref= to query. It turns every
-// response, error and silence into a service.Observation; deciding what that means is the service's job.
+// response, error and silence into a delivery.Observation; deciding what that means is the service's job.
 package httpchannel
 
 import (
@@ -22,7 +22,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // MaxResponseBytes bounds how much of a response body is read: a channel cannot make a worker buffer more.
@@ -47,7 +47,7 @@ type Options struct {
 func New(base string, opt Options) (*Client, error) {
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("%w: channel URL %q: want http(s)://host[:port][/path]", service.ErrInvalidInput, Redact(base))
+		return nil, fmt.Errorf("%w: channel URL %q: want http(s)://host[:port][/path]", delivery.ErrInvalidInput, Redact(base))
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
 	tlsConf, err := TLSConfig(opt.CAFile, "")
@@ -86,7 +86,7 @@ func TLSConfig(caFile, serverName string) (*tls.Config, error) {
 		pool = x509.NewCertPool()
 	}
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("%w: CA file %s holds no PEM certificate", service.ErrInvalidInput, caFile)
+		return nil, fmt.Errorf("%w: CA file %s holds no PEM certificate", delivery.ErrInvalidInput, caFile)
 	}
 	conf.RootCAs = pool
 	return conf, nil
@@ -102,14 +102,14 @@ type sendRequest struct {
 }
 
 // Send posts the message. 200/201/202 with {"id","replayed"} is an acceptance; see ClassifySend.
-func (c *Client) Send(ctx context.Context, msg service.Message) service.Observation {
+func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observation {
 	payload, err := json.Marshal(sendRequest{Ref: msg.Ref, To: msg.To, Body: msg.Body})
 	if err != nil {
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "encode request: " + err.Error()}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "encode request: " + err.Error()}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base.String()+"/send", bytes.NewReader(payload))
 	if err != nil {
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "build request: " + err.Error()}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "build request: " + err.Error()}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", msg.IdempotencyKey)
@@ -121,16 +121,16 @@ func (c *Client) Send(ctx context.Context, msg service.Message) service.Observat
 }
 
 // Query asks the channel whether it accepted a message for ref; see ClassifyQuery.
-func (c *Client) Query(ctx context.Context, ref string) service.Observation {
+func (c *Client) Query(ctx context.Context, ref string) delivery.Observation {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base.String()+"/messages?ref="+url.QueryEscape(ref), nil)
 	if err != nil {
-		return service.Observation{Outcome: service.OutcomeQueryFailed, Detail: "build request: " + err.Error()}
+		return delivery.Observation{Outcome: delivery.OutcomeQueryFailed, Detail: "build request: " + err.Error()}
 	}
 	status, _, body, err := c.do(req)
 	if err != nil {
 		obs := TransportObservation(ctx, err, redactErr)
 		obs.Detail = string(obs.Outcome) + ": " + obs.Detail
-		obs.Outcome = service.OutcomeQueryFailed
+		obs.Outcome = delivery.OutcomeQueryFailed
 		return obs
 	}
 	return ClassifyQuery(status, body)
@@ -153,7 +153,7 @@ func (c *Client) do(req *http.Request) (int, http.Header, []byte, error) {
 // TransportObservation tells a request that certainly never left (no connection, failed TLS
 // handshake) from one that may have been received (timeout, broken connection). describe turns an
 // error into text without secrets; every HTTP adapter shares this mapping.
-func TransportObservation(ctx context.Context, err error, describe func(error) string) service.Observation {
+func TransportObservation(ctx context.Context, err error, describe func(error) string) delivery.Observation {
 	var (
 		opErr   *net.OpError
 		certErr *tls.CertificateVerificationError
@@ -162,13 +162,13 @@ func TransportObservation(ctx context.Context, err error, describe func(error) s
 	switch {
 	case errors.As(err, &certErr) || errors.As(err, &recErr):
 		// The TLS handshake failed: no request was ever sent.
-		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "TLS: " + describe(err)}
+		return delivery.Observation{Outcome: delivery.OutcomeConnectFailed, Detail: "TLS: " + describe(err)}
 	case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
-		return service.Observation{Outcome: service.OutcomeTimeout, Detail: "no response within the client timeout"}
+		return delivery.Observation{Outcome: delivery.OutcomeTimeout, Detail: "no response within the client timeout"}
 	case errors.As(err, &opErr) && opErr.Op == "dial":
-		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "connect: " + describe(opErr.Err)}
+		return delivery.Observation{Outcome: delivery.OutcomeConnectFailed, Detail: "connect: " + describe(opErr.Err)}
 	default:
-		return service.Observation{Outcome: service.OutcomeIOError, Detail: describe(err)}
+		return delivery.Observation{Outcome: delivery.OutcomeIOError, Detail: describe(err)}
 	}
 }
 
@@ -184,30 +184,30 @@ type sendResponse struct {
 
 // ClassifySend maps a send response to an observation. A 2xx we cannot read may still be an
 // acceptance, so it is MALFORMED_RESPONSE (uncertain), never a rejection.
-func ClassifySend(status int, header http.Header, body []byte) service.Observation {
+func ClassifySend(status int, header http.Header, body []byte) delivery.Observation {
 	switch {
 	case status == http.StatusOK || status == http.StatusCreated || status == http.StatusAccepted:
 		var r sendResponse
 		if len(body) > MaxResponseBytes || json.Unmarshal(body, &r) != nil || !plausibleID(r.ID) {
-			return service.Observation{Outcome: service.OutcomeMalformed, Detail: fmt.Sprintf("HTTP %d with an unreadable body", status)}
+			return delivery.Observation{Outcome: delivery.OutcomeMalformed, Detail: fmt.Sprintf("HTTP %d with an unreadable body", status)}
 		}
 		if r.Replayed {
-			return service.Observation{Outcome: service.OutcomeAcceptedReplay, ProviderMsgID: r.ID}
+			return delivery.Observation{Outcome: delivery.OutcomeAcceptedReplay, ProviderMsgID: r.ID}
 		}
-		return service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: r.ID}
+		return delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: r.ID}
 	case status >= 200 && status < 300:
-		return service.Observation{Outcome: service.OutcomeMalformed, Detail: fmt.Sprintf("unexpected HTTP %d", status)}
+		return delivery.Observation{Outcome: delivery.OutcomeMalformed, Detail: fmt.Sprintf("unexpected HTTP %d", status)}
 	case status == http.StatusConflict:
 		// The idempotency draft's "original request still in flight": it may yet be accepted.
-		return service.Observation{Outcome: service.OutcomeInFlight, Detail: "HTTP 409: the original request is still being processed"}
+		return delivery.Observation{Outcome: delivery.OutcomeInFlight, Detail: "HTTP 409: the original request is still being processed"}
 	case status == http.StatusTooManyRequests:
-		return service.Observation{Outcome: service.OutcomeThrottled, RetryAfter: RetryAfter(header), Detail: "HTTP 429"}
+		return delivery.Observation{Outcome: delivery.OutcomeThrottled, RetryAfter: RetryAfter(header), Detail: "HTTP 429"}
 	case status >= 500:
 		// The fakes promise 5xx is answered before acceptance. A real channel without that promise
 		// should be configured so that a 5xx counts as uncertain (see README, "Channel protocol").
-		return service.Observation{Outcome: service.OutcomeHTTP5xx, RetryAfter: RetryAfter(header), Detail: "HTTP " + strconv.Itoa(status)}
+		return delivery.Observation{Outcome: delivery.OutcomeHTTP5xx, RetryAfter: RetryAfter(header), Detail: "HTTP " + strconv.Itoa(status)}
 	default:
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + Snippet(body)}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + Snippet(body)}
 	}
 }
 
@@ -218,19 +218,19 @@ type queryResponse struct {
 
 // ClassifyQuery maps a query response: found >= 1 -> QUERY_FOUND, found = 0 -> QUERY_NOT_FOUND,
 // anything else QUERY_FAILED.
-func ClassifyQuery(status int, body []byte) service.Observation {
+func ClassifyQuery(status int, body []byte) delivery.Observation {
 	if status != http.StatusOK {
-		return service.Observation{Outcome: service.OutcomeQueryFailed, Detail: "HTTP " + strconv.Itoa(status)}
+		return delivery.Observation{Outcome: delivery.OutcomeQueryFailed, Detail: "HTTP " + strconv.Itoa(status)}
 	}
 	var r queryResponse
 	if len(body) > MaxResponseBytes || json.Unmarshal(body, &r) != nil || r.Found == nil || *r.Found < 0 ||
 		(*r.Found > 0 && r.ID != "" && !plausibleID(r.ID)) {
-		return service.Observation{Outcome: service.OutcomeQueryFailed, Detail: "HTTP 200 with an unreadable body"}
+		return delivery.Observation{Outcome: delivery.OutcomeQueryFailed, Detail: "HTTP 200 with an unreadable body"}
 	}
 	if *r.Found == 0 {
-		return service.Observation{Outcome: service.OutcomeQueryNotFound}
+		return delivery.Observation{Outcome: delivery.OutcomeQueryNotFound}
 	}
-	return service.Observation{Outcome: service.OutcomeQueryFound, ProviderMsgID: r.ID}
+	return delivery.Observation{Outcome: delivery.OutcomeQueryFound, ProviderMsgID: r.ID}
 }
 
 // RetryAfter reads Retry-After as seconds or an HTTP date, capped at MaxRetryAfter.

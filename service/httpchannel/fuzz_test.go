@@ -22,14 +22,14 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // sendOutcomes are the observations ClassifySend may produce (all accepted by delivery_attempt.outcome).
-var sendOutcomes = map[service.Outcome]bool{
-	service.OutcomeAccepted: true, service.OutcomeAcceptedReplay: true, service.OutcomeMalformed: true,
-	service.OutcomeInFlight: true, service.OutcomeThrottled: true, service.OutcomeHTTP5xx: true,
-	service.OutcomeRejected: true,
+var sendOutcomes = map[delivery.Outcome]bool{
+	delivery.OutcomeAccepted: true, delivery.OutcomeAcceptedReplay: true, delivery.OutcomeMalformed: true,
+	delivery.OutcomeInFlight: true, delivery.OutcomeThrottled: true, delivery.OutcomeHTTP5xx: true,
+	delivery.OutcomeRejected: true,
 }
 
 // requirePGText makes checkObservation demand that Detail and ProviderMsgID can be stored in a
@@ -41,7 +41,7 @@ const requirePGText = true
 func pgText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 // checkObservation holds for every observation of a send or a query.
-func checkObservation(t *testing.T, obs service.Observation, known map[service.Outcome]bool) {
+func checkObservation(t *testing.T, obs delivery.Observation, known map[delivery.Outcome]bool) {
 	t.Helper()
 	if requirePGText && !(pgText(obs.Detail) && pgText(obs.ProviderMsgID)) {
 		t.Fatalf("observation %+v cannot be stored in PostgreSQL text", obs)
@@ -95,18 +95,18 @@ func FuzzClassifySend(f *testing.F) {
 		checkObservation(t, obs, sendOutcomes)
 		if status >= 200 && status < 300 {
 			switch obs.Outcome {
-			case service.OutcomeAccepted, service.OutcomeAcceptedReplay, service.OutcomeMalformed:
+			case delivery.OutcomeAccepted, delivery.OutcomeAcceptedReplay, delivery.OutcomeMalformed:
 			default: // above all never REJECTED or HTTP_5XX: a 2xx may be an acceptance
 				t.Fatalf("HTTP %d classified %s: a 2xx is an acceptance or uncertain", status, obs.Outcome)
 			}
 		}
-		if (obs.Outcome == service.OutcomeAccepted || obs.Outcome == service.OutcomeAcceptedReplay) != (obs.ProviderMsgID != "") {
+		if (obs.Outcome == delivery.OutcomeAccepted || obs.Outcome == delivery.OutcomeAcceptedReplay) != (obs.ProviderMsgID != "") {
 			t.Fatalf("%s with provider message id %q: an acceptance always carries one, nothing else does", obs.Outcome, obs.ProviderMsgID)
 		}
-		if obs.Outcome == service.OutcomeAccepted && len(body) > MaxResponseBytes {
+		if obs.Outcome == delivery.OutcomeAccepted && len(body) > MaxResponseBytes {
 			t.Fatalf("accepted a body of %d bytes, more than MaxResponseBytes", len(body))
 		}
-		if obs.RetryAfter != 0 && obs.Outcome != service.OutcomeThrottled && obs.Outcome != service.OutcomeHTTP5xx {
+		if obs.RetryAfter != 0 && obs.Outcome != delivery.OutcomeThrottled && obs.Outcome != delivery.OutcomeHTTP5xx {
 			t.Fatalf("Retry-After honoured for %s", obs.Outcome)
 		}
 		if again := ClassifySend(status, h, body); again.Outcome != obs.Outcome || again.ProviderMsgID != obs.ProviderMsgID {
@@ -115,8 +115,8 @@ func FuzzClassifySend(f *testing.F) {
 	})
 }
 
-var queryOutcomes = map[service.Outcome]bool{
-	service.OutcomeQueryFound: true, service.OutcomeQueryNotFound: true, service.OutcomeQueryFailed: true,
+var queryOutcomes = map[delivery.Outcome]bool{
+	delivery.OutcomeQueryFound: true, delivery.OutcomeQueryNotFound: true, delivery.OutcomeQueryFailed: true,
 }
 
 func FuzzClassifyQuery(f *testing.F) {
@@ -139,16 +139,16 @@ func FuzzClassifyQuery(f *testing.F) {
 	f.Fuzz(func(t *testing.T, status int, body []byte) {
 		obs := ClassifyQuery(status, body)
 		checkObservation(t, obs, queryOutcomes)
-		if status != http.StatusOK && obs.Outcome != service.OutcomeQueryFailed {
+		if status != http.StatusOK && obs.Outcome != delivery.OutcomeQueryFailed {
 			t.Fatalf("HTTP %d classified %s: only a 200 answers a query", status, obs.Outcome)
 		}
-		if obs.Outcome == service.OutcomeQueryNotFound && len(body) > MaxResponseBytes {
+		if obs.Outcome == delivery.OutcomeQueryNotFound && len(body) > MaxResponseBytes {
 			t.Fatalf("trusted 'not found' from a body of %d bytes, more than MaxResponseBytes", len(body))
 		}
 		if obs.RetryAfter != 0 {
 			t.Fatalf("a query has no Retry-After, got %s", obs.RetryAfter)
 		}
-		if obs.Outcome != service.OutcomeQueryFound && obs.ProviderMsgID != "" {
+		if obs.Outcome != delivery.OutcomeQueryFound && obs.ProviderMsgID != "" {
 			t.Fatalf("%s with provider message id %q", obs.Outcome, obs.ProviderMsgID)
 		}
 	})
@@ -246,7 +246,7 @@ func FuzzSendResponse(f *testing.F) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		start := time.Now()
-		obs := client.Send(ctx, service.Message{Ref: "task-1", IdempotencyKey: "ntf-task-1", To: "u1", Body: "hello"})
+		obs := client.Send(ctx, delivery.Message{Ref: "task-1", IdempotencyKey: "ntf-task-1", To: "u1", Body: "hello"})
 		took := time.Since(start)
 
 		if n := read.Load(); n > MaxResponseBytes+1 {
@@ -266,7 +266,7 @@ func FuzzSendResponse(f *testing.F) {
 		if obs.Outcome != want.Outcome || obs.ProviderMsgID != want.ProviderMsgID || obs.Detail != want.Detail || obs.RetryAfter != want.RetryAfter {
 			t.Fatalf("HTTP %d with %d+%d bytes: client observed %+v, want %+v", a.status, len(a.body), a.pad, obs, want)
 		}
-		if len(full) > MaxResponseBytes && (obs.Outcome == service.OutcomeAccepted || obs.Outcome == service.OutcomeAcceptedReplay) {
+		if len(full) > MaxResponseBytes && (obs.Outcome == delivery.OutcomeAccepted || obs.Outcome == delivery.OutcomeAcceptedReplay) {
 			t.Fatalf("accepted a response of %d bytes, more than MaxResponseBytes", len(full))
 		}
 	})

@@ -14,11 +14,11 @@ import (
 
 	"github.com/matryer/is"
 
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
-var msg = service.Message{Ref: "task-1", IdempotencyKey: "ntf-task-1", To: "a", Body: "b"}
+var msg = delivery.Message{Ref: "task-1", IdempotencyKey: "ntf-task-1", To: "a", Body: "b"}
 
 func accepting(hits *atomic.Int32) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -40,14 +40,14 @@ func TestTLSVerification(t *testing.T) {
 	plain, err := httpchannel.New(srv.URL, httpchannel.Options{})
 	is.NoErr(err)
 	obs := plain.Send(ctx, msg)
-	is.Equal(obs.Outcome, service.OutcomeConnectFailed) // an unverifiable certificate: nothing was sent
-	is.Equal(hits.Load(), int32(0))                     // the handler never ran
+	is.Equal(obs.Outcome, delivery.OutcomeConnectFailed) // an unverifiable certificate: nothing was sent
+	is.Equal(hits.Load(), int32(0))                      // the handler never ran
 
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
 	is.NoErr(os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600))
 	private, err := httpchannel.New(srv.URL, httpchannel.Options{CAFile: caFile})
 	is.NoErr(err)
-	is.Equal(private.Send(ctx, msg).Outcome, service.OutcomeAccepted) // verified against the given CA
+	is.Equal(private.Send(ctx, msg).Outcome, delivery.OutcomeAccepted) // verified against the given CA
 	is.Equal(hits.Load(), int32(1))
 
 	_, err = httpchannel.New(srv.URL, httpchannel.Options{CAFile: filepath.Join(t.TempDir(), "missing.pem")})
@@ -67,8 +67,8 @@ func TestRedirectNotFollowed(t *testing.T) {
 	c, err := httpchannel.New(redirect.URL, httpchannel.Options{})
 	is.NoErr(err)
 	obs := c.Send(context.Background(), msg)
-	is.Equal(obs.Outcome, service.OutcomeRejected) // 307 is not an acceptance
-	is.Equal(hits.Load(), int32(0))                // and the target was never called
+	is.Equal(obs.Outcome, delivery.OutcomeRejected) // 307 is not an acceptance
+	is.Equal(hits.Load(), int32(0))                 // and the target was never called
 }
 
 // The client timeout bounds the whole call, body included: a server that dribbles its body forever
@@ -91,8 +91,8 @@ func TestTimeoutIncludesBody(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	obs := c.Send(ctx, msg)
-	is.Equal(obs.Outcome, service.OutcomeTimeout) // headers came, the body did not: outcome unknown
-	is.True(time.Since(start) < 5*time.Second)    // bounded by the client timeout, not the server
+	is.Equal(obs.Outcome, delivery.OutcomeTimeout) // headers came, the body did not: outcome unknown
+	is.True(time.Since(start) < 5*time.Second)     // bounded by the client timeout, not the server
 }
 
 // Credentials in a channel URL never show in what the client reports.
@@ -102,8 +102,8 @@ func TestCredentialsNotShown(t *testing.T) {
 	is.NoErr(err)
 	is.True(!strings.Contains(c.String(), "s3cret")) // String redacts
 	obs := c.Send(context.Background(), msg)
-	is.Equal(obs.Outcome, service.OutcomeConnectFailed) // nothing listens there
-	is.True(!strings.Contains(obs.Detail, "s3cret"))    // the error text is redacted too
+	is.Equal(obs.Outcome, delivery.OutcomeConnectFailed) // nothing listens there
+	is.True(!strings.Contains(obs.Detail, "s3cret"))     // the error text is redacted too
 	_, err = httpchannel.New("http://user:s3cret@host:notaport/", httpchannel.Options{})
 	is.True(err != nil && !strings.Contains(err.Error(), "s3cret")) // a bad URL is refused without echoing it
 }

@@ -55,7 +55,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
@@ -81,7 +81,7 @@ func ParseTLSMode(s string) (TLSMode, error) {
 	case TLSRequired, TLSOpportunistic, TLSNone:
 		return m, nil
 	}
-	return "", fmt.Errorf("%w: starttls %q: want required, opportunistic or none", service.ErrInvalidInput, s)
+	return "", fmt.Errorf("%w: starttls %q: want required, opportunistic or none", delivery.ErrInvalidInput, s)
 }
 
 // backstopTimeout bounds a Send whose context has no deadline.
@@ -121,7 +121,7 @@ type Client struct {
 func New(opt Options) (*Client, error) {
 	host, port, err := net.SplitHostPort(opt.Addr)
 	if err != nil || host == "" || port == "" {
-		return nil, fmt.Errorf("%w: SMTP relay address %q: want host:port", service.ErrInvalidInput, opt.Addr)
+		return nil, fmt.Errorf("%w: SMTP relay address %q: want host:port", delivery.ErrInvalidInput, opt.Addr)
 	}
 	mode, err := ParseTLSMode(string(opt.StartTLS))
 	if err != nil {
@@ -129,16 +129,16 @@ func New(opt Options) (*Client, error) {
 	}
 	from, err := mail.ParseAddress(opt.From)
 	if err != nil || !strings.Contains(from.Address, "@") {
-		return nil, fmt.Errorf("%w: from address %q: want an email address", service.ErrInvalidInput, opt.From)
+		return nil, fmt.Errorf("%w: from address %q: want an email address", delivery.ErrInvalidInput, opt.From)
 	}
 	if (opt.Username == "") != (opt.Password == "") {
-		return nil, fmt.Errorf("%w: SMTP AUTH needs both a username and a password", service.ErrInvalidInput)
+		return nil, fmt.Errorf("%w: SMTP AUTH needs both a username and a password", delivery.ErrInvalidInput)
 	}
 	if strings.ContainsAny(opt.Username, "\x00\r\n") || strings.ContainsAny(opt.Password, "\x00\r\n") {
-		return nil, fmt.Errorf("%w: SMTP credentials contain NUL, CR or LF", service.ErrInvalidInput)
+		return nil, fmt.Errorf("%w: SMTP credentials contain NUL, CR or LF", delivery.ErrInvalidInput)
 	}
 	if opt.Username != "" && mode == TLSNone && !isLoopback(host) {
-		return nil, fmt.Errorf("%w: SMTP AUTH with starttls = none to %s would send the password in clear text", service.ErrInvalidInput, host)
+		return nil, fmt.Errorf("%w: SMTP AUTH with starttls = none to %s would send the password in clear text", delivery.ErrInvalidInput, host)
 	}
 	helo := opt.HeloName
 	if helo == "" {
@@ -147,17 +147,17 @@ func New(opt Options) (*Client, error) {
 		}
 	}
 	if strings.ContainsAny(helo, " \t\r\n<>") {
-		return nil, fmt.Errorf("%w: HELO name %q", service.ErrInvalidInput, helo)
+		return nil, fmt.Errorf("%w: HELO name %q", delivery.ErrInvalidInput, helo)
 	}
 	domain := opt.MessageIDDomain
 	if domain == "" {
 		domain = from.Address[strings.LastIndexByte(from.Address, '@')+1:]
 	}
 	if !isDotAtom(domain) {
-		return nil, fmt.Errorf("%w: Message-ID domain %q", service.ErrInvalidInput, domain)
+		return nil, fmt.Errorf("%w: Message-ID domain %q", delivery.ErrInvalidInput, domain)
 	}
 	if strings.ContainsAny(opt.SubjectPrefix, "\r\n") {
-		return nil, fmt.Errorf("%w: subject prefix contains a line break", service.ErrInvalidInput)
+		return nil, fmt.Errorf("%w: subject prefix contains a line break", delivery.ErrInvalidInput)
 	}
 	tlsConf, err := httpchannel.TLSConfig(opt.CAFile, host)
 	if err != nil {
@@ -180,23 +180,23 @@ func (c *Client) MessageID(idempotencyKey string) string {
 }
 
 // Query is not offered: a relay cannot be asked what it accepted.
-func (c *Client) Query(context.Context, string) service.Observation {
-	return service.Observation{Outcome: service.OutcomeQueryFailed, Detail: "not supported"}
+func (c *Client) Query(context.Context, string) delivery.Observation {
+	return delivery.Observation{Outcome: delivery.OutcomeQueryFailed, Detail: "not supported"}
 }
 
 // Send delivers msg.Body to msg.To. Every network step is bounded by ctx. See the package comment
 // for the mapping of replies and failures.
-func (c *Client) Send(ctx context.Context, msg service.Message) service.Observation {
+func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observation {
 	to, err := mail.ParseAddress(msg.To)
 	if err != nil || !strings.Contains(to.Address, "@") {
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "recipient is not an email address"}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "recipient is not an email address"}
 	}
 	if !isDotAtom(msg.IdempotencyKey) {
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "idempotency key unusable in a Message-ID"}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "idempotency key unusable in a Message-ID"}
 	}
 	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", c.addr)
 	if err != nil {
-		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "connect: " + errText(err)}
+		return delivery.Observation{Outcome: delivery.OutcomeConnectFailed, Detail: "connect: " + errText(err)}
 	}
 	defer conn.Close()
 	deadline, ok := ctx.Deadline()
@@ -212,7 +212,7 @@ func (c *Client) Send(ctx context.Context, msg service.Message) service.Observat
 
 // writeMessage writes the message text to w: headers, a blank line, the body as quoted-printable
 // UTF-8 text (streamed, so a large body is bounded by the context like any other write).
-func (c *Client) writeMessage(w io.Writer, msg service.Message, to *mail.Address) error {
+func (c *Client) writeMessage(w io.Writer, msg delivery.Message, to *mail.Address) error {
 	body := strings.ReplaceAll(strings.ReplaceAll(msg.Body, "\r\n", "\n"), "\r", "\n")
 	first, _, _ := strings.Cut(strings.TrimSpace(body), "\n")
 	subject := strings.TrimSpace(c.subjectPrefx + first)
@@ -255,30 +255,30 @@ type session struct {
 }
 
 // before is a failure before the end-of-data indication: certainly not accepted.
-func (s *session) before(step string, err error) service.Observation {
+func (s *session) before(step string, err error) delivery.Observation {
 	what := "connection lost"
 	if s.ctx.Err() != nil || isTimeout(err) {
 		what = "timeout"
 	}
-	return service.Observation{Outcome: service.OutcomeConnectFailed,
+	return delivery.Observation{Outcome: delivery.OutcomeConnectFailed,
 		Detail: fmt.Sprintf("%s at %s, before the end of data (not accepted): %s", what, step, errText(err))}
 }
 
 // replyObservation maps a negative or unexpected reply at step: 4yz temporary, 5yz permanent.
-func replyObservation(step string, code int, text string) service.Observation {
+func replyObservation(step string, code int, text string) delivery.Observation {
 	detail := fmt.Sprintf("SMTP %d %s (at %s)", code, clean(text), step)
 	switch code / 100 {
 	case 4:
-		return service.Observation{Outcome: service.OutcomeHTTP5xx, Detail: detail}
+		return delivery.Observation{Outcome: delivery.OutcomeHTTP5xx, Detail: detail}
 	case 5:
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: detail}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: detail}
 	}
-	return service.Observation{Outcome: service.OutcomeRejected, Detail: "unexpected " + detail}
+	return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "unexpected " + detail}
 }
 
 // cmd sends one command line and reads its reply; obs is set unless the reply is in the class want
 // (2 for 2yz, 3 for 3yz).
-func (s *session) cmd(step string, want int, format string, args ...any) (code int, text string, obs *service.Observation) {
+func (s *session) cmd(step string, want int, format string, args ...any) (code int, text string, obs *delivery.Observation) {
 	if err := s.tp.PrintfLine(format, args...); err != nil {
 		o := s.before(step, err)
 		return 0, "", &o
@@ -286,12 +286,12 @@ func (s *session) cmd(step string, want int, format string, args ...any) (code i
 	return s.reply(step, want)
 }
 
-func (s *session) reply(step string, want int) (int, string, *service.Observation) {
+func (s *session) reply(step string, want int) (int, string, *delivery.Observation) {
 	code, text, err := s.tp.ReadResponse(0)
 	if err != nil {
 		var perr textproto.ProtocolError
 		if errors.As(err, &perr) {
-			o := service.Observation{Outcome: service.OutcomeConnectFailed, Detail: fmt.Sprintf("not an SMTP reply at %s, before the end of data (not accepted)", step)}
+			o := delivery.Observation{Outcome: delivery.OutcomeConnectFailed, Detail: fmt.Sprintf("not an SMTP reply at %s, before the end of data (not accepted)", step)}
 			return 0, "", &o
 		}
 		o := s.before(step, err)
@@ -304,11 +304,11 @@ func (s *session) reply(step string, want int) (int, string, *service.Observatio
 	return code, text, nil
 }
 
-func (s *session) run(msg service.Message, to *mail.Address) service.Observation {
+func (s *session) run(msg delivery.Message, to *mail.Address) delivery.Observation {
 	rcpt, messageID := to.Address, s.c.MessageID(msg.IdempotencyKey)
 	// The greeting: no reply at all means no session was ever opened.
 	if _, _, obs := s.reply("greeting", 2); obs != nil {
-		if obs.Outcome == service.OutcomeConnectFailed {
+		if obs.Outcome == delivery.OutcomeConnectFailed {
 			obs.Detail = strings.Replace(obs.Detail, "at greeting", "before the server greeting", 1)
 		}
 		return *obs
@@ -325,7 +325,7 @@ func (s *session) run(msg service.Message, to *mail.Address) service.Observation
 	params := ""
 	if !isASCII(s.c.from.Address) || !isASCII(rcpt) {
 		if _, ok := s.ext["SMTPUTF8"]; !ok {
-			return s.quit(service.Observation{Outcome: service.OutcomeRejected, Detail: "non-ASCII address and the relay does not offer SMTPUTF8"})
+			return s.quit(delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "non-ASCII address and the relay does not offer SMTPUTF8"})
 		}
 		params = " SMTPUTF8"
 	}
@@ -355,29 +355,29 @@ func (s *session) run(msg service.Message, to *mail.Address) service.Observation
 	if err != nil {
 		var perr textproto.ProtocolError
 		if errors.As(err, &perr) {
-			return service.Observation{Outcome: service.OutcomeMalformed, Detail: "unreadable reply to the end of data: outcome unknown"}
+			return delivery.Observation{Outcome: delivery.OutcomeMalformed, Detail: "unreadable reply to the end of data: outcome unknown"}
 		}
 		return s.after(err)
 	}
 	switch code / 100 {
 	case 2:
-		return s.quit(service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: messageID})
+		return s.quit(delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: messageID})
 	case 4, 5:
 		return s.quit(replyObservation("end of data", code, reply))
 	}
-	return service.Observation{Outcome: service.OutcomeMalformed, Detail: fmt.Sprintf("unexpected SMTP %d to the end of data: outcome unknown", code)}
+	return delivery.Observation{Outcome: delivery.OutcomeMalformed, Detail: fmt.Sprintf("unexpected SMTP %d to the end of data: outcome unknown", code)}
 }
 
 // after is a failure once the final "." may have reached the relay: the outcome is unknown.
-func (s *session) after(err error) service.Observation {
+func (s *session) after(err error) delivery.Observation {
 	if s.ctx.Err() != nil || isTimeout(err) {
-		return service.Observation{Outcome: service.OutcomeTimeout, Detail: "no reply to the end of data within the client timeout: outcome unknown"}
+		return delivery.Observation{Outcome: delivery.OutcomeTimeout, Detail: "no reply to the end of data within the client timeout: outcome unknown"}
 	}
-	return service.Observation{Outcome: service.OutcomeIOError, Detail: "connection lost after the end of data: outcome unknown: " + errText(err)}
+	return delivery.Observation{Outcome: delivery.OutcomeIOError, Detail: "connection lost after the end of data: outcome unknown: " + errText(err)}
 }
 
 // quit ends the session politely (best effort, within a second) and returns obs unchanged.
-func (s *session) quit(obs service.Observation) service.Observation {
+func (s *session) quit(obs delivery.Observation) delivery.Observation {
 	if s.ctx.Err() == nil {
 		d := time.Now().Add(time.Second)
 		if deadline, ok := s.ctx.Deadline(); ok && deadline.Before(d) {
@@ -392,7 +392,7 @@ func (s *session) quit(obs service.Observation) service.Observation {
 }
 
 // hello sends EHLO (HELO if the relay does not know EHLO) and records the extensions.
-func (s *session) hello() *service.Observation {
+func (s *session) hello() *delivery.Observation {
 	if err := s.tp.PrintfLine("EHLO %s", s.c.helo); err != nil {
 		o := s.before("EHLO", err)
 		return &o
@@ -415,13 +415,13 @@ func (s *session) hello() *service.Observation {
 	return nil
 }
 
-func (s *session) startTLS() *service.Observation {
+func (s *session) startTLS() *delivery.Observation {
 	if s.c.mode == TLSNone {
 		return nil
 	}
 	if _, ok := s.ext["STARTTLS"]; !ok {
 		if s.c.mode == TLSRequired {
-			return &service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "the relay does not offer STARTTLS (starttls = required): not sent"}
+			return &delivery.Observation{Outcome: delivery.OutcomeConnectFailed, Detail: "the relay does not offer STARTTLS (starttls = required): not sent"}
 		}
 		return nil
 	}
@@ -430,22 +430,22 @@ func (s *session) startTLS() *service.Observation {
 	}
 	tc := tls.Client(s.raw, s.c.tls)
 	if err := tc.HandshakeContext(s.ctx); err != nil {
-		return &service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "STARTTLS handshake (not sent): " + errText(err)}
+		return &delivery.Observation{Outcome: delivery.OutcomeConnectFailed, Detail: "STARTTLS handshake (not sent): " + errText(err)}
 	}
 	s.raw, s.tp, s.secured = tc, textproto.NewConn(tc), true
 	return s.hello()
 }
 
-func (s *session) auth() *service.Observation {
+func (s *session) auth() *delivery.Observation {
 	if s.c.user == "" {
 		return nil
 	}
 	if !s.secured && !isLoopback(s.c.host) {
-		return &service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "the relay offered no STARTTLS: AUTH refused over plain text (not sent)"}
+		return &delivery.Observation{Outcome: delivery.OutcomeConnectFailed, Detail: "the relay offered no STARTTLS: AUTH refused over plain text (not sent)"}
 	}
 	mechs, ok := s.ext["AUTH"]
 	if !ok || !containsFold(strings.Fields(mechs), "PLAIN") {
-		return &service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "the relay does not offer AUTH PLAIN (not sent)"}
+		return &delivery.Observation{Outcome: delivery.OutcomeConnectFailed, Detail: "the relay does not offer AUTH PLAIN (not sent)"}
 	}
 	resp := base64.StdEncoding.EncodeToString([]byte("\x00" + s.c.user + "\x00" + s.c.pass))
 	if err := s.tp.PrintfLine("AUTH PLAIN %s", resp); err != nil {

@@ -29,7 +29,7 @@ import (
 	"github.com/emersion/go-smtp"
 	"github.com/matryer/is"
 
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/smtpchannel"
 )
 
@@ -195,12 +195,12 @@ func newClient(t *testing.T, opt smtpchannel.Options) *smtpchannel.Client {
 
 const body = "Your order has shipped\n.a line starting with a dot\nÜmlaut and € sign"
 
-func message() service.Message {
-	return service.Message{Ref: "task-7", IdempotencyKey: "ntf-task-7", To: "Ann <ann@example.org>", Body: body,
-		ExpiresAt: time.Now().Add(time.Hour), Action: service.ActionSend}
+func message() delivery.Message {
+	return delivery.Message{Ref: "task-7", IdempotencyKey: "ntf-task-7", To: "Ann <ann@example.org>", Body: body,
+		ExpiresAt: time.Now().Add(time.Hour), Action: delivery.ActionSend}
 }
 
-func send(c *smtpchannel.Client, timeout time.Duration) service.Observation {
+func send(c *smtpchannel.Client, timeout time.Duration) delivery.Observation {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	return c.Send(ctx, message())
@@ -214,7 +214,7 @@ func TestChannelSMTPAccept(t *testing.T) {
 		MessageIDDomain: "notify.example.com", SubjectPrefix: "[Shop] ", HeloName: "worker.example.com"})
 
 	obs := send(c, 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeAccepted)                 // 250 after the end of data
+	is.Equal(obs.Outcome, delivery.OutcomeAccepted)                // 250 after the end of data
 	is.Equal(obs.ProviderMsgID, "<ntf-task-7@notify.example.com>") // the Message-ID
 	msgs := r.messages()
 	is.Equal(len(msgs), 1)                        // one message
@@ -242,26 +242,26 @@ func TestChannelSMTPAccept(t *testing.T) {
 	is.Equal(strings.TrimSuffix(strings.ReplaceAll(string(text), "\r\n", "\n"), "\n"), body) // the body, dot line intact
 
 	// The same task again carries the same Message-ID: a receiver-side dedupe hint.
-	is.Equal(send(c, 5*time.Second).Outcome, service.OutcomeAccepted) // accepted again (SMTP cannot dedupe)
+	is.Equal(send(c, 5*time.Second).Outcome, delivery.OutcomeAccepted) // accepted again (SMTP cannot dedupe)
 	m2, err := mail.ReadMessage(bytes.NewReader(r.messages()[1].data))
 	is.NoErr(err)                                                     // second copy
 	is.Equal(m2.Header.Get("Message-ID"), m.Header.Get("Message-ID")) // same Message-ID
 
 	wrong := newClient(t, smtpchannel.Options{Addr: r.addr, Username: "notifier", Password: "guess"})
 	obs = send(wrong, 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeRejected)  // 535: authentication failed
+	is.Equal(obs.Outcome, delivery.OutcomeRejected) // 535: authentication failed
 	is.True(strings.Contains(obs.Detail, "535"))    // says so
 	is.True(!strings.Contains(obs.Detail, "guess")) // without the password
 	is.Equal(len(r.messages()), 2)                  // nothing more delivered
 
 	anon := newClient(t, smtpchannel.Options{Addr: r.addr})
 	obs = send(anon, 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeRejected) // 530: the relay requires AUTH (so the first send did AUTH)
-	is.Equal(len(r.messages()), 2)                 // nothing more delivered
+	is.Equal(obs.Outcome, delivery.OutcomeRejected) // 530: the relay requires AUTH (so the first send did AUTH)
+	is.Equal(len(r.messages()), 2)                  // nothing more delivered
 
 	q := c.Query(context.Background(), "task-7")
-	is.Equal(q.Outcome, service.OutcomeQueryFailed) // SMTP has no query
-	is.Equal(q.Detail, "not supported")             // says so
+	is.Equal(q.Outcome, delivery.OutcomeQueryFailed) // SMTP has no query
+	is.Equal(q.Detail, "not supported")              // says so
 }
 
 func TestChannelSMTPReject(t *testing.T) {
@@ -272,13 +272,13 @@ func TestChannelSMTPReject(t *testing.T) {
 		r.rcptErr = &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "no such user"}
 	})
 	obs := send(c, 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeRejected)    // 550 is permanent
+	is.Equal(obs.Outcome, delivery.OutcomeRejected)   // 550 is permanent
 	is.True(strings.Contains(obs.Detail, "SMTP 550")) // says so
 	is.True(strings.Contains(obs.Detail, "RCPT"))     // and where
 	is.Equal(len(r.messages()), 0)                    // nothing delivered
 
-	obs = c.Send(context.Background(), service.Message{IdempotencyKey: "ntf-task-7", To: "not an address", Body: "x"})
-	is.Equal(obs.Outcome, service.OutcomeRejected) // a bad address is refused locally
+	obs = c.Send(context.Background(), delivery.Message{IdempotencyKey: "ntf-task-7", To: "not an address", Body: "x"})
+	is.Equal(obs.Outcome, delivery.OutcomeRejected) // a bad address is refused locally
 }
 
 func TestChannelSMTPTemporary(t *testing.T) {
@@ -289,7 +289,7 @@ func TestChannelSMTPTemporary(t *testing.T) {
 		r.dataErr = &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"}
 	})
 	obs := send(c, 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeHTTP5xx)        // 451 at the end of data: refused, retry
+	is.Equal(obs.Outcome, delivery.OutcomeHTTP5xx)       // 451 at the end of data: refused, retry
 	is.True(strings.HasPrefix(obs.Detail, "SMTP 451"))   // documented detail
 	is.True(strings.Contains(obs.Detail, "end of data")) // at the end of data
 	is.Equal(len(r.messages()), 0)                       // not delivered
@@ -308,7 +308,7 @@ func TestChannelSMTPWithheldReply(t *testing.T) {
 
 	start := time.Now()
 	obs := send(c, 500*time.Millisecond)
-	is.Equal(obs.Outcome, service.OutcomeTimeout)            // uncertain: maybe accepted
+	is.Equal(obs.Outcome, delivery.OutcomeTimeout)           // uncertain: maybe accepted
 	is.True(strings.Contains(obs.Detail, "outcome unknown")) // says so
 	is.True(time.Since(start) < 3*time.Second)               // bounded by the context
 	is.Equal(len(r.messages()), 1)                           // the relay has the complete message
@@ -377,13 +377,13 @@ func TestChannelSMTPConnectionFailures(t *testing.T) {
 	cases := []struct {
 		name   string
 		script func(c net.Conn, rd *bufio.Reader)
-		want   service.Outcome
+		want   delivery.Outcome
 		detail string
 	}{
-		{"closed before greeting", func(net.Conn, *bufio.Reader) {}, service.OutcomeConnectFailed, "before the server greeting"},
+		{"closed before greeting", func(net.Conn, *bufio.Reader) {}, delivery.OutcomeConnectFailed, "before the server greeting"},
 		{"closed at RCPT", func(c net.Conn, rd *bufio.Reader) {
 			converse(c, rd, func(l string) bool { return strings.HasPrefix(l, "RCPT") })
-		}, service.OutcomeConnectFailed, "RCPT"},
+		}, delivery.OutcomeConnectFailed, "RCPT"},
 		{"relay stalls during message text", func(c net.Conn, rd *bufio.Reader) {
 			converse(c, rd, func(l string) bool {
 				if l != "DATA" {
@@ -393,7 +393,7 @@ func TestChannelSMTPConnectionFailures(t *testing.T) {
 				time.Sleep(6 * time.Second) // reads nothing more: the client's writes block
 				return true
 			})
-		}, service.OutcomeConnectFailed, "timeout at message text"},
+		}, delivery.OutcomeConnectFailed, "timeout at message text"},
 		{"closed after the final dot", func(c net.Conn, rd *bufio.Reader) {
 			data := false
 			converse(c, rd, func(l string) bool {
@@ -402,13 +402,13 @@ func TestChannelSMTPConnectionFailures(t *testing.T) {
 				}
 				return data && l == "."
 			})
-		}, service.OutcomeIOError, "outcome unknown"},
+		}, delivery.OutcomeIOError, "outcome unknown"},
 		{"421 greeting", func(c net.Conn, rd *bufio.Reader) {
 			_, _ = io.WriteString(c, "421 too busy\r\n")
-		}, service.OutcomeHTTP5xx, "SMTP 421"},
+		}, delivery.OutcomeHTTP5xx, "SMTP 421"},
 		{"not SMTP", func(c net.Conn, rd *bufio.Reader) {
 			_, _ = io.WriteString(c, "HTTP/1.1 400 Bad Request\r\n\r\n")
-		}, service.OutcomeConnectFailed, "not an SMTP reply"},
+		}, delivery.OutcomeConnectFailed, "not an SMTP reply"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -433,7 +433,7 @@ func TestChannelSMTPConnectionFailures(t *testing.T) {
 	addr := l.Addr().String()
 	is.NoErr(l.Close())
 	c := newClient(t, smtpchannel.Options{Addr: addr})
-	is.Equal(send(c, 5*time.Second).Outcome, service.OutcomeConnectFailed) // nothing listens
+	is.Equal(send(c, 5*time.Second).Outcome, delivery.OutcomeConnectFailed) // nothing listens
 }
 
 func TestChannelSMTPStartTLS(t *testing.T) {
@@ -443,22 +443,22 @@ func TestChannelSMTPStartTLS(t *testing.T) {
 	r.set(func(r *relay) { r.user, r.pass = "notifier", "pw" })
 
 	c := newClient(t, smtpchannel.Options{Addr: r.addr, StartTLS: smtpchannel.TLSRequired, CAFile: caFile, Username: "notifier", Password: "pw"})
-	is.Equal(send(c, 5*time.Second).Outcome, service.OutcomeAccepted) // accepted over TLS
-	is.True(r.messages()[0].tls)                                      // the message went over TLS
+	is.Equal(send(c, 5*time.Second).Outcome, delivery.OutcomeAccepted) // accepted over TLS
+	is.True(r.messages()[0].tls)                                       // the message went over TLS
 
 	untrusted := newClient(t, smtpchannel.Options{Addr: r.addr, StartTLS: smtpchannel.TLSOpportunistic})
 	obs := send(untrusted, 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeConnectFailed) // the certificate is verified even when opportunistic
-	is.True(strings.Contains(obs.Detail, "STARTTLS"))   // says so
+	is.Equal(obs.Outcome, delivery.OutcomeConnectFailed) // the certificate is verified even when opportunistic
+	is.True(strings.Contains(obs.Detail, "STARTTLS"))    // says so
 
 	plain := startRelay(t, nil)
 	required := newClient(t, smtpchannel.Options{Addr: plain.addr, StartTLS: smtpchannel.TLSRequired})
 	obs = send(required, 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeConnectFailed)              // no STARTTLS offered: not sent
+	is.Equal(obs.Outcome, delivery.OutcomeConnectFailed)             // no STARTTLS offered: not sent
 	is.True(strings.Contains(obs.Detail, "does not offer STARTTLS")) // says so
 	opportunistic := newClient(t, smtpchannel.Options{Addr: plain.addr, StartTLS: smtpchannel.TLSOpportunistic})
-	is.Equal(send(opportunistic, 5*time.Second).Outcome, service.OutcomeAccepted) // plain text when not offered
-	is.Equal(len(r.messages())+len(plain.messages()), 2)                          // two messages in all
+	is.Equal(send(opportunistic, 5*time.Second).Outcome, delivery.OutcomeAccepted) // plain text when not offered
+	is.Equal(len(r.messages())+len(plain.messages()), 2)                           // two messages in all
 }
 
 func TestChannelSMTPOptions(t *testing.T) {
@@ -473,7 +473,7 @@ func TestChannelSMTPOptions(t *testing.T) {
 		{Addr: "smtp.example:587", From: "a@example.com", SubjectPrefix: "x\r\nBcc: evil@example.com"},
 	} {
 		_, err := smtpchannel.New(opt)
-		is.True(errors.Is(err, service.ErrInvalidInput)) // refused
+		is.True(errors.Is(err, delivery.ErrInvalidInput)) // refused
 		if err != nil {
 			is.True(!strings.Contains(err.Error(), opt.Password) || opt.Password == "") // no password in errors
 		}

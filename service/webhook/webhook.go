@@ -35,7 +35,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
@@ -103,14 +103,14 @@ func New(secret string, opt Options) (*Client, error) {
 func ParseSecret(secret string) ([]byte, error) {
 	b64, ok := strings.CutPrefix(strings.TrimSpace(secret), SecretPrefix)
 	if !ok {
-		return nil, fmt.Errorf("%w: webhook secret: want %s followed by base64", service.ErrInvalidInput, SecretPrefix)
+		return nil, fmt.Errorf("%w: webhook secret: want %s followed by base64", delivery.ErrInvalidInput, SecretPrefix)
 	}
 	key, err := base64.StdEncoding.DecodeString(b64)
 	if err != nil {
-		return nil, fmt.Errorf("%w: webhook secret: the part after %s is not valid base64", service.ErrInvalidInput, SecretPrefix)
+		return nil, fmt.Errorf("%w: webhook secret: the part after %s is not valid base64", delivery.ErrInvalidInput, SecretPrefix)
 	}
 	if len(key) < MinSecretBytes || len(key) > MaxSecretBytes {
-		return nil, fmt.Errorf("%w: webhook secret: %d bytes, want %d to %d", service.ErrInvalidInput, len(key), MinSecretBytes, MaxSecretBytes)
+		return nil, fmt.Errorf("%w: webhook secret: %d bytes, want %d to %d", delivery.ErrInvalidInput, len(key), MinSecretBytes, MaxSecretBytes)
 	}
 	return key, nil
 }
@@ -125,7 +125,7 @@ func loadRoots(file string) (*x509.CertPool, error) {
 		pool = x509.NewCertPool()
 	}
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("%w: CA file %s holds no PEM certificate", service.ErrInvalidInput, file)
+		return nil, fmt.Errorf("%w: CA file %s holds no PEM certificate", delivery.ErrInvalidInput, file)
 	}
 	return pool, nil
 }
@@ -155,23 +155,23 @@ func Sign(key []byte, id string, timestamp int64, body []byte) string {
 }
 
 // Send posts the signed webhook to msg.To. See the package comment for the outcome mapping.
-func (c *Client) Send(ctx context.Context, msg service.Message) service.Observation {
+func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observation {
 	target, err := checkURL(msg.To)
 	if err != nil {
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: err.Error()}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: err.Error()}
 	}
 	if msg.IdempotencyKey == "" || strings.ContainsAny(msg.IdempotencyKey, " ,\r\n") {
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "no usable idempotency key for webhook-id"}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "no usable idempotency key for webhook-id"}
 	}
 	now := c.now()
 	body, err := json.Marshal(Payload{Type: "notification", Timestamp: now.UTC().Format(time.RFC3339),
 		Data: Data{Ref: msg.Ref, Body: msg.Body}})
 	if err != nil {
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "encode payload: " + err.Error()}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "encode payload: " + err.Error()}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target.String(), bytes.NewReader(body))
 	if err != nil {
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "build request: " + redactErr(err)}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "build request: " + redactErr(err)}
 	}
 	ts := now.Unix()
 	req.Header.Set("Content-Type", "application/json")
@@ -195,24 +195,24 @@ func (c *Client) Send(ctx context.Context, msg service.Message) service.Observat
 }
 
 // Classify maps a receiver's response to an observation.
-func Classify(status int, header http.Header, body []byte, webhookID string) service.Observation {
+func Classify(status int, header http.Header, body []byte, webhookID string) delivery.Observation {
 	switch {
 	case status >= 200 && status < 300:
-		return service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: webhookID}
+		return delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: webhookID}
 	case status == http.StatusTooManyRequests:
-		return service.Observation{Outcome: service.OutcomeThrottled, RetryAfter: httpchannel.RetryAfter(header), Detail: "HTTP 429"}
+		return delivery.Observation{Outcome: delivery.OutcomeThrottled, RetryAfter: httpchannel.RetryAfter(header), Detail: "HTTP 429"}
 	case status >= 500:
-		return service.Observation{Outcome: service.OutcomeHTTP5xx, RetryAfter: httpchannel.RetryAfter(header), Detail: "HTTP " + strconv.Itoa(status)}
+		return delivery.Observation{Outcome: delivery.OutcomeHTTP5xx, RetryAfter: httpchannel.RetryAfter(header), Detail: "HTTP " + strconv.Itoa(status)}
 	case status >= 300 && status < 400:
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + ": redirects are not followed"}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + ": redirects are not followed"}
 	default:
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + httpchannel.Snippet(body)}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + httpchannel.Snippet(body)}
 	}
 }
 
 // Query is not offered: Standard Webhooks has no way to ask a receiver what it got.
-func (c *Client) Query(context.Context, string) service.Observation {
-	return service.Observation{Outcome: service.OutcomeQueryFailed, Detail: "not supported"}
+func (c *Client) Query(context.Context, string) delivery.Observation {
+	return delivery.Observation{Outcome: delivery.OutcomeQueryFailed, Detail: "not supported"}
 }
 
 // checkURL accepts an absolute http(s) URL without a fragment. Its error shows no credentials.

@@ -21,7 +21,7 @@ import (
 
 	"github.com/matryer/is"
 
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/webhook"
 )
 
@@ -148,12 +148,12 @@ func newSecret(t *testing.T) (string, []byte) {
 	return webhook.SecretPrefix + base64.StdEncoding.EncodeToString(key), key
 }
 
-func message(to string) service.Message {
-	return service.Message{Ref: "task-7", IdempotencyKey: "ntf-task-7", To: to, Body: "Your order has shipped",
-		ExpiresAt: time.Now().Add(time.Hour), Action: service.ActionSend}
+func message(to string) delivery.Message {
+	return delivery.Message{Ref: "task-7", IdempotencyKey: "ntf-task-7", To: to, Body: "Your order has shipped",
+		ExpiresAt: time.Now().Add(time.Hour), Action: delivery.ActionSend}
 }
 
-func send(t *testing.T, c *webhook.Client, msg service.Message, timeout time.Duration) service.Observation {
+func send(t *testing.T, c *webhook.Client, msg delivery.Message, timeout time.Duration) delivery.Observation {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -168,8 +168,8 @@ func TestChannelWebhookAccept(t *testing.T) {
 	is.NoErr(err) // client
 
 	obs := send(t, c, message(r.srv.URL+"/hooks/u1"), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeAccepted) // 2xx is an acceptance
-	is.Equal(obs.ProviderMsgID, "ntf-task-7")      // the provider id is the webhook-id
+	is.Equal(obs.Outcome, delivery.OutcomeAccepted) // 2xx is an acceptance
+	is.Equal(obs.ProviderMsgID, "ntf-task-7")       // the provider id is the webhook-id
 	_, n := r.counts()
 	is.Equal(n, 1) // delivered once
 	r.mu.Lock()
@@ -193,21 +193,21 @@ func TestChannelWebhookReject(t *testing.T) {
 
 	r.set(func(r *receiver) { r.rejectWith = http.StatusBadRequest })
 	obs := send(t, c, message(r.srv.URL), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeRejected) // 400 is a rejection
-	is.True(strings.Contains(obs.Detail, "400"))   // and says so
+	is.Equal(obs.Outcome, delivery.OutcomeRejected) // 400 is a rejection
+	is.True(strings.Contains(obs.Detail, "400"))    // and says so
 
 	r.set(func(r *receiver) { r.rejectWith = http.StatusServiceUnavailable })
 	obs = send(t, c, message(r.srv.URL), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeHTTP5xx) // 503 refused
+	is.Equal(obs.Outcome, delivery.OutcomeHTTP5xx) // 503 refused
 
 	r.set(func(r *receiver) { r.rejectWith = http.StatusTooManyRequests })
 	obs = send(t, c, message(r.srv.URL), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeThrottled) // 429 throttled
-	is.Equal(obs.RetryAfter, 7*time.Second)         // with the receiver's Retry-After
+	is.Equal(obs.Outcome, delivery.OutcomeThrottled) // 429 throttled
+	is.Equal(obs.RetryAfter, 7*time.Second)          // with the receiver's Retry-After
 
 	r.set(func(r *receiver) { r.rejectWith = 0; r.status = http.StatusFound })
 	obs = send(t, c, message(r.srv.URL), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeRejected)        // a redirect is not followed
+	is.Equal(obs.Outcome, delivery.OutcomeRejected)       // a redirect is not followed
 	is.True(strings.Contains(obs.Detail, "not followed")) // and says so
 }
 
@@ -224,12 +224,12 @@ func TestChannelWebhookTimeoutThenResendDeduped(t *testing.T) {
 
 	r.set(func(r *receiver) { r.delay = 3 * time.Second })
 	first := send(t, c, msg, 300*time.Millisecond)
-	is.Equal(first.Outcome, service.OutcomeTimeout) // accepted, but the answer came too late
+	is.Equal(first.Outcome, delivery.OutcomeTimeout) // accepted, but the answer came too late
 
 	r.set(func(r *receiver) { r.delay = 0 })
 	second := send(t, c, msg, 5*time.Second)
-	is.Equal(second.Outcome, service.OutcomeAccepted) // the resend is answered
-	is.Equal(second.ProviderMsgID, "ntf-task-7")      // same webhook-id
+	is.Equal(second.Outcome, delivery.OutcomeAccepted) // the resend is answered
+	is.Equal(second.ProviderMsgID, "ntf-task-7")       // same webhook-id
 	requests, deliveries := r.counts()
 	is.Equal(requests, 2)   // two requests reached the receiver
 	is.Equal(deliveries, 1) // one delivery: the receiver deduplicated on webhook-id
@@ -246,8 +246,8 @@ func TestChannelWebhookBadSignature(t *testing.T) {
 	is.NoErr(err) // client with the wrong secret
 
 	obs := send(t, wrong, message(r.srv.URL), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeRejected) // 401 from the receiver
-	is.True(strings.Contains(obs.Detail, "401"))   // says so
+	is.Equal(obs.Outcome, delivery.OutcomeRejected) // 401 from the receiver
+	is.True(strings.Contains(obs.Detail, "401"))    // says so
 	_, n := r.counts()
 	is.Equal(n, 0) // nothing delivered
 
@@ -255,7 +255,7 @@ func TestChannelWebhookBadSignature(t *testing.T) {
 	stale, err := webhook.New(rightSecret, webhook.Options{Now: func() time.Time { return time.Now().Add(-10 * time.Minute) }})
 	is.NoErr(err) // client with a slow clock
 	obs = send(t, stale, message(r.srv.URL), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeRejected) // timestamp outside the tolerance
+	is.Equal(obs.Outcome, delivery.OutcomeRejected) // timestamp outside the tolerance
 	_, n = r.counts()
 	is.Equal(n, 0) // still nothing delivered
 
@@ -289,23 +289,23 @@ func TestChannelWebhookTransport(t *testing.T) {
 	addr := l.Addr().String()
 	is.NoErr(l.Close())
 	obs := send(t, c, message("http://"+addr+"/hook"), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeConnectFailed) // nothing listens: certainly not sent
+	is.Equal(obs.Outcome, delivery.OutcomeConnectFailed) // nothing listens: certainly not sent
 
 	tlsSrv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
 	t.Cleanup(tlsSrv.Close)
 	obs = send(t, c, message(tlsSrv.URL+"/hook"), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeConnectFailed) // untrusted certificate: the request never left
-	is.True(strings.HasPrefix(obs.Detail, "TLS: "))     // says so
+	is.Equal(obs.Outcome, delivery.OutcomeConnectFailed) // untrusted certificate: the request never left
+	is.True(strings.HasPrefix(obs.Detail, "TLS: "))      // says so
 
 	obs = send(t, c, message("ftp://example.com/x"), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeRejected) // not an http(s) URL
+	is.Equal(obs.Outcome, delivery.OutcomeRejected) // not an http(s) URL
 	obs = send(t, c, message("https://user:hunter2@example.com/x?token=s3cret#frag"), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeRejected)                                               // a fragment is refused
+	is.Equal(obs.Outcome, delivery.OutcomeRejected)                                              // a fragment is refused
 	is.True(!strings.Contains(obs.Detail, "hunter2") && !strings.Contains(obs.Detail, "s3cret")) // no credentials shown
 
 	q := c.Query(context.Background(), "task-7")
-	is.Equal(q.Outcome, service.OutcomeQueryFailed) // no query
-	is.Equal(q.Detail, "not supported")             // says so
+	is.Equal(q.Outcome, delivery.OutcomeQueryFailed) // no query
+	is.Equal(q.Detail, "not supported")              // says so
 }
 
 func TestChannelWebhookSecret(t *testing.T) {
@@ -317,7 +317,7 @@ func TestChannelWebhookSecret(t *testing.T) {
 		"whsec_" + base64.StdEncoding.EncodeToString([]byte("short")), // too short
 	} {
 		_, err := webhook.New(bad, webhook.Options{})
-		is.True(errors.Is(err, service.ErrInvalidInput))              // refused
+		is.True(errors.Is(err, delivery.ErrInvalidInput))             // refused
 		is.True(bad == "" || !strings.Contains(err.Error(), bad[6:])) // without echoing the secret
 	}
 	secret, _ := newSecret(t)

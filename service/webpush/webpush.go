@@ -49,7 +49,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
@@ -91,7 +91,7 @@ func ParseUrgency(s string) (Urgency, error) {
 	case UrgencyVeryLow, UrgencyLow, UrgencyNormal, UrgencyHigh:
 		return u, nil
 	}
-	return "", fmt.Errorf("%w: urgency %q: want very-low, low, normal or high", service.ErrInvalidInput, s)
+	return "", fmt.Errorf("%w: urgency %q: want very-low, low, normal or high", delivery.ErrInvalidInput, s)
 }
 
 // Options configure a client.
@@ -117,15 +117,15 @@ type Client struct {
 // New checks the options and builds a client.
 func New(opt Options) (*Client, error) {
 	if opt.VAPIDKey == nil || opt.VAPIDKey.Curve != elliptic.P256() {
-		return nil, fmt.Errorf("%w: VAPID key: want a P-256 private key", service.ErrInvalidInput)
+		return nil, fmt.Errorf("%w: VAPID key: want a P-256 private key", delivery.ErrInvalidInput)
 	}
 	pub, err := opt.VAPIDKey.PublicKey.Bytes()
 	if err != nil {
-		return nil, fmt.Errorf("%w: VAPID key: %v", service.ErrInvalidInput, err)
+		return nil, fmt.Errorf("%w: VAPID key: %v", delivery.ErrInvalidInput, err)
 	}
 	sub, err := url.Parse(opt.Subject)
 	if err != nil || (sub.Scheme != "mailto" && sub.Scheme != "https") || (sub.Opaque == "" && sub.Host == "") {
-		return nil, fmt.Errorf("%w: VAPID subject %q: want mailto:address or an https URL", service.ErrInvalidInput, opt.Subject)
+		return nil, fmt.Errorf("%w: VAPID subject %q: want mailto:address or an https URL", delivery.ErrInvalidInput, opt.Subject)
 	}
 	urgency, err := ParseUrgency(string(opt.Urgency))
 	if err != nil {
@@ -172,24 +172,24 @@ func ParseVAPIDKey(data []byte) (*ecdsa.PrivateKey, error) {
 		case "PRIVATE KEY":
 			key, err = x509.ParsePKCS8PrivateKey(block.Bytes)
 		default:
-			return nil, fmt.Errorf("%w: VAPID key: PEM block %q, want EC PRIVATE KEY or PRIVATE KEY", service.ErrInvalidInput, block.Type)
+			return nil, fmt.Errorf("%w: VAPID key: PEM block %q, want EC PRIVATE KEY or PRIVATE KEY", delivery.ErrInvalidInput, block.Type)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%w: VAPID key: not a valid private key", service.ErrInvalidInput)
+			return nil, fmt.Errorf("%w: VAPID key: not a valid private key", delivery.ErrInvalidInput)
 		}
 		k, ok := key.(*ecdsa.PrivateKey)
 		if !ok || k.Curve != elliptic.P256() {
-			return nil, fmt.Errorf("%w: VAPID key: want a P-256 (prime256v1) key", service.ErrInvalidInput)
+			return nil, fmt.Errorf("%w: VAPID key: want a P-256 (prime256v1) key", delivery.ErrInvalidInput)
 		}
 		return k, nil
 	}
 	raw, err := decodeB64(strings.TrimSpace(string(data)))
 	if err != nil || len(raw) != 32 {
-		return nil, fmt.Errorf("%w: VAPID key: neither PEM nor a base64url 32-byte P-256 private key", service.ErrInvalidInput)
+		return nil, fmt.Errorf("%w: VAPID key: neither PEM nor a base64url 32-byte P-256 private key", delivery.ErrInvalidInput)
 	}
 	k, err := ecdsa.ParseRawPrivateKey(elliptic.P256(), raw)
 	if err != nil {
-		return nil, fmt.Errorf("%w: VAPID key: not a valid P-256 private key", service.ErrInvalidInput)
+		return nil, fmt.Errorf("%w: VAPID key: not a valid P-256 private key", delivery.ErrInvalidInput)
 	}
 	return k, nil
 }
@@ -273,46 +273,46 @@ type Notification struct {
 
 // Send encrypts the notification for the subscription in msg.To and posts it to the push service.
 // A TOPIC_RESEND is sent exactly like a SEND: the same Topic replaces only an undelivered copy.
-func (c *Client) Send(ctx context.Context, msg service.Message) service.Observation {
+func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observation {
 	sub, err := parseSubscription(msg.To)
 	if err != nil {
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: err.Error()}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: err.Error()}
 	}
 	now := c.now()
 	if msg.ExpiresAt.IsZero() {
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "no expiry: the TTL header needs the notification's expiry"}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "no expiry: the TTL header needs the notification's expiry"}
 	}
 	ttl := TTL(msg.ExpiresAt, now)
 	if ttl <= 0 {
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "expired"}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "expired"}
 	}
 	plaintext, err := json.Marshal(Notification{Ref: msg.Ref, Body: msg.Body})
 	if err != nil {
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "encode payload: " + err.Error()}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "encode payload: " + err.Error()}
 	}
 	if len(plaintext) > MaxPlaintextBytes {
-		return service.Observation{Outcome: service.OutcomeRejected,
+		return delivery.Observation{Outcome: delivery.OutcomeRejected,
 			Detail: fmt.Sprintf("payload of %d bytes exceeds the Web Push limit of %d", len(plaintext), MaxPlaintextBytes)}
 	}
 	as, err := ecdh.P256().GenerateKey(rand.Reader)
 	if err != nil {
-		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "generate key: " + err.Error()}
+		return delivery.Observation{Outcome: delivery.OutcomeConnectFailed, Detail: "generate key: " + err.Error()}
 	}
 	salt := make([]byte, 16)
 	if err := c.randSalt(salt); err != nil {
-		return service.Observation{Outcome: service.OutcomeConnectFailed, Detail: "generate salt: " + err.Error()}
+		return delivery.Observation{Outcome: delivery.OutcomeConnectFailed, Detail: "generate salt: " + err.Error()}
 	}
 	body, err := encrypt(plaintext, sub.ua, sub.auth, as, salt)
 	if err != nil {
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "encrypt: " + err.Error()}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "encrypt: " + err.Error()}
 	}
 	auth, err := c.vapid(sub.endpoint, now)
 	if err != nil {
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "VAPID: " + err.Error()}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "VAPID: " + err.Error()}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, sub.endpoint.String(), bytes.NewReader(body))
 	if err != nil {
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: "build request: " + redactErr(err)}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "build request: " + redactErr(err)}
 	}
 	req.Header.Set("TTL", strconv.FormatInt(ttl, 10))
 	req.Header.Set("Urgency", string(c.urgency))
@@ -333,7 +333,7 @@ func (c *Client) Send(ctx context.Context, msg service.Message) service.Observat
 }
 
 // Classify maps a push service's response to an observation (see the package comment).
-func Classify(status int, header http.Header, body []byte) service.Observation {
+func Classify(status int, header http.Header, body []byte) delivery.Observation {
 	code := "HTTP " + strconv.Itoa(status)
 	switch {
 	case status >= 200 && status < 300:
@@ -341,25 +341,25 @@ func Classify(status int, header http.Header, body []byte) service.Observation {
 		if len(loc) > 500 {
 			loc = loc[:500]
 		}
-		return service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: loc}
+		return delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: loc}
 	case status == http.StatusNotFound || status == http.StatusGone:
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: code + ": subscription gone"}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: code + ": subscription gone"}
 	case status == http.StatusRequestEntityTooLarge:
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: code + ": payload too large"}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: code + ": payload too large"}
 	case status == http.StatusTooManyRequests:
-		return service.Observation{Outcome: service.OutcomeThrottled, RetryAfter: httpchannel.RetryAfter(header), Detail: code}
+		return delivery.Observation{Outcome: delivery.OutcomeThrottled, RetryAfter: httpchannel.RetryAfter(header), Detail: code}
 	case status >= 500:
-		return service.Observation{Outcome: service.OutcomeHTTP5xx, RetryAfter: httpchannel.RetryAfter(header), Detail: code}
+		return delivery.Observation{Outcome: delivery.OutcomeHTTP5xx, RetryAfter: httpchannel.RetryAfter(header), Detail: code}
 	case status >= 300 && status < 400:
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: code + ": redirects are not followed"}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: code + ": redirects are not followed"}
 	default:
-		return service.Observation{Outcome: service.OutcomeRejected, Detail: code + httpchannel.Snippet(body)}
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: code + httpchannel.Snippet(body)}
 	}
 }
 
 // Query is not offered: a push service cannot be asked whether it holds a message.
-func (c *Client) Query(context.Context, string) service.Observation {
-	return service.Observation{Outcome: service.OutcomeQueryFailed, Detail: "not supported"}
+func (c *Client) Query(context.Context, string) delivery.Observation {
+	return delivery.Observation{Outcome: delivery.OutcomeQueryFailed, Detail: "not supported"}
 }
 
 // encrypt is RFC 8291 section 3 with one aes128gcm record (RFC 8188): the header (salt, record

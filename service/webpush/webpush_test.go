@@ -18,7 +18,7 @@ import (
 
 	"github.com/matryer/is"
 
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/webpush"
 )
 
@@ -40,12 +40,12 @@ func newClient(t *testing.T, p *pushService, key *ecdsa.PrivateKey, now func() t
 	return c
 }
 
-func message(to string, ttl time.Duration) service.Message {
-	return service.Message{Ref: "task-7", IdempotencyKey: "ntf-task-7", To: to, Body: "Your order has shipped",
-		ExpiresAt: time.Now().Add(ttl), Action: service.ActionSend}
+func message(to string, ttl time.Duration) delivery.Message {
+	return delivery.Message{Ref: "task-7", IdempotencyKey: "ntf-task-7", To: to, Body: "Your order has shipped",
+		ExpiresAt: time.Now().Add(ttl), Action: delivery.ActionSend}
 }
 
-func send(c *webpush.Client, msg service.Message, timeout time.Duration) service.Observation {
+func send(c *webpush.Client, msg delivery.Message, timeout time.Duration) delivery.Observation {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	return c.Send(ctx, msg)
@@ -59,7 +59,7 @@ func TestChannelWebPushAccept(t *testing.T) {
 	sub := p.subscribe(t, "phone")
 
 	obs := send(c, message(sub, time.Hour), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeAccepted)                 // 201 is an acceptance
+	is.Equal(obs.Outcome, delivery.OutcomeAccepted)                // 201 is an acceptance
 	is.True(strings.HasPrefix(obs.ProviderMsgID, p.srv.URL+"/m/")) // the provider id is the Location
 	h := p.header()
 	is.Equal(h.Get("Content-Encoding"), "aes128gcm")                                                    // RFC 8291 coding
@@ -71,9 +71,9 @@ func TestChannelWebPushAccept(t *testing.T) {
 	is.Equal(p.inbox("phone"), []webpush.Notification{{Ref: "task-7", Body: "Your order has shipped"}}) // decrypted by the device
 
 	high, err := webpush.New(webpush.Options{VAPIDKey: key, Subject: "https://example.com/contact", Urgency: webpush.UrgencyHigh, CAFile: p.caFile})
-	is.NoErr(err)                                                                                 // client with high urgency
-	is.Equal(send(high, message(sub, time.Hour), 5*time.Second).Outcome, service.OutcomeAccepted) // accepted
-	is.Equal(p.header().Get("Urgency"), "high")                                                   // urgency configured
+	is.NoErr(err)                                                                                  // client with high urgency
+	is.Equal(send(high, message(sub, time.Hour), 5*time.Second).Outcome, delivery.OutcomeAccepted) // accepted
+	is.Equal(p.header().Get("Urgency"), "high")                                                    // urgency configured
 }
 
 func TestChannelWebPushReject(t *testing.T) {
@@ -87,24 +87,24 @@ func TestChannelWebPushReject(t *testing.T) {
 	p.devices["phone"].gone = true
 	p.mu.Unlock()
 	obs := send(c, message(sub, time.Hour), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeRejected)             // 410: the subscription is gone
+	is.Equal(obs.Outcome, delivery.OutcomeRejected)            // 410: the subscription is gone
 	is.True(strings.Contains(obs.Detail, "subscription gone")) // says so
 
 	missing := strings.Replace(sub, "/push/phone", "/push/laptop", 1)
 	obs = send(c, message(missing, time.Hour), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeRejected) // 404: unknown subscription
-	is.True(strings.Contains(obs.Detail, "404"))   // says so
+	is.Equal(obs.Outcome, delivery.OutcomeRejected) // 404: unknown subscription
+	is.True(strings.Contains(obs.Detail, "404"))    // says so
 
 	sub2 := p.subscribe(t, "tablet")
 	for _, tc := range []struct {
 		status int
-		want   service.Outcome
+		want   delivery.Outcome
 	}{
-		{http.StatusRequestEntityTooLarge, service.OutcomeRejected},
-		{http.StatusTooManyRequests, service.OutcomeThrottled},
-		{http.StatusServiceUnavailable, service.OutcomeHTTP5xx},
-		{http.StatusBadRequest, service.OutcomeRejected},
-		{http.StatusMovedPermanently, service.OutcomeRejected},
+		{http.StatusRequestEntityTooLarge, delivery.OutcomeRejected},
+		{http.StatusTooManyRequests, delivery.OutcomeThrottled},
+		{http.StatusServiceUnavailable, delivery.OutcomeHTTP5xx},
+		{http.StatusBadRequest, delivery.OutcomeRejected},
+		{http.StatusMovedPermanently, delivery.OutcomeRejected},
 	} {
 		p.setScript(step{status: tc.status})
 		obs := send(c, message(sub2, time.Hour), 5*time.Second)
@@ -117,14 +117,14 @@ func TestChannelWebPushReject(t *testing.T) {
 	untrusting, err := webpush.New(webpush.Options{VAPIDKey: key, Subject: "mailto:ops@example.com"})
 	is.NoErr(err) // a client without the test CA
 	obs = send(untrusting, message(sub2, time.Hour), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeConnectFailed) // certificate not verified: nothing was sent
-	is.True(strings.HasPrefix(obs.Detail, "TLS: "))     // says so
+	is.Equal(obs.Outcome, delivery.OutcomeConnectFailed) // certificate not verified: nothing was sent
+	is.True(strings.HasPrefix(obs.Detail, "TLS: "))      // says so
 
 	other := newClient(t, p, vapidKey(t), nil)
 	obs = send(other, message(sub2, time.Hour), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeRejected) // 403: not the subscription's application server key
-	is.True(strings.Contains(obs.Detail, "403"))   // says so
-	is.Equal(p.deliver("tablet"), 0)               // nothing was stored by any of these
+	is.Equal(obs.Outcome, delivery.OutcomeRejected) // 403: not the subscription's application server key
+	is.True(strings.Contains(obs.Detail, "403"))    // says so
+	is.Equal(p.deliver("tablet"), 0)                // nothing was stored by any of these
 
 	before := p.requestCount()
 	for _, bad := range []string{
@@ -134,16 +134,16 @@ func TestChannelWebPushReject(t *testing.T) {
 		`{"endpoint":"https://push.example/x","keys":{"p256dh":"BAAA","auth":"AAAAAAAAAAAAAAAAAAAAAA"}}`,
 	} {
 		obs := send(c, message(bad, time.Hour), 5*time.Second)
-		is.Equal(obs.Outcome, service.OutcomeRejected) // an invalid subscription is refused locally
+		is.Equal(obs.Outcome, delivery.OutcomeRejected) // an invalid subscription is refused locally
 	}
 	obs = send(c, message(sub2, -time.Second), 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeRejected) // expired
-	is.Equal(obs.Detail, "expired")                // says so
-	is.Equal(p.requestCount(), before)             // none of these reached the push service
+	is.Equal(obs.Outcome, delivery.OutcomeRejected) // expired
+	is.Equal(obs.Detail, "expired")                 // says so
+	is.Equal(p.requestCount(), before)              // none of these reached the push service
 
 	q := c.Query(context.Background(), "task-7")
-	is.Equal(q.Outcome, service.OutcomeQueryFailed) // no query in Web Push
-	is.Equal(q.Detail, "not supported")             // says so
+	is.Equal(q.Outcome, delivery.OutcomeQueryFailed) // no query in Web Push
+	is.Equal(q.Detail, "not supported")              // says so
 }
 
 // TestChannelWebPushTTL: the TTL header is the notification's remaining lifetime in whole seconds,
@@ -158,27 +158,27 @@ func TestChannelWebPushTTL(t *testing.T) {
 
 	msg := message(sub, 0)
 	msg.ExpiresAt = now.Add(90*time.Second + 700*time.Millisecond)
-	is.Equal(send(c, msg, 5*time.Second).Outcome, service.OutcomeAccepted) // accepted
-	is.Equal(p.header().Get("TTL"), "90")                                  // remaining lifetime, rounded down
+	is.Equal(send(c, msg, 5*time.Second).Outcome, delivery.OutcomeAccepted) // accepted
+	is.Equal(p.header().Get("TTL"), "90")                                   // remaining lifetime, rounded down
 
 	msg.ExpiresAt = now.Add(365 * 24 * time.Hour)
-	is.Equal(send(c, msg, 5*time.Second).Outcome, service.OutcomeAccepted) // accepted
-	is.Equal(p.header().Get("TTL"), "2419200")                             // capped at four weeks
+	is.Equal(send(c, msg, 5*time.Second).Outcome, delivery.OutcomeAccepted) // accepted
+	is.Equal(p.header().Get("TTL"), "2419200")                              // capped at four weeks
 
 	msg.ExpiresAt = now.Add(999 * time.Millisecond)
 	obs := send(c, msg, 5*time.Second)
-	is.Equal(obs.Outcome, service.OutcomeRejected) // less than a second left: not sent
-	is.Equal(obs.Detail, "expired")                // says so
+	is.Equal(obs.Outcome, delivery.OutcomeRejected) // less than a second left: not sent
+	is.Equal(obs.Detail, "expired")                 // says so
 
 	msg.ExpiresAt = time.Time{}
-	is.Equal(send(c, msg, 5*time.Second).Outcome, service.OutcomeRejected) // no expiry known: not sent
+	is.Equal(send(c, msg, 5*time.Second).Outcome, delivery.OutcomeRejected) // no expiry known: not sent
 
 	// The push service honours it: a message whose TTL ran out is never delivered.
 	short := webpush.TTL(time.Now().Add(1500*time.Millisecond), time.Now())
 	is.Equal(short, int64(1)) // 1.5 s left -> TTL 1
 	live := newClient(t, p, key, nil)
 	p.deliver("phone")
-	is.Equal(send(live, message(sub, 1500*time.Millisecond), 5*time.Second).Outcome, service.OutcomeAccepted) // accepted with TTL 1
+	is.Equal(send(live, message(sub, 1500*time.Millisecond), 5*time.Second).Outcome, delivery.OutcomeAccepted) // accepted with TTL 1
 	time.Sleep(1100 * time.Millisecond)
 	is.Equal(p.deliver("phone"), 0) // expired in the push service: not delivered
 }
@@ -196,16 +196,16 @@ func TestChannelWebPushTopicResendReplacesUndelivered(t *testing.T) {
 
 	p.setScript(step{delay: 3 * time.Second})
 	first := send(c, msg, 300*time.Millisecond)
-	is.Equal(first.Outcome, service.OutcomeTimeout) // stored, but the 201 came too late
+	is.Equal(first.Outcome, delivery.OutcomeTimeout) // stored, but the 201 came too late
 	topic := p.header().Get("Topic")
 
-	msg.Action = service.ActionTopicResend
+	msg.Action = delivery.ActionTopicResend
 	second := send(c, msg, 5*time.Second)
-	is.Equal(second.Outcome, service.OutcomeAccepted) // the resend is accepted
-	is.Equal(p.header().Get("Topic"), topic)          // with the same topic
-	is.Equal(p.requestCount(), 2)                     // two requests reached the push service
-	is.Equal(p.deliver("phone"), 1)                   // the second replaced the first
-	is.Equal(len(p.inbox("phone")), 1)                // the device got one message
+	is.Equal(second.Outcome, delivery.OutcomeAccepted) // the resend is accepted
+	is.Equal(p.header().Get("Topic"), topic)           // with the same topic
+	is.Equal(p.requestCount(), 2)                      // two requests reached the push service
+	is.Equal(p.deliver("phone"), 1)                    // the second replaced the first
+	is.Equal(len(p.inbox("phone")), 1)                 // the device got one message
 }
 
 // TestChannelWebPushTopicResendAfterDelivery: the same, but the device fetched the first copy before
@@ -220,12 +220,12 @@ func TestChannelWebPushTopicResendAfterDelivery(t *testing.T) {
 	msg := message(sub, time.Hour)
 
 	p.setScript(step{delay: 3 * time.Second})
-	is.Equal(send(c, msg, 300*time.Millisecond).Outcome, service.OutcomeTimeout) // stored, answer too late
-	is.Equal(p.deliver("phone"), 1)                                              // the device fetched it
+	is.Equal(send(c, msg, 300*time.Millisecond).Outcome, delivery.OutcomeTimeout) // stored, answer too late
+	is.Equal(p.deliver("phone"), 1)                                               // the device fetched it
 
-	msg.Action = service.ActionTopicResend
-	is.Equal(send(c, msg, 5*time.Second).Outcome, service.OutcomeAccepted) // the resend is accepted
-	is.Equal(p.deliver("phone"), 1)                                        // and delivered too
+	msg.Action = delivery.ActionTopicResend
+	is.Equal(send(c, msg, 5*time.Second).Outcome, delivery.OutcomeAccepted) // the resend is accepted
+	is.Equal(p.deliver("phone"), 1)                                         // and delivered too
 	inbox := p.inbox("phone")
 	is.Equal(len(inbox), 2)              // two copies reached the device
 	is.Equal(inbox[0].Ref, inbox[1].Ref) // with the same ref
@@ -249,7 +249,7 @@ func TestChannelWebPushVAPIDVerification(t *testing.T) {
 	p := newPushService(t, &key.PublicKey)
 	c := newClient(t, p, key, nil)
 	sub := p.subscribe(t, "phone")
-	is.Equal(send(c, message(sub, time.Hour), 5*time.Second).Outcome, service.OutcomeAccepted) // a good token
+	is.Equal(send(c, message(sub, time.Hour), 5*time.Second).Outcome, delivery.OutcomeAccepted) // a good token
 	auth := p.header().Get("Authorization")
 	now := time.Now()
 	is.NoErr(verifyVAPID(auth, &key.PublicKey, p.audience, now)) // verifies
@@ -292,10 +292,10 @@ func TestChannelWebPushVAPIDKey(t *testing.T) {
 		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("x")}),
 	} {
 		_, err := webpush.ParseVAPIDKey(bad)
-		is.True(errors.Is(err, service.ErrInvalidInput)) // refused
+		is.True(errors.Is(err, delivery.ErrInvalidInput)) // refused
 	}
 	_, err = webpush.New(webpush.Options{VAPIDKey: key, Subject: "ops@example.com"})
-	is.True(errors.Is(err, service.ErrInvalidInput)) // subject must be mailto: or https:
+	is.True(errors.Is(err, delivery.ErrInvalidInput)) // subject must be mailto: or https:
 	_, err = webpush.New(webpush.Options{VAPIDKey: key, Subject: "mailto:ops@example.com", Urgency: "urgent"})
-	is.True(errors.Is(err, service.ErrInvalidInput)) // unknown urgency
+	is.True(errors.Is(err, delivery.ErrInvalidInput)) // unknown urgency
 }

@@ -1,0 +1,164 @@
+// Package delivery is the vocabulary of the delivery protocol and its pure decisions, with no
+// dependency beyond the standard library: what a channel call can observe (Outcome, Observation), what
+// a channel is (Channel, Mode, Contract), what a task's states are, and the two functions that map facts
+// to the next step (Decide at claim time, Next at finish). The channel adapters depend on this package
+// only; the service package runs the protocol in PostgreSQL around it.
+package delivery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// State is what the service knows about one delivery task.
+type State string
+
+const (
+	StatePending    State = "PENDING"    // waiting for a claim; nothing was accepted yet
+	StateSending    State = "SENDING"    // a holder with a lease and a token is calling the channel
+	StateSent       State = "SENT"       // the channel accepted the request (not: the user saw it)
+	StateUnknown    State = "UNKNOWN"    // an attempt may have been accepted; retried per channel mode or parked
+	StateFailed     State = "FAILED"     // certainly never accepted, and will not be retried
+	StateSuppressed State = "SUPPRESSED" // certainly never accepted; the user disabled the channel
+)
+
+// Mode is what a channel's contract lets the service do after a call whose outcome is unknown.
+type Mode string
+
+const (
+	ModeIdempotent Mode = "IDEMPOTENT" // resend with the same idempotency key; the channel dedupes
+	ModeQueryable  Mode = "QUERYABLE"  // ask the channel by reference first; resend only if not found
+	ModeNone       Mode = "NONE"       // neither: an uncertain task is parked for a human
+)
+
+// ParseMode accepts idempotent, queryable or none (any case).
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(upper(s)); m {
+	case ModeIdempotent, ModeQueryable, ModeNone:
+		return m, nil
+	}
+	return "", fmt.Errorf("%w: channel mode %q: want idempotent, queryable or none", ErrInvalidInput, s)
+}
+
+// Recoverable reports whether an uncertain task on this channel can be settled without a human.
+func (m Mode) Recoverable() bool { return m == ModeIdempotent || m == ModeQueryable }
+
+// Action is what an attempt does with the channel.
+type Action string
+
+const (
+	ActionSend        Action = "SEND"         // POST the message (with the task's idempotency key)
+	ActionTopicResend Action = "TOPIC_RESEND" // resend that replaces the first copy only if still undelivered
+	ActionQuery       Action = "QUERY"        // look the task's reference up at the channel
+	ActionSkip        Action = "SKIP"         // decided at claim time not to call
+	ActionManual      Action = "MANUAL"       // a human's resolution
+)
+
+// Outcome is what one attempt observed. Attempt rows keep it verbatim.
+type Outcome string
+
+const (
+	OutcomeAccepted       Outcome = "ACCEPTED"           // the channel accepted a new message
+	OutcomeAcceptedReplay Outcome = "ACCEPTED_REPLAY"    // the channel returned the original acceptance for our key
+	OutcomeQueryFound     Outcome = "QUERY_FOUND"        // the channel has a message for our reference
+	OutcomeQueryNotFound  Outcome = "QUERY_NOT_FOUND"    // the channel has none (trusted for a consistent query)
+	OutcomeQueryFailed    Outcome = "QUERY_FAILED"       // the query gave no usable answer
+	OutcomeTimeout        Outcome = "TIMEOUT"            // no answer within the client timeout
+	OutcomeIOError        Outcome = "IO_ERROR"           // the connection broke after the request may have gone out
+	OutcomeConnectFailed  Outcome = "CONNECT_FAILED"     // no connection was made: the request certainly never left
+	OutcomeInFlight       Outcome = "IN_FLIGHT"          // 409: the channel is still processing our key
+	OutcomeMalformed      Outcome = "MALFORMED_RESPONSE" // a 2xx we cannot read: it may have been accepted
+	OutcomeHTTP5xx        Outcome = "HTTP_5XX"           // refused before acceptance (the channel's promise)
+	OutcomeThrottled      Outcome = "THROTTLED"          // 429: refused before acceptance, retry later
+	OutcomeRejected       Outcome = "REJECTED"           // 4xx: the channel will never accept this request
+	OutcomeLeaseExpired   Outcome = "LEASE_EXPIRED"      // the holder vanished before recording anything
+
+	OutcomePrefDisabled          Outcome = "PREF_DISABLED"
+	OutcomeTTLExpired            Outcome = "TTL_EXPIRED"
+	OutcomePrefDisabledUncertain Outcome = "PREF_DISABLED_UNCERTAIN"
+	OutcomeTTLExpiredUncertain   Outcome = "TTL_EXPIRED_UNCERTAIN"
+
+	OutcomeManualSent   Outcome = "MANUAL_SENT"
+	OutcomeManualFailed Outcome = "MANUAL_FAILED"
+)
+
+// Observation is what a channel call reported, before it is mapped to a task state.
+type Observation struct {
+	Outcome       Outcome
+	ProviderMsgID string        // the channel's id for the message, when it told us
+	RetryAfter    time.Duration // the channel's Retry-After, when it sent one
+	Detail        string        // a short description for last_error; never contains secrets
+}
+
+// Message is what a send carries. Ref and IdempotencyKey are bound to the task, identical on every attempt.
+type Message struct {
+	Ref            string // task-<id>
+	IdempotencyKey string // ntf-task-<id>
+	To             string // the user's address on the channel (channel_pref.address)
+	Body           string
+	ExpiresAt      time.Time // the notification's expiry: a channel should not deliver after it
+	Action         Action    // SEND, or TOPIC_RESEND for a resend meant to replace an undelivered copy
+}
+
+// Channel is one external channel as the dispatcher calls it. Implementations never return an error:
+// every failure is an Observation, because what matters is whether the request may have been accepted.
+type Channel interface {
+	Send(ctx context.Context, msg Message) Observation
+	Query(ctx context.Context, ref string) Observation
+}
+
+// Ref is the channel-facing reference of a task; IdempotencyKey derives from it.
+func Ref(taskID int64) string { return fmt.Sprintf("task-%d", taskID) }
+
+// IdempotencyKey is the same for every attempt of a task, so an idempotent channel can dedupe a resend.
+func IdempotencyKey(taskID int64) string { return "ntf-" + Ref(taskID) }
+
+// Errors callers can test for with errors.Is.
+var (
+	ErrInvalidInput = errors.New("invalid input")
+	ErrNotFound     = errors.New("not found")
+)
+
+// InputError says which input was rejected and why. It matches ErrInvalidInput.
+type InputError struct {
+	Field  string
+	Reason string
+}
+
+func (e *InputError) Error() string        { return fmt.Sprintf("invalid %s: %s", e.Field, e.Reason) }
+func (e *InputError) Is(target error) bool { return target == ErrInvalidInput }
+
+func upper(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'a' <= c && c <= 'z' {
+			b[i] = c - 'a' + 'A'
+		}
+	}
+	return string(b)
+}
+
+// Contract refines a channel's Mode with what its provider documents. The zero value is the fakes'
+// contract: keys never expire, queries are immediately consistent, 5xx is answered before acceptance.
+type Contract struct {
+	// IdempotencyWindow is how long the channel remembers an idempotency key. A resend later than this
+	// after the first uncertain attempt began would not be deduplicated, so the task is parked instead.
+	// 0: forever.
+	IdempotencyWindow time.Duration
+	// QuerySettle is how long after an uncertain attempt began its query may still miss it. A
+	// QUERY_NOT_FOUND before then proves nothing: the task stays uncertain and is queried again later.
+	// 0: the query is immediately consistent.
+	QuerySettle time.Duration
+	// MaxInFlightAge bounds automatic recovery: once the first uncertain attempt began this long ago,
+	// the task is parked rather than retried again. 0: no bound beyond the attempt budget.
+	MaxInFlightAge time.Duration
+	// ServerErrorsUncertain makes 5xx and 429 count as "may have been accepted", for providers that do
+	// not promise to refuse before accepting.
+	ServerErrorsUncertain bool
+	// ResendWithTopic lets a NONE channel that supports replacement of undelivered messages (Web Push
+	// Topic, RFC 8030 section 5.4) resend after an uncertain attempt (action TOPIC_RESEND) instead of
+	// parking. It replaces the first message only if that one was not delivered yet.
+	ResendWithTopic bool
+}
