@@ -20,6 +20,7 @@ type metrics struct {
 	calls        *prometheus.CounterVec
 	finishes     *prometheus.CounterVec
 	parked       prometheus.Counter
+	setAside     *prometheus.CounterVec
 	callDuration *prometheus.HistogramVec
 }
 
@@ -36,19 +37,23 @@ func newMetrics() *metrics {
 		}, []string{"channel", "action", "outcome"}),
 		finishes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "notifier_finish_total",
-			Help: "Completed cycles by result (SENT, PENDING, UNKNOWN, PARKED, FAILED, SUPPRESSED, STALE; UNRECORDED: the finish of that task failed, it is recovered after its lease).",
+			Help: "Completed cycles by result (SENT, PENDING, UNKNOWN, PARKED, FAILED, SUPPRESSED, STALE; UNRECORDED: the finish of that task failed, it is recovered after its lease; SET_ASIDE: the claim of that task was refused, it is due again later).",
 		}, []string{"result"}),
 		parked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "notifier_parked_total",
 			Help: "Tasks this worker parked for a human (notifier review).",
 		}),
+		setAside: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "notifier_set_aside_total",
+			Help: "Tasks the database refused to claim for what their own rows hold, set aside so the rest of the queue flows (see the worker's error log and the task's last_error).",
+		}, []string{"channel"}),
 		callDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "notifier_call_duration_seconds",
 			Help:    "Duration of channel calls, up to the client timeout.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"channel", "action"}),
 	}
-	m.registry.MustRegister(m.claims, m.calls, m.finishes, m.parked, m.callDuration,
+	m.registry.MustRegister(m.claims, m.calls, m.finishes, m.parked, m.setAside, m.callDuration,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -60,8 +65,11 @@ func (m *metrics) onResult(r service.Result) {
 	}
 	m.claims.WithLabelValues(r.Channel).Inc()
 	m.finishes.WithLabelValues(string(r.Kind)).Inc()
-	if r.Kind == service.ResultParked {
+	switch r.Kind {
+	case service.ResultParked:
 		m.parked.Inc()
+	case service.ResultSetAside:
+		m.setAside.WithLabelValues(r.Channel).Inc()
 	}
 }
 

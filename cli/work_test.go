@@ -147,6 +147,26 @@ func TestMetrics(t *testing.T) {
 
 	p := c.start("--log-format", "json", "work", "--channel", "push=idempotent,"+push.URL(),
 		"--metrics-addr", "127.0.0.1:0", "--poll", "50ms")
+	addr := metricsAddr(t, p)
+	var body string
+	waitFor(t, 20*time.Second, "the delivery in the metrics", func() bool {
+		body = scrape(t, "http://"+addr+"/metrics")
+		return strings.Contains(body, `notifier_finish_total{result="SENT"} 1`)
+	})
+	for _, want := range []string{
+		`notifier_calls_total{action="SEND",channel="push",outcome="ACCEPTED"} 1`,
+		`notifier_claims_total{channel="push"} 1`,
+		`notifier_call_duration_seconds_count{action="SEND",channel="push"} 1`,
+		`notifier_parked_total 0`,
+	} {
+		is.True(strings.Contains(body, want)) // the metric is exposed
+	}
+	is.Equal(p.stop(syscall.SIGTERM), 0) // a clean stop
+}
+
+// metricsAddr waits for a worker's "serving metrics" log line (--log-format json) and returns its address.
+func metricsAddr(t *testing.T, p *process) string {
+	t.Helper()
 	var addr string
 	waitFor(t, 20*time.Second, "the metrics address in the log", func() bool {
 		sc := bufio.NewScanner(strings.NewReader(p.stderr.String()))
@@ -162,21 +182,61 @@ func TestMetrics(t *testing.T) {
 		}
 		return false
 	})
+	return addr
+}
 
-	var body string
-	waitFor(t, 20*time.Second, "the delivery in the metrics", func() bool {
-		body = scrape(t, "http://"+addr+"/metrics")
-		return strings.Contains(body, `notifier_finish_total{result="SENT"} 1`)
-	})
-	for _, want := range []string{
-		`notifier_calls_total{action="SEND",channel="push",outcome="ACCEPTED"} 1`,
-		`notifier_claims_total{channel="push"} 1`,
-		`notifier_call_duration_seconds_count{action="SEND",channel="push"} 1`,
-		`notifier_parked_total 0`,
-	} {
-		is.True(strings.Contains(body, want)) // the metric is exposed
+// TestBadRowDoesNotStopTheQueue: the case a user reported. One attempt row whose attempt number clashes
+// with the next attempt of the first task in line (written behind the database's back: its triggers
+// refuse it today) made every claim of `work --batch 4` fail, and 0 of the due tasks were delivered.
+// Now the claim sets that task aside, says so in an error log line and a metric, and delivers the rest.
+func TestBadRowDoesNotStopTheQueue(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	c, pool := newCLI(t)
+	ctx := context.Background()
+	push := startFake(t, fakes.Push)
+	const due = 40
+	_, err := pool.Exec(ctx, `
+		INSERT INTO channel_pref (user_id, channel, address) VALUES ('u1', 'push', 'device-1');
+		INSERT INTO notification (user_id, event_key, body, expires_at)
+			SELECT 'u1', 'order-' || g, 'shipped', now() + interval '1 hour' FROM generate_series(1, 40) AS g;
+		INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
+			SELECT id, 'push', 3, now() FROM notification`)
+	is.NoErr(err) // 40 due tasks
+	var bad int64
+	is.NoErr(pool.QueryRow(ctx, `SELECT min(id) FROM delivery_task`).Scan(&bad)) // first in line
+	tx, err := pool.Begin(ctx)
+	is.NoErr(err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+		t.Skipf("writing the clashing row needs a superuser to bypass the triggers: %v", err)
 	}
+	_, err = tx.Exec(ctx, `INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
+		VALUES ($1, 1, gen_random_uuid(), 'SEND', 'intruder')`, bad)
+	is.NoErr(err)            // the clashing attempt row
+	is.NoErr(tx.Commit(ctx)) // is in
+
+	p := c.start("--log-format", "json", "work", "--channel", "push=idempotent,"+push.URL(), "--batch", "4",
+		"--poll", "50ms", "--metrics-addr", "127.0.0.1:0")
+	addr := metricsAddr(t, p)
+	waitFor(t, 60*time.Second, "every other task to be delivered", func() bool {
+		var sent int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM delivery_task WHERE state = 'SENT'`).Scan(&sent); err != nil {
+			t.Fatal(err)
+		}
+		return sent == due-1
+	})
+	body := scrape(t, "http://"+addr+"/metrics")
 	is.Equal(p.stop(syscall.SIGTERM), 0) // a clean stop
+
+	var state, lastError string
+	is.NoErr(pool.QueryRow(ctx, `SELECT state, coalesce(last_error, '') FROM delivery_task WHERE id = $1`, bad).Scan(&state, &lastError))
+	is.Equal(state, "PENDING")                                                                                                    // the bad task is set aside, nothing else changed
+	is.True(strings.Contains(lastError, "SET_ASIDE"))                                                                             // and says why
+	is.True(strings.Contains(lastError, "delivery_attempt_task_attempt_no_key"))                                                  // naming the clash
+	is.Equal(push.TotalOutbound(), due-1)                                                                                         // every other task delivered, once
+	is.True(strings.Contains(body, `notifier_set_aside_total{channel="push"} 1`))                                                 // counted
+	is.True(strings.Contains(p.stderr.String(), `"level":"ERROR","msg":"claim refused by the database for this task's own rows`)) // logged as an error
 }
 
 func scrape(t *testing.T, url string) string {

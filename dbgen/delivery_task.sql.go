@@ -558,6 +558,40 @@ func (q *Queries) TaskResolveManually(ctx context.Context, arg TaskResolveManual
 	return attempt_count, err
 }
 
+const TaskSetAside = `-- name: TaskSetAside :execrows
+UPDATE delivery_task
+SET next_attempt_at = CASE WHEN state = 'SENDING' THEN next_attempt_at
+                           ELSE now() + make_interval(secs => $1::float8) END,
+    lease_until     = CASE WHEN state = 'SENDING' THEN now() + make_interval(secs => $1::float8)
+                           ELSE lease_until END,
+    last_error      = $2::text
+WHERE id = $3
+  AND ((state IN ('PENDING', 'UNKNOWN') AND NOT needs_review AND next_attempt_at IS NOT NULL)
+       OR (state = 'SENDING' AND lease_until < now()))
+`
+
+type TaskSetAsideParams struct {
+	DelaySeconds float64
+	LastError    string
+	ID           int64
+}
+
+// Moves one task out of the claim's way after the database refused to claim it for what its own rows
+// hold (a constraint, a trigger's exception, a data exception: e.g. an attempt row that clashes with the
+// next attempt number). Without it, that task stays first in line and every claim on its channel fails:
+// one bad row would stop the queue. Nothing about the task's history changes: a waiting task keeps its
+// state and is due again after @delay_seconds; a SENDING task whose lease expired keeps its holder's
+// token (a live holder may still finish) and is taken over after the lease is extended by that long.
+// last_error says why, for status and review. Guarded on the state the claim found: a task that moved
+// meanwhile is left alone (0 rows).
+func (q *Queries) TaskSetAside(ctx context.Context, arg TaskSetAsideParams) (int64, error) {
+	result, err := q.db.Exec(ctx, TaskSetAside, arg.DelaySeconds, arg.LastError, arg.ID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const TaskSettleWithoutCall = `-- name: TaskSettleWithoutCall :one
 UPDATE delivery_task
 SET state             = $1::text,

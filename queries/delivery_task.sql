@@ -129,6 +129,25 @@ WHERE id = @id
   AND (@state::text = 'UNKNOWN') = @needs_review::bool
 RETURNING attempt_count;
 
+-- name: TaskSetAside :execrows
+-- Moves one task out of the claim's way after the database refused to claim it for what its own rows
+-- hold (a constraint, a trigger's exception, a data exception: e.g. an attempt row that clashes with the
+-- next attempt number). Without it, that task stays first in line and every claim on its channel fails:
+-- one bad row would stop the queue. Nothing about the task's history changes: a waiting task keeps its
+-- state and is due again after @delay_seconds; a SENDING task whose lease expired keeps its holder's
+-- token (a live holder may still finish) and is taken over after the lease is extended by that long.
+-- last_error says why, for status and review. Guarded on the state the claim found: a task that moved
+-- meanwhile is left alone (0 rows).
+UPDATE delivery_task
+SET next_attempt_at = CASE WHEN state = 'SENDING' THEN next_attempt_at
+                           ELSE now() + make_interval(secs => @delay_seconds::float8) END,
+    lease_until     = CASE WHEN state = 'SENDING' THEN now() + make_interval(secs => @delay_seconds::float8)
+                           ELSE lease_until END,
+    last_error      = @last_error::text
+WHERE id = @id
+  AND ((state IN ('PENDING', 'UNKNOWN') AND NOT needs_review AND next_attempt_at IS NOT NULL)
+       OR (state = 'SENDING' AND lease_until < now()));
+
 -- name: TaskPark :exec
 -- Stops automatic processing of a locked task whose history is uncertain and which may not be called
 -- again (a channel with neither idempotency key nor query, or no attempt budget left after a lease

@@ -101,6 +101,9 @@ const (
 	// The server refused this attempt's own row of a finish (see FinishBatch): its observation is not
 	// stored. The task stays SENDING with this token until its lease expires, then counts as uncertain.
 	ResultUnrecorded ResultKind = "UNRECORDED"
+	// The server refused to claim this task for what its own rows hold (see ClaimBatch): no call was
+	// made, nothing of its history changed, and it is due again after the longest backoff.
+	ResultSetAside ResultKind = "SET_ASIDE"
 )
 
 // Result is what one claim-call-finish cycle did.
@@ -199,22 +202,42 @@ func (d *Dispatcher) ClaimBatch(ctx context.Context, limit int) ([]*Attempt, []R
 	return d.claimBatch(ctx, limit, nil)
 }
 
-// claimBatch is ClaimBatch with an optional prelude carried by its first round trip.
+// claimBatch is ClaimBatch with an optional prelude carried by its first round trip. When the server
+// refuses the claim for what one locked task's rows hold, nothing of it was written; the tasks are then
+// claimed one at a time so that only the one at fault is set aside (claimEach).
 func (d *Dispatcher) claimBatch(ctx context.Context, limit int, pre *prelude) ([]*Attempt, []Result, error) {
 	limit = min(MaxBatch, max(1, limit))
+	attempts, settled, locked, err := d.claimOnce(ctx, limit, pre)
+	if err != nil && refusedForRow(err) && len(locked) > 0 {
+		return d.claimEach(ctx, limit, locked, err)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("claim: %w", err)
+	}
+	return attempts, settled, nil
+}
+
+// lockedTask is a task a claim locked: enough to set it aside if the claim is refused because of it.
+type lockedTask struct {
+	id      int64
+	channel string
+}
+
+// claimOnce runs one claim transaction for up to limit tasks. locked lists the tasks TaskClaim locked,
+// also when a later statement of the transaction failed.
+func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (attempts []*Attempt, settled []Result, locked []lockedTask, err error) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.DBTimeout)
 	defer cancel()
-	var (
-		attempts []*Attempt
-		settled  []Result
-	)
-	err := inClaimTx(ctx, d.pool, pre, func(q *dbgen.Queries, tx *claimTx) error {
+	err = inClaimTx(ctx, d.pool, pre, func(q *dbgen.Queries, tx *claimTx) error {
 		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channels: d.channels, MaxTasks: int32(limit)})
 		if err != nil {
 			return fmt.Errorf("lock due tasks: %w", err)
 		}
 		if len(rows) == 0 {
 			return nil
+		}
+		for _, row := range rows {
+			locked = append(locked, lockedTask{id: row.ID, channel: row.Channel})
 		}
 		claimed := time.Now()
 		var (
@@ -283,9 +306,9 @@ func (d *Dispatcher) claimBatch(ctx context.Context, limit int, pre *prelude) ([
 		return nil
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("claim: %w", err)
+		return nil, nil, locked, err
 	}
-	return attempts, settled, nil
+	return attempts, settled, locked, nil
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

@@ -5,6 +5,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -30,6 +31,9 @@ func RunOnce(ctx context.Context, d *service.Dispatcher, log *slog.Logger) (serv
 	}
 	if err == nil && results[0].Kind == service.ResultUnrecorded {
 		err = errors.New(results[0].Detail) // a failed finish ("finish: ..."), as for a batch of one it always was
+	}
+	if err == nil && results[0].Kind == service.ResultSetAside {
+		err = fmt.Errorf("claim: task %d set aside: %s", results[0].TaskID, results[0].Detail)
 	}
 	return results[0], err
 }
@@ -81,6 +85,11 @@ func call(ctx context.Context, d *service.Dispatcher, attempts []*service.Attemp
 
 func logSettled(log *slog.Logger, settled []service.Result) {
 	for _, res := range settled {
+		if res.Kind == service.ResultSetAside {
+			log.Error("claim refused by the database for this task's own rows; set aside, the queue goes on",
+				"task", res.TaskID, "channel", res.Channel, "error", res.Detail)
+			continue
+		}
 		log.Info("RESULT", "result", res.Kind, "task", res.TaskID, "channel", res.Channel, "attempt", res.Attempt,
 			"action", res.Action, "outcome", res.Outcome, "detail", res.Detail)
 	}

@@ -1,0 +1,93 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/notifierhq/notifier/dbgen"
+)
+
+// refusedForRow reports whether the server refused a claim for what one of its locked tasks' rows
+// holds: a data exception (22), a constraint (23) or a PL/pgSQL exception (P0), such as an attempt row
+// that clashes with the task's next attempt number. Unlike a finish (rowFault), a deadlock or
+// serialization failure says nothing about a row here: the claim is simply tried again later.
+func refusedForRow(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23", "P0":
+		return true
+	}
+	return false
+}
+
+// claimEach claims again, one task per transaction, after a claim of the tasks in locked was refused
+// for what one of their rows holds (refused). Nothing of the refused claim was written, so the tasks
+// are still due: each one-task claim either succeeds or names the task at fault, which is set aside
+// (TaskSetAside) so that it no longer stands first in line. One bad row costs only itself: the rest of
+// the queue flows, up to limit tasks in this call.
+//
+// A claim failing for any other reason ends the loop: with what was claimed so far when there is
+// something (an Attempt returned with an error would be held but never called), else with the error.
+func (d *Dispatcher) claimEach(ctx context.Context, limit int, locked []lockedTask, refused error) ([]*Attempt, []Result, error) {
+	var (
+		attempts []*Attempt
+		settled  []Result
+	)
+	if len(locked) == 1 { // the one task of this claim is at fault
+		res, err := d.setAside(ctx, locked[0], refused)
+		if err != nil {
+			return nil, nil, fmt.Errorf("claim: %w (and setting task %d aside failed: %w)", refused, locked[0].id, err)
+		}
+		settled = append(settled, res)
+	}
+	// Every task of the refused claim, and limit tasks besides, may need its own claim.
+	for tries := 0; len(attempts)+len(settled) < limit && tries < limit+len(locked); tries++ {
+		a, s, one, err := d.claimOnce(ctx, 1, nil)
+		switch {
+		case err == nil && len(a)+len(s) == 0:
+			return attempts, settled, nil // nothing due any more
+		case err == nil:
+			attempts, settled = append(attempts, a...), append(settled, s...)
+		case refusedForRow(err) && len(one) == 1:
+			res, aerr := d.setAside(ctx, one[0], err)
+			if aerr != nil {
+				return d.partial(attempts, settled, fmt.Errorf("claim: %w (and setting task %d aside failed: %w)", err, one[0].id, aerr))
+			}
+			settled = append(settled, res)
+		default:
+			return d.partial(attempts, settled, fmt.Errorf("claim: %w", err))
+		}
+	}
+	return attempts, settled, nil
+}
+
+// partial returns what a claim loop got before err, or err when it got nothing.
+func (d *Dispatcher) partial(attempts []*Attempt, settled []Result, err error) ([]*Attempt, []Result, error) {
+	if len(attempts)+len(settled) > 0 {
+		return attempts, settled, nil // err recurs on the next claim, which reports it
+	}
+	return nil, nil, err
+}
+
+// setAside moves a task the server refused to claim out of the claim's way for the longest backoff,
+// in its own statement, and reports it as a SET_ASIDE result (logged as an error by the worker).
+func (d *Dispatcher) setAside(ctx context.Context, t lockedTask, refused error) (Result, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
+	defer cancel()
+	delay := d.cfg.Backoff.Max
+	why := truncate(fmt.Sprintf("SET_ASIDE: the database refused to claim this task: %v; tried again after %s",
+		refused, delay.Round(time.Second)), MaxNoteLength)
+	if _, err := dbgen.New(d.pool).TaskSetAside(ctx, dbgen.TaskSetAsideParams{
+		ID: t.id, DelaySeconds: delay.Seconds(), LastError: why,
+	}); err != nil {
+		return Result{}, err
+	}
+	return Result{Kind: ResultSetAside, TaskID: t.id, Channel: t.channel, Detail: why}, nil
+}
