@@ -71,7 +71,8 @@ func createCommand(e *env) *cli.Command {
 		Description: `Submits one event for a user. The first submission of (user, event key) creates the
 notification and one delivery task per enabled channel preference; every later or concurrent
 submission returns the same notification, writes nothing and reports created=false. The first body
-wins. --body - reads the body from stdin (at most 64 KiB).
+wins. --body - reads the body from stdin (at most 64 KiB). An empty or blank body is refused
+(exit 2, nothing written): it is almost always a producer that failed upstream.
 
 Prints one JSON object on stdout:
   {"notification_id":1,"created":true,"tasks":[{"task_id":1,"channel":"push"}]}

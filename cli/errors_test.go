@@ -50,6 +50,8 @@ func TestBadInput(t *testing.T) {
 		{"create bad ttl", []string{"create", "--user", "u1", "--event-key", "k", "--body", "b", "--ttl", "soon"}, "ttl"},
 		{"create zero attempts", []string{"create", "--user", "u1", "--event-key", "k", "--body", "b", "--max-attempts", "0"}, "max attempts"},
 		{"create blank user", []string{"create", "--user", " ", "--event-key", "k", "--body", "b"}, "user"},
+		{"create empty body on stdin", []string{"create", "--user", "u1", "--event-key", "k", "--body", "-"}, "body"},
+		{"create blank body", []string{"create", "--user", "u1", "--event-key", "k", "--body", " \n"}, "body"},
 		{"resolve unknown state", []string{"resolve", "--task", "1", "--state", "MAYBE", "--note", "n"}, `--state "MAYBE"`},
 		{"resolve missing note", []string{"resolve", "--task", "1", "--state", "SENT"}, "--note"},
 		{"resolve bad task", []string{"resolve", "--task", "abc", "--state", "SENT", "--note", "n"}, "task"},

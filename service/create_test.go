@@ -36,6 +36,8 @@ func TestCreateRejectsBadInput(t *testing.T) {
 		{"10,000-char event key", "u1", strings.Repeat("k", 10_000), "b", time.Hour, 3, "event key"},
 		{"NUL in event key", "u1", "k\x001", "b", time.Hour, 3, "event key"},
 		{"invalid UTF-8 event key", "u1", "k\xff", "b", time.Hour, 3, "event key"},
+		{"empty body", "u1", "k1", "", time.Hour, 3, "body"},
+		{"blank body (stdin after a failed producer)", "u1", "k1", " \r\n\t", time.Hour, 3, "body"},
 		{"invalid UTF-8 body", "u1", "k1", "hello \xff\xfe world", time.Hour, 3, "body"},
 		{"NUL in body", "u1", "k1", "hello\x00world", time.Hour, 3, "body"},
 		{"body of 64 KiB + 1 byte", "u1", "k1", strings.Repeat("x", 64<<10+1), time.Hour, 3, "body"},

@@ -212,7 +212,13 @@ func checkChannel(c string) error {
 	return nil
 }
 
+// checkBody refuses an empty or blank body: no channel can deliver "nothing", and an empty body is
+// almost always an upstream mistake (`producer | notifier create --body -` after the producer failed)
+// that would otherwise be delivered, and deduplicated forever under its event key.
 func checkBody(body string) error {
+	if strings.TrimSpace(body) == "" {
+		return &InputError{Field: "body", Reason: "empty or only white space: a notification needs a message"}
+	}
 	if len(body) > MaxBodyBytes {
 		return &InputError{Field: "body", Reason: fmt.Sprintf("%d bytes, more than the limit of %d", len(body), MaxBodyBytes)}
 	}
