@@ -105,15 +105,19 @@ func whyUnchanged(ctx context.Context, n *service.Notifier, taskID int64) error 
 func reviewCommand(e *env) *cli.Command {
 	return &cli.Command{
 		Name:      "review",
-		Usage:     "list parked tasks, waiting for a human, with their attempts",
+		Usage:     "list tasks a human must look at (parked; final but contradicted by a late answer), with their attempts",
 		UsageText: "notifier review [--limit 50] [--after ID]",
-		Description: `Lists tasks parked for a human (state UNKNOWN, needs review): the channel may or may not have
-accepted the message and the service will not guess. Oldest first, with every attempt verbatim.
-Settle each one with notifier resolve.
+		Description: `Lists, oldest first and with every attempt verbatim, the tasks a human must look at:
+  review "PARKED"         state UNKNOWN, needs review: the channel may or may not have accepted the
+                          message and the service will not guess. Settle each with notifier resolve.
+  review "LATE_ACCEPTED"  state FAILED or SUPPRESSED (final), but a superseded holder's late answer
+                          says the channel accepted the message after all (an attempt's late_outcome
+                          is ACCEPTED, ACCEPTED_REPLAY or QUERY_FOUND): the user may have received it.
+                          The state stays final; there is nothing to resolve, only to know.
 
-Prints JSON lines on stdout, one object per parked task (nothing when there is none):
-  {"task_id":7,"notification_id":3,"channel":"none","state":"UNKNOWN",...,"user_id":"u1",
-   "event_key":"order-1","attempts":[{"attempt":1,"action":"SEND","outcome":"TIMEOUT",...}]}
+Prints JSON lines on stdout, one object per task (nothing when there is none):
+  {"task_id":7,"notification_id":3,"channel":"none","state":"UNKNOWN",...,"review":"PARKED",
+   "user_id":"u1","event_key":"order-1","attempts":[{"attempt":1,"action":"SEND","outcome":"TIMEOUT",...}]}
 Page with --after set to the last task_id printed.
 
 ` + exitCodesHelp,
@@ -136,7 +140,7 @@ Page with --after set to the last task_id printed.
 			defer pool.Close()
 			ctx, cancel := e.dbContext(c.Context)
 			defer cancel()
-			parked, err := service.NewNotifier(pool).Parked(ctx, after, limit)
+			parked, err := service.NewNotifier(pool).Review(ctx, after, limit)
 			if err != nil {
 				return err
 			}
@@ -156,12 +160,13 @@ func statusCommand(e *env) *cli.Command {
 		Usage:     "count tasks by channel and state; parked tasks; age of the oldest due task",
 		UsageText: "notifier status [--json]",
 		Description: `Prints a snapshot for operators: the number of tasks per channel and state (parked UNKNOWN
-tasks separately), the number of parked tasks, and how long the oldest due task has waited
-(a growing age means workers are missing or failing).
+tasks separately), the number of parked tasks, the number of FAILED or SUPPRESSED tasks that a late
+answer says were accepted (see notifier review, LATE_ACCEPTED), and how long the oldest due task has
+waited (a growing age means workers are missing or failing).
 
 Without --json: an aligned table for people. With --json: one JSON object for scripts:
   {"counts":[{"channel":"push","state":"SENT","parked":false,"tasks":12}],"parked":0,
-   "oldest_ready_seconds":0}
+   "late_accepted":0,"oldest_ready_seconds":0}
 
 ` + exitCodesHelp,
 		Flags: []cli.Flag{
@@ -205,6 +210,7 @@ func printStatus(e *env, st service.Status) error {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "parked tasks:\t%d\n", st.Parked)
+	fmt.Fprintf(w, "not sent, but a late answer says accepted:\t%d\n", st.LateAccepted)
 	oldest := "none due"
 	if st.OldestReadySeconds > 0 {
 		oldest = fmt.Sprintf("%.1fs", st.OldestReadySeconds)

@@ -97,6 +97,7 @@ func TestScript(t *testing.T) {
 	var p service.ParkedTask
 	decode(t, lines[0], &p)
 	is.Equal(p.ID, parkedID)                                // the parked task
+	is.Equal(p.Review, service.ReviewParked)                // shown because it is parked
 	is.Equal(p.UserID, "u2")                                // with its user
 	is.Equal(p.EventKey, "order-2")                         // and event
 	is.Equal(len(p.Attempts), 1)                            // and its history
@@ -133,7 +134,10 @@ func TestScript(t *testing.T) {
 	r = c.ok("review")
 	is.Equal(r.stdout, "") // resolved tasks leave the review list
 	r = c.ok("status")
-	is.True(strings.Contains(r.stdout, "parked tasks:")) // the table ends with the parked count
+	is.True(strings.Contains(r.stdout, "parked tasks:"))                              // the table has the parked count
+	is.True(strings.Contains(r.stdout, "not sent, but a late answer says accepted:")) // and the contradicted ones
+	r = c.ok("status", "--json")
+	is.True(strings.Contains(r.stdout, `"late_accepted":0`)) // for scripts too
 }
 
 // TestCreateBodyFromStdin reads the body from stdin, bounded by the service's limit.

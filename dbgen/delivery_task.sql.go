@@ -169,6 +169,22 @@ func (q *Queries) TaskCountByChannelState(ctx context.Context) ([]TaskCountByCha
 	return items, nil
 }
 
+const TaskCountLateAccepted = `-- name: TaskCountLateAccepted :one
+SELECT count(*)::bigint AS tasks
+FROM delivery_task t
+WHERE t.id IN (SELECT a.task_id FROM delivery_attempt a
+               WHERE a.late_outcome IN ('ACCEPTED', 'ACCEPTED_REPLAY', 'QUERY_FOUND'))
+  AND t.state IN ('FAILED', 'SUPPRESSED')
+`
+
+// How many final "not sent" tasks a late answer contradicts (see TaskListLateAccepted), for notifier status.
+func (q *Queries) TaskCountLateAccepted(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, TaskCountLateAccepted)
+	var tasks int64
+	err := row.Scan(&tasks)
+	return tasks, err
+}
+
 const TaskFinish = `-- name: TaskFinish :many
 WITH u AS (
     SELECT unnest($1::bigint[]) AS id,
@@ -413,6 +429,74 @@ func (q *Queries) TaskListByNotification(ctx context.Context, notificationID int
 	for rows.Next() {
 		var i TaskListByNotificationRow
 		if err := rows.Scan(&i.ID, &i.Channel); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const TaskListLateAccepted = `-- name: TaskListLateAccepted :many
+SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.provider_msg_id,
+       t.last_error, t.updated_at, n.user_id, n.event_key
+FROM delivery_task t
+JOIN notification n ON n.id = t.notification_id
+WHERE t.id IN (SELECT a.task_id FROM delivery_attempt a
+               WHERE a.late_outcome IN ('ACCEPTED', 'ACCEPTED_REPLAY', 'QUERY_FOUND'))
+  AND t.state IN ('FAILED', 'SUPPRESSED')
+  AND t.id > $1
+ORDER BY t.id
+LIMIT $2
+`
+
+type TaskListLateAcceptedParams struct {
+	AfterID int64
+	MaxRows int32
+}
+
+type TaskListLateAcceptedRow struct {
+	ID             int64
+	NotificationID int64
+	Channel        string
+	State          string
+	AttemptCount   int32
+	MaxAttempts    int32
+	ProviderMsgID  *string
+	LastError      *string
+	UpdatedAt      time.Time
+	UserID         string
+	EventKey       string
+}
+
+// Final "not sent" tasks (FAILED, SUPPRESSED) that a late answer says were accepted after all: a
+// superseded holder recorded ACCEPTED, ACCEPTED_REPLAY or QUERY_FOUND as its attempt's late_outcome. The
+// state stays final (R3: the observation is kept, not applied); notifier review shows these so a human
+// learns that the user may have received the message. Via delivery_attempt_late_accepted_idx.
+func (q *Queries) TaskListLateAccepted(ctx context.Context, arg TaskListLateAcceptedParams) ([]TaskListLateAcceptedRow, error) {
+	rows, err := q.db.Query(ctx, TaskListLateAccepted, arg.AfterID, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []TaskListLateAcceptedRow{}
+	for rows.Next() {
+		var i TaskListLateAcceptedRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.NotificationID,
+			&i.Channel,
+			&i.State,
+			&i.AttemptCount,
+			&i.MaxAttempts,
+			&i.ProviderMsgID,
+			&i.LastError,
+			&i.UpdatedAt,
+			&i.UserID,
+			&i.EventKey,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

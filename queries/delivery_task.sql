@@ -272,6 +272,30 @@ WHERE t.needs_review
 ORDER BY t.id
 LIMIT @max_rows;
 
+-- name: TaskListLateAccepted :many
+-- Final "not sent" tasks (FAILED, SUPPRESSED) that a late answer says were accepted after all: a
+-- superseded holder recorded ACCEPTED, ACCEPTED_REPLAY or QUERY_FOUND as its attempt's late_outcome. The
+-- state stays final (R3: the observation is kept, not applied); notifier review shows these so a human
+-- learns that the user may have received the message. Via delivery_attempt_late_accepted_idx.
+SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.provider_msg_id,
+       t.last_error, t.updated_at, n.user_id, n.event_key
+FROM delivery_task t
+JOIN notification n ON n.id = t.notification_id
+WHERE t.id IN (SELECT a.task_id FROM delivery_attempt a
+               WHERE a.late_outcome IN ('ACCEPTED', 'ACCEPTED_REPLAY', 'QUERY_FOUND'))
+  AND t.state IN ('FAILED', 'SUPPRESSED')
+  AND t.id > @after_id
+ORDER BY t.id
+LIMIT @max_rows;
+
+-- name: TaskCountLateAccepted :one
+-- How many final "not sent" tasks a late answer contradicts (see TaskListLateAccepted), for notifier status.
+SELECT count(*)::bigint AS tasks
+FROM delivery_task t
+WHERE t.id IN (SELECT a.task_id FROM delivery_attempt a
+               WHERE a.late_outcome IN ('ACCEPTED', 'ACCEPTED_REPLAY', 'QUERY_FOUND'))
+  AND t.state IN ('FAILED', 'SUPPRESSED');
+
 -- name: TaskCountByChannelState :many
 -- Counts for notifier status.
 SELECT channel, state, needs_review, count(*)::bigint AS tasks

@@ -171,3 +171,71 @@ func TestServerTroubleFailsTheWholeFinish(t *testing.T) {
 		is.Equal(e.task(a.TaskID).State, service.StateSending) // nothing written: every row waits for its lease
 	}
 }
+
+// lateAcceptedFailedTask plays a lagging query: holder A's call is accepted but its answer comes late;
+// after A's lease a taker queries, the channel's search does not see A's message yet (QUERY_NOT_FOUND),
+// and with no attempt left the task is FAILED. Then A's answer arrives: ACCEPTED, kept as its attempt's
+// late_outcome (A's token no longer holds). The task is final and "not sent"; the user got the message.
+func lateAcceptedFailedTask(t *testing.T, e *env) int64 {
+	is := is.New(t)
+	is.Helper()
+	e.user("u1", "sms")
+	id := e.create("u1", "e1", time.Hour, 2)[0].TaskID
+	route := func(answer service.Outcome) map[string]service.Route {
+		return map[string]service.Route{"sms": {Mode: service.ModeQueryable, Client: answering{Outcome: answer}}}
+	}
+	holder, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{Worker: "w-a",
+		Routes: route(service.OutcomeAccepted), Lease: 200 * time.Millisecond})
+	is.NoErr(err)
+	a, _, err := holder.Claim(e.ctx)
+	is.NoErr(err)
+	is.True(a != nil) // A holds the task; its call is accepted, its answer late
+	e.waitDB("lease_until < now() FROM delivery_task WHERE id = $1", id)
+	taker, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{Worker: "w-b",
+		Routes: route(service.OutcomeQueryNotFound)})
+	is.NoErr(err)
+	res, err := taker.RunOnce(e.ctx)
+	is.NoErr(err)
+	is.Equal(res.Action, service.ActionQuery) // the taker asks first
+	is.Equal(res.Kind, service.ResultFailed)  // the lagging search says not found; no attempt left
+	res, err = holder.Finish(e.ctx, a, service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: "sms-1"})
+	is.NoErr(err)
+	is.Equal(res.Kind, service.ResultStale) // A's answer comes too late to change the task
+	return id
+}
+
+// A FAILED task that a late answer says was accepted is shown to operators: review lists it as
+// LATE_ACCEPTED with its history, status counts it. Before, the late ACCEPTED was recorded but nothing
+// ever showed it.
+func TestLateAcceptanceOfAFailedTaskIsShown(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	id := lateAcceptedFailedTask(t, e)
+	is.Equal(e.task(id).State, service.StateFailed) // final, and stays so
+
+	list, err := e.n.Review(e.ctx, 0, 10)
+	is.NoErr(err)
+	is.Equal(len(list), 1) // the task is shown
+	is.Equal(list[0].ID, id)
+	is.Equal(list[0].Review, service.ReviewLateAccepted)                // as contradicted by a late answer
+	is.Equal(list[0].Attempts[0].LateOutcome, service.OutcomeAccepted)  // with the evidence
+	is.Equal(list[0].Attempts[1].Outcome, service.OutcomeQueryNotFound) // and what made it FAILED
+	st, err := e.n.Status(e.ctx)
+	is.NoErr(err)
+	is.Equal(st.LateAccepted, int64(1)) // status counts it
+	is.Equal(st.Parked, int64(0))       // it is not parked: there is nothing to resolve
+
+	parked := secParked(t, e, "u2", "e2") // a parked task beside it
+	list, err = e.n.Review(e.ctx, 0, 10)
+	is.NoErr(err)
+	is.Equal(len(list), 2)                         // both kinds, in id order
+	is.Equal(list[1].ID, parked)                   // the parked one
+	is.Equal(list[1].Review, service.ReviewParked) // to resolve
+	list, err = e.n.Review(e.ctx, id, 10)
+	is.NoErr(err)
+	is.Equal(len(list), 1) // paging by the last id printed covers both kinds
+	list, err = e.n.Review(e.ctx, 0, 1)
+	is.NoErr(err)
+	is.Equal(len(list), 1)   // the limit holds across both kinds
+	is.Equal(list[0].ID, id) // oldest first
+}

@@ -1,9 +1,11 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -78,9 +80,22 @@ func (n *Notifier) Attempts(ctx context.Context, taskID int64) ([]AttemptRecord,
 	return out, nil
 }
 
-// ParkedTask is a task waiting for a human, with its history.
+// ReviewKind says why a task is shown to a human.
+type ReviewKind string
+
+const (
+	// ReviewParked: the task is parked (UNKNOWN, needs review); notifier resolve settles it.
+	ReviewParked ReviewKind = "PARKED"
+	// ReviewLateAccepted: the task is FAILED or SUPPRESSED, final, but a superseded holder's late answer
+	// says the channel accepted it: the user may have received the message. Nothing can be resolved;
+	// someone should know.
+	ReviewLateAccepted ReviewKind = "LATE_ACCEPTED"
+)
+
+// ParkedTask is a task shown to a human (notifier review), with its history and why it is shown.
 type ParkedTask struct {
 	Task
+	Review   ReviewKind      `json:"review"`
 	UserID   string          `json:"user_id"`
 	EventKey string          `json:"event_key"`
 	Attempts []AttemptRecord `json:"attempts"`
@@ -94,18 +109,61 @@ func (n *Notifier) Parked(ctx context.Context, afterID int64, limit int) ([]Park
 	}
 	out := make([]ParkedTask, len(rows))
 	for i, r := range rows {
-		attempts, err := n.Attempts(ctx, r.ID)
-		if err != nil {
-			return nil, err
-		}
 		out[i] = ParkedTask{
 			Task: Task{ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, State: State(r.State),
 				AttemptCount: int(r.AttemptCount), MaxAttempts: int(r.MaxAttempts), OutcomeUncertain: true,
 				NeedsReview: true, ProviderMsgID: deref(r.ProviderMsgID), LastError: deref(r.LastError), UpdatedAt: r.UpdatedAt},
-			UserID: r.UserID, EventKey: r.EventKey, Attempts: attempts,
+			Review: ReviewParked, UserID: r.UserID, EventKey: r.EventKey,
 		}
 	}
-	return out, nil
+	return n.withAttempts(ctx, out)
+}
+
+// LateAccepted lists up to limit FAILED or SUPPRESSED tasks with id > afterID that a late answer says
+// were accepted (ReviewLateAccepted), oldest first.
+func (n *Notifier) LateAccepted(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
+	rows, err := n.q.TaskListLateAccepted(ctx, dbgen.TaskListLateAcceptedParams{AfterID: afterID, MaxRows: int32(limit)})
+	if err != nil {
+		return nil, fmt.Errorf("list late-accepted tasks: %w", err)
+	}
+	out := make([]ParkedTask, len(rows))
+	for i, r := range rows {
+		out[i] = ParkedTask{
+			Task: Task{ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, State: State(r.State),
+				AttemptCount: int(r.AttemptCount), MaxAttempts: int(r.MaxAttempts),
+				ProviderMsgID: deref(r.ProviderMsgID), LastError: deref(r.LastError), UpdatedAt: r.UpdatedAt},
+			Review: ReviewLateAccepted, UserID: r.UserID, EventKey: r.EventKey,
+		}
+	}
+	return n.withAttempts(ctx, out)
+}
+
+// Review lists what a human should look at, up to limit tasks with id > afterID in id order: parked
+// tasks (to resolve) and final "not sent" tasks a late answer contradicts (to know about). Paging by
+// the last id printed covers both.
+func (n *Notifier) Review(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
+	parked, err := n.Parked(ctx, afterID, limit)
+	if err != nil {
+		return nil, err
+	}
+	late, err := n.LateAccepted(ctx, afterID, limit)
+	if err != nil {
+		return nil, err
+	}
+	all := append(parked, late...)
+	slices.SortFunc(all, func(a, b ParkedTask) int { return cmp.Compare(a.ID, b.ID) })
+	return all[:min(limit, len(all))], nil
+}
+
+func (n *Notifier) withAttempts(ctx context.Context, tasks []ParkedTask) ([]ParkedTask, error) {
+	for i := range tasks {
+		attempts, err := n.Attempts(ctx, tasks[i].ID)
+		if err != nil {
+			return nil, err
+		}
+		tasks[i].Attempts = attempts
+	}
+	return tasks, nil
 }
 
 // StateCount is the number of tasks of a channel in a state; Parked counts UNKNOWN tasks that need review.
@@ -118,9 +176,12 @@ type StateCount struct {
 
 // Status is a snapshot for operators.
 type Status struct {
-	Counts             []StateCount `json:"counts"`
-	Parked             int64        `json:"parked"`
-	OldestReadySeconds float64      `json:"oldest_ready_seconds"`
+	Counts []StateCount `json:"counts"`
+	Parked int64        `json:"parked"`
+	// LateAccepted counts FAILED or SUPPRESSED tasks that a late answer says were accepted (see
+	// ReviewLateAccepted; notifier review lists them).
+	LateAccepted       int64   `json:"late_accepted"`
+	OldestReadySeconds float64 `json:"oldest_ready_seconds"`
 }
 
 // Status counts tasks by channel and state and measures how long the oldest due task has waited.
@@ -135,6 +196,9 @@ func (n *Notifier) Status(ctx context.Context) (Status, error) {
 		if r.NeedsReview {
 			s.Parked += r.Tasks
 		}
+	}
+	if s.LateAccepted, err = n.q.TaskCountLateAccepted(ctx); err != nil {
+		return Status{}, fmt.Errorf("count late-accepted tasks: %w", err)
 	}
 	if s.OldestReadySeconds, err = n.q.TaskOldestReady(ctx); err != nil {
 		return Status{}, fmt.Errorf("oldest ready task: %w", err)
