@@ -44,54 +44,70 @@ func waitLeaseExpired(t *testing.T, pool *pgxpool.Pool, taskID int64) {
 
 // TestP1KilledWorkerLeaseExpires (SPEC P1): a worker process is SIGKILLed while its call hangs after
 // the channel accepted. The task stays SENDING; a probe during the lease claims nothing; after the
-// lease a second process resends with the same key (ACCEPTED_REPLAY) and the task is SENT with one
-// outbound message; attempt 1 reads LEASE_EXPIRED.
+// lease a second process takes over, and counts the lost call as uncertain: on push (idempotent) it
+// resends with the same key (ACCEPTED_REPLAY), on sms (queryable) it asks first (QUERY_FOUND) and sends
+// nothing. Either way the task is SENT with one outbound message and attempt 1 reads LEASE_EXPIRED. The
+// sms variant fails if a takeover stopped counting as uncertain (it would resend: 2 messages).
 func TestP1KilledWorkerLeaseExpires(t *testing.T) {
-	t.Parallel()
-	is := is.New(t)
-	c, pool := newCLI(t)
-	n := service.NewNotifier(pool)
-	ctx := context.Background()
-	push := startFake(t, fakes.Push)
-	taskID := oneTask(t, pool, "push")
-	ref := service.Ref(taskID)
-	push.ScriptSend(ref, fakes.Step{Hang: true})
-	channel := "push=idempotent," + push.URL()
+	for _, tc := range []struct {
+		kind           fakes.Kind
+		mode           string
+		action         service.Action
+		outcome        service.Outcome
+		sends, queries int
+	}{
+		{fakes.Push, "idempotent", service.ActionSend, service.OutcomeAcceptedReplay, 2, 0},
+		{fakes.SMS, "queryable", service.ActionQuery, service.OutcomeQueryFound, 1, 1},
+	} {
+		t.Run(string(tc.kind), func(t *testing.T) {
+			t.Parallel()
+			is := is.New(t)
+			c, pool := newCLI(t)
+			n := service.NewNotifier(pool)
+			ctx := context.Background()
+			fake := startFake(t, tc.kind)
+			taskID := oneTask(t, pool, string(tc.kind))
+			ref := service.Ref(taskID)
+			fake.ScriptSend(ref, fakes.Step{Hang: true})
+			channel := string(tc.kind) + "=" + tc.mode + "," + fake.URL()
 
-	a := c.start("work", "--once", "--worker-id", "A", "--channel", channel,
-		"--lease", "3s", "--timeout", "60s", "--allow-lease-overlap")
-	waitCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	is.NoErr(push.WaitOutbound(waitCtx, ref, 1)) // A's send was accepted; the answer hangs
-	is.Equal(a.stop(syscall.SIGKILL), -1)        // A is killed, no chance to record anything
+			a := c.in(t).start("work", "--once", "--worker-id", "A", "--channel", channel,
+				"--lease", "3s", "--timeout", "60s", "--allow-lease-overlap")
+			waitCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			is.NoErr(fake.WaitOutbound(waitCtx, ref, 1)) // A's send was accepted; the answer hangs
+			is.Equal(a.stop(syscall.SIGKILL), -1)        // A is killed, no chance to record anything
 
-	task, err := n.Task(ctx, taskID)
-	is.NoErr(err)                              // the task reads back
-	is.Equal(task.State, service.StateSending) // still held by the dead worker
-	is.Equal(task.LeaseOwner, "A")             // by A
+			task, err := n.Task(ctx, taskID)
+			is.NoErr(err)                              // the task reads back
+			is.Equal(task.State, service.StateSending) // still held by the dead worker
+			is.Equal(task.LeaseOwner, "A")             // by A
 
-	r := c.ok("work", "--once", "--worker-id", "probe", "--channel", channel)
-	is.Equal(r.stdout, "{\"result\":\"NOTHING\"}\n") // during the lease nobody else may claim it
+			r := c.in(t).ok("work", "--once", "--worker-id", "probe", "--channel", channel)
+			is.Equal(r.stdout, "{\"result\":\"NOTHING\"}\n") // during the lease nobody else may claim it
 
-	waitLeaseExpired(t, pool, taskID)
-	r = c.ok("work", "--once", "--worker-id", "B", "--channel", channel)
-	var res service.Result
-	decode(t, r.stdout, &res)
-	is.Equal(res.Kind, service.ResultSent)                                     // B completes
-	is.Equal(res.Attempt, 2)                                                   // as attempt 2
-	is.Equal(res.Action, service.ActionSend)                                   // resending (idempotent channel)
-	is.Equal(res.Outcome, service.OutcomeAcceptedReplay)                       // and the channel replays the original
-	logged(t, r.stderr, "msg=CLAIMED", "worker=B", "attempt=2", "action=SEND") // B's log: the claim
-	logged(t, r.stderr, "msg=CALLED", "attempt=2", "outcome=ACCEPTED_REPLAY")  // the call
-	logged(t, r.stderr, "msg=RESULT", "result=SENT", "attempt=2")              // the result
+			waitLeaseExpired(t, pool, taskID)
+			r = c.in(t).ok("work", "--once", "--worker-id", "B", "--channel", channel)
+			var res service.Result
+			decode(t, r.stdout, &res)
+			is.Equal(res.Kind, service.ResultSent)                                                   // B completes
+			is.Equal(res.Attempt, 2)                                                                 // as attempt 2
+			is.Equal(res.Action, tc.action)                                                          // resending with the key, or asking first: the lost call counts as uncertain
+			is.Equal(res.Outcome, tc.outcome)                                                        // and the channel knows the original
+			logged(t, r.stderr, "msg=CLAIMED", "worker=B", "attempt=2", "action="+string(tc.action)) // B's log: the claim
+			logged(t, r.stderr, "msg=CALLED", "attempt=2", "outcome="+string(tc.outcome))            // the call
+			logged(t, r.stderr, "msg=RESULT", "result=SENT", "attempt=2")                            // the result
 
-	attempts, err := n.Attempts(ctx, taskID)
-	is.NoErr(err)                                                // attempts read back
-	is.Equal(len(attempts), 2)                                   // two attempts
-	is.Equal(attempts[0].Outcome, service.OutcomeLeaseExpired)   // A's, closed by B's claim
-	is.Equal(attempts[1].Outcome, service.OutcomeAcceptedReplay) // B's
-	is.Equal(push.Outbound(ref), 1)                              // the user got one message
-	is.Equal(push.Sends(ref), 2)                                 // from two sends
+			attempts, err := n.Attempts(ctx, taskID)
+			is.NoErr(err)                                              // attempts read back
+			is.Equal(len(attempts), 2)                                 // two attempts
+			is.Equal(attempts[0].Outcome, service.OutcomeLeaseExpired) // A's, closed by B's claim
+			is.Equal(attempts[1].Outcome, tc.outcome)                  // B's
+			is.Equal(fake.Outbound(ref), 1)                            // the user got one message
+			is.Equal(fake.Sends(ref), tc.sends)                        // from this many sends
+			is.Equal(fake.Queries(ref), tc.queries)                    // and queries
+		})
+	}
 }
 
 // TestP2StoppedWorkerIsStale (SPEC P2): lease 1 s, client timeout 1.5 s, so holders can overlap on
@@ -147,6 +163,68 @@ func TestP2StoppedWorkerIsStale(t *testing.T) {
 	attempts, err := n.Attempts(ctx, taskID)
 	is.NoErr(err)                                                // attempts read back
 	is.Equal(len(attempts), 2)                                   // two attempts
+	is.Equal(attempts[0].Outcome, service.OutcomeLeaseExpired)   // A's, closed by B's claim
+	is.Equal(attempts[0].LateOutcome, service.OutcomeTimeout)    // with A's late observation kept
+	is.Equal(attempts[1].Outcome, service.OutcomeAcceptedReplay) // B's
+	is.Equal(push.Outbound(ref), 1)                              // one message for the user
+}
+
+// TestP2StaleFinishWhileNewHolderCalls is P2 with the late finish landing while worker B is still
+// calling: the task is SENDING again, so only the attempt token (not the state) tells A's finish from
+// B's. A's finish is STALE and leaves B's holding alone; B's finish then records SENT.
+func TestP2StaleFinishWhileNewHolderCalls(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	c, pool := newCLI(t)
+	n := service.NewNotifier(pool)
+	ctx := context.Background()
+	push := startFake(t, fakes.Push)
+	taskID := oneTask(t, pool, "push")
+	ref := service.Ref(taskID)
+	push.ScriptSend(ref,
+		fakes.Step{Delay: 10 * time.Second}, // A: accepted, answered far too late
+		fakes.Step{Delay: 8 * time.Second})  // B: replayed, answered after A's finish has landed
+	channel := "push=idempotent," + push.URL()
+
+	a := c.start("work", "--once", "--worker-id", "A", "--channel", channel,
+		"--lease", "1s", "--timeout", "1500ms", "--allow-lease-overlap")
+	waitCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	is.NoErr(push.WaitOutbound(waitCtx, ref, 1))                 // A's send was accepted
+	is.NoErr(a.cmd.Process.Signal(syscall.SIGSTOP))              // A freezes mid-call
+	defer func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) }() // never leave it stopped
+
+	waitLeaseExpired(t, pool, taskID)
+	b := c.start("work", "--once", "--worker-id", "B", "--channel", channel, "--timeout", "20s", "--lease", "60s")
+	waitFor(t, 20*time.Second, "B's resend to reach the channel", func() bool { return push.Sends(ref) == 2 })
+	task, err := n.Task(ctx, taskID)
+	is.NoErr(err)
+	is.Equal(task.LeaseOwner, "B") // B holds the task and is calling
+
+	is.NoErr(a.cmd.Process.Signal(syscall.SIGCONT)) // A resumes, past its client timeout
+	select {
+	case <-a.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("worker A did not finish; stderr:\n%s", a.stderr)
+	}
+	var stale service.Result
+	decode(t, a.stdout.String(), &stale)
+	is.Equal(stale.Kind, service.ResultStale) // A's finish changed nothing
+	task, err = n.Task(ctx, taskID)
+	is.NoErr(err)
+	is.Equal(task.State, service.StateSending) // B's holding is intact
+	is.Equal(task.LeaseOwner, "B")             // with B's lease
+
+	select {
+	case <-b.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("worker B did not finish; stderr:\n%s", b.stderr)
+	}
+	var res service.Result
+	decode(t, b.stdout.String(), &res)
+	is.Equal(res.Kind, service.ResultSent) // B's finish counts
+	attempts, err := n.Attempts(ctx, taskID)
+	is.NoErr(err)
 	is.Equal(attempts[0].Outcome, service.OutcomeLeaseExpired)   // A's, closed by B's claim
 	is.Equal(attempts[0].LateOutcome, service.OutcomeTimeout)    // with A's late observation kept
 	is.Equal(attempts[1].Outcome, service.OutcomeAcceptedReplay) // B's

@@ -148,6 +148,7 @@ func TestC1ConcurrentClaims(t *testing.T) {
 		wg.Wait()
 		is.Equal(e.scalar("SELECT count(*) FROM delivery_attempt"), int64(20))                      // 20 attempts
 		is.Equal(e.push.TotalOutbound(), 20)                                                        // 20 new outbounds
+		is.Equal(e.push.TotalSends(), 20)                                                           // from 20 sends: push dedupes by key, so outbounds alone would hide a second send of a task
 		is.Equal(e.scalar("SELECT count(*) FROM delivery_task WHERE attempt_count <> 1"), int64(0)) // every task attempt_count = 1
 		is.Equal(e.scalar("SELECT count(*) FROM delivery_task WHERE state <> 'SENT'"), int64(0))    // all SENT
 	})
@@ -435,6 +436,62 @@ func TestNC3LateFinish(t *testing.T) {
 	is.NoErr(err)
 	is.Equal(tag.RowsAffected(), int64(1))           // damage: 1 row
 	is.Equal(e.task(id).State, service.StateUnknown) // damage: SENT -> UNKNOWN
+}
+
+// TestNC3LateFinishWhileNewHolderSends is P2's harder variant: the superseded holder's finish lands
+// while the new holder is still calling (the task is SENDING again, with the new holder's token). The
+// state alone cannot tell the two holders apart here; only the token guard refuses the old one (STALE,
+// late_outcome), and the new holder's finish then counts. Negative control: the finish guarded by state
+// only (no token) matches the row, writes the old holder's TIMEOUT over the new holder's attempt, and the
+// new holder's real acceptance is then the one refused.
+func TestNC3LateFinishWhileNewHolderSends(t *testing.T) {
+	for _, guarded := range []bool{true, false} {
+		t.Run(map[bool]string{true: "token guard", false: "negative control: state only"}[guarded], func(t *testing.T) {
+			is := is.New(t)
+			e := newEnv(t)
+			e.user("u1", "push")
+			id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+			e.push.ScriptSend(service.Ref(id), fakes.Step{Hang: true})
+			a := e.dispatcher(dcfg{worker: "w-p2-a", lease: time.Second, timeout: 1500 * time.Millisecond})
+			heldA, _, err := a.Claim(e.ctx)
+			is.NoErr(err)
+			obsA := a.Call(e.ctx, heldA) // accepted, then no answer: times out after the lease ran out
+			is.Equal(obsA.Outcome, service.OutcomeTimeout)
+			e.waitDB("(SELECT lease_until < now() FROM delivery_task WHERE id = $1)", id)
+			b := e.dispatcher(dcfg{worker: "w-p2-b"})
+			heldB, _, err := b.Claim(e.ctx)
+			is.NoErr(err)
+			is.True(heldB != nil) // B holds the task now, and has not called yet
+
+			if guarded {
+				late, err := a.Finish(e.ctx, heldA, obsA)
+				is.NoErr(err)
+				is.Equal(late.Kind, service.ResultStale) // A's token no longer holds: STALE
+				task := e.task(id)
+				is.Equal(task.State, service.StateSending) // still B's
+				is.Equal(task.LeaseOwner, "w-p2-b")        // with B's lease
+				is.Equal(e.attempts(id)[0].LateOutcome, service.OutcomeTimeout)
+				res, err := b.Finish(e.ctx, heldB, b.Call(e.ctx, heldB))
+				is.NoErr(err)
+				is.Equal(res.Kind, service.ResultSent) // B's finish counts
+				is.Equal(res.Outcome, service.OutcomeAcceptedReplay)
+				is.Equal(e.task(id).State, service.StateSent)
+				return
+			}
+			// The finish without its token: the state check alone, as River fences its finish.
+			tag, err := e.pool.Exec(e.ctx, `UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true,
+				uncertain_since = updated_at, next_attempt_at = now() + interval '1 hour', lease_owner = NULL, lease_until = NULL
+				WHERE id = $1 AND state = 'SENDING'`, id)
+			is.NoErr(err)
+			is.Equal(tag.RowsAffected(), int64(1))           // damage: A's stale observation matches B's row
+			is.Equal(e.task(id).State, service.StateUnknown) // damage: B's holding is overwritten
+			res, err := b.Finish(e.ctx, heldB, b.Call(e.ctx, heldB))
+			is.NoErr(err)
+			is.Equal(res.Outcome, service.OutcomeAcceptedReplay) // B's call was accepted
+			is.Equal(res.Kind, service.ResultStale)              // damage: yet B's finish is the one refused
+			is.Equal(e.task(id).State, service.StateUnknown)     // and the task does not say SENT
+		})
+	}
 }
 
 func TestNoneChannelTimeoutParksAtOnce(t *testing.T) {
