@@ -71,7 +71,7 @@ idempotency_window = "24h"
 kind = "webhook"
 secret_env = "NOTIFIER_TEST_HOOK_SECRET"
 `)
-	r := c.runWithEnv([]string{"NOTIFIER_TEST_HOOK_SECRET=" + testWebhookSecret}, "work", "--once", "--worker-id", "w1", "--channels", file)
+	r := c.runWithEnv([]string{"NOTIFIER_TEST_HOOK_SECRET=" + testWebhookSecret}, "work", "--once", "--worker-id", "w1", "--channels-file", file)
 	is.Equal(r.code, 0) // the worker ran
 	var res service.Result
 	decode(t, r.stdout, &res)
@@ -82,7 +82,7 @@ secret_env = "NOTIFIER_TEST_HOOK_SECRET"
 	is.Equal(push.TotalSends(), 1)                 // one call to the fake
 
 	// Without the variable the same file is refused at start.
-	r = c.run("", "work", "--once", "--channels", file)
+	r = c.run("", "work", "--once", "--channels-file", file)
 	is.Equal(r.code, 2) // bad configuration
 	oneErrorLine(t, r)
 	is.True(strings.Contains(r.stderr, `channel "hooks": secret_env: environment variable NOTIFIER_TEST_HOOK_SECRET is unset or empty`)) // names channel, key and variable
@@ -120,7 +120,7 @@ func TestWorkChannelsConfigErrors(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			is := is.New(t)
-			args := append([]string{"work", "--once", "--channels", writeChannels(t, tc.toml)}, tc.extra...)
+			args := append([]string{"work", "--once", "--channels-file", writeChannels(t, tc.toml)}, tc.extra...)
 			r := c.in(t).run("", args...)
 			is.Equal(r.code, 2) // bad configuration
 			oneErrorLine(t, r)  // one line
@@ -134,7 +134,7 @@ func TestWorkChannelsConfigErrors(t *testing.T) {
 		})
 	}
 	is := is.New(t)
-	r := c.run("", "work", "--once", "--channels", filepath.Join(t.TempDir(), "missing.toml"))
+	r := c.run("", "work", "--once", "--channels-file", filepath.Join(t.TempDir(), "missing.toml"))
 	is.Equal(r.code, 2)                                 // a missing file is bad input
 	is.True(strings.Contains(r.stderr, "missing.toml")) // named
 	is.Equal(rowCounts(t, pool), before)                // nothing written

@@ -20,6 +20,9 @@ import (
 	"github.com/notifierhq/notifier/worker"
 )
 
+// maxInFlight bounds --max-in-flight: each call in flight is a goroutine and an open HTTP request.
+const maxInFlight = 100_000
+
 // leaseMargin is how much longer than the client timeout a lease must be: the time from the claim's
 // commit (when the database starts the lease) to the call, the client's own timer slack, and the
 // finish transaction, so that a live holder records its result before anyone may take the task
@@ -40,7 +43,7 @@ MODE says what the channel's contract allows after a call without an answer:
   queryable   ask GET URL/messages?ref= first, resend only if not found
   none        neither: park the task for notifier review / notifier resolve
 
---channels FILE reads channels from a TOML file instead of (or as well as) --channel: real
+--channels-file FILE reads channels from a TOML file instead of (or as well as) --channel: real
 channel kinds (http, webhook = Standard Webhooks, webpush = Web Push with VAPID, smtp = email)
 and their contract (idempotency_window, query_settle, max_in_flight_age,
 server_errors_uncertain, resend_with_topic). Example:
@@ -67,15 +70,27 @@ See README, "Real channels".
 slack and the finish transaction), or two workers could call the channel for one task at once;
 --allow-lease-overlap accepts a shorter lease (for tests of that failure).
 
-Without --once: runs until SIGTERM or SIGINT. On the signal it stops claiming, lets calls in flight
-finish (each bounded by --timeout) and record their outcome, then exits 0. Events CLAIMED, CALLED
-and RESULT are logged on stderr. With --metrics-addr it serves Prometheus metrics at /metrics
-(port 0 picks a free port; the address is logged as "serving metrics").
+Without --once: runs until SIGTERM or SIGINT, streaming. Up to --max-in-flight calls are in flight
+at once, each with its own lease; claims refill the window as calls complete (at most --batch tasks
+per claim), and answers are recorded as they come, grouped: whatever arrived while the previous finish
+ran is recorded by the next one, by up to --finishers finishes at once. No database connection is held
+during a call: the worker needs 1 + --finishers connections, whatever the window, and refuses to start
+when that is more than a quarter of the server's max_connections. On the signal it stops claiming,
+lets calls in flight finish (each bounded by --timeout) and record their outcome, then exits 0.
+Events CLAIMED, CALLED and RESULT are logged on stderr. With --metrics-addr it serves Prometheus
+metrics at /metrics (port 0 picks a free port; the address is logged as "serving metrics").
+
+When to tune (the defaults suit channels answering in 50-500 ms and channels answering at once):
+  --max-in-flight  calls in flight needed ~ deliveries/s x call latency: 256 keeps ~2,000/s at a
+                   100 ms median. Raise it for slower channels or higher rates; lower it to bound how
+                   many tasks a crash leaves uncertain (each is resent with its key, queried, or parked).
+  --batch          tasks per claim; rarely worth changing.
+  --finishers      finish statements at once; raise it only when the database has cores to spare.
 
 Its database connections start with plan_cache_mode=force_generic_plan (its statements are prepared
 once and planned once), unless the database URL or PGOPTIONS sets plan_cache_mode; behind PgBouncer
-see README "Running against your own database". While tasks keep coming, each finish travels with the
-next claim in one round trip, committed on its own before the claim begins.
+see README "Running against your own database". When answers are waiting and the window has room, the
+finish travels with the next claim in one round trip, committed on its own before the claim begins.
 
 With --once: runs one claim-call-finish cycle and prints one JSON object on stdout:
   {"result":"NOTHING"}
@@ -90,21 +105,24 @@ func workCommand(e *env) *cli.Command {
 	return &cli.Command{
 		Name:  "work",
 		Usage: "run a delivery worker (claim, call the channel, record the outcome)",
-		UsageText: "notifier work {--channel NAME=MODE,URL [--channel ...] | --channels FILE} [--worker-id W] [--once]\n" +
-			"   [--concurrency N] [--batch N] [--lease 30s] [--timeout 10s] [--backoff 2s] [--poll 200ms]\n" +
+		UsageText: "notifier work {--channel NAME=MODE,URL [--channel ...] | --channels-file FILE} [--worker-id W] [--once]\n" +
+			"   [--max-in-flight 256] [--batch 64] [--finishers 2] [--lease 30s] [--timeout 10s] [--backoff 2s] [--poll 200ms]\n" +
 			"   [--allow-lease-overlap] [--metrics-addr 127.0.0.1:9464] [--ca-file F]",
 		Description: workDescription,
 		Flags: []cli.Flag{
-			&cli.StringSliceFlag{Name: "channel", Usage: "NAME=MODE,URL with MODE idempotent|queryable|none (repeatable; this or --channels is required)"},
-			&cli.StringFlag{Name: "channels", Usage: "TOML `FILE` of channels (kinds http, webhook, webpush, smtp; see the description)"},
+			&cli.StringSliceFlag{Name: "channel", Usage: "NAME=MODE,URL with MODE idempotent|queryable|none (repeatable; this or --channels-file is required)"},
+			&cli.StringFlag{Name: "channels-file", Usage: "TOML `FILE` of channels (kinds http, webhook, webpush, smtp; see the description)"},
+			&cli.StringFlag{Name: "channels", Hidden: true}, // renamed: parseWork says so
+			&cli.IntFlag{Name: "concurrency", Hidden: true}, // replaced: parseWork says so
 			&cli.StringFlag{Name: "worker-id", Usage: "recorded on every claim and attempt (default: hostname-pid)"},
 			&cli.BoolFlag{Name: "once", Usage: "run one cycle, print its result as JSON and exit"},
-			&cli.IntFlag{Name: "concurrency", Value: 1, Usage: "cycles running at once (1-256)"},
-			&cli.IntFlag{Name: "batch", Value: 1, Usage: fmt.Sprintf("tasks per cycle: claimed in one transaction, called concurrently, finished in one (1-%d; not with --once)", service.MaxBatch)},
+			&cli.IntFlag{Name: "max-in-flight", Value: worker.DefaultMaxInFlight, Usage: fmt.Sprintf("calls in flight at once, each with its own lease (1-%d; see the description)", maxInFlight)},
+			&cli.IntFlag{Name: "batch", Value: worker.DefaultBatch, Usage: fmt.Sprintf("most tasks one claim takes (1-%d; not with --once)", service.MaxBatch)},
+			&cli.IntFlag{Name: "finishers", Value: worker.DefaultFinishers, Usage: "finish statements running at once (1-64)"},
 			&cli.DurationFlag{Name: "lease", Value: service.DefaultLease, Usage: "how long a claim holds a task"},
 			&cli.DurationFlag{Name: "timeout", Value: service.DefaultCallTimeout, Usage: "client timeout of one channel call"},
 			&cli.DurationFlag{Name: "backoff", Value: service.DefaultBackoff, Usage: "first retry delay, doubled per attempt"},
-			&cli.DurationFlag{Name: "poll", Value: 200 * time.Millisecond, Usage: "wait after finding nothing to do"},
+			&cli.DurationFlag{Name: "poll", Value: worker.DefaultPoll, Usage: "wait after finding nothing to do"},
 			&cli.BoolFlag{Name: "allow-lease-overlap", Usage: "accept a lease not longer than timeout + margin"},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics at http://ADDR/metrics"},
 			&cli.StringFlag{Name: "ca-file", Usage: "extra PEM root certificates for https channels"},
@@ -155,9 +173,15 @@ type workConfig struct {
 }
 
 func parseWork(c *cli.Context, e *env) (workConfig, error) {
-	values, channelsFile := c.StringSlice("channel"), c.String("channels")
+	if c.IsSet("channels") {
+		return workConfig{}, usagef("--channels was renamed --channels-file (it is easily mistaken for --channel)")
+	}
+	if c.IsSet("concurrency") {
+		return workConfig{}, usagef("--concurrency was replaced by --max-in-flight (calls in flight at once; default %d)", worker.DefaultMaxInFlight)
+	}
+	values, channelsFile := c.StringSlice("channel"), c.String("channels-file")
 	if len(values) == 0 && channelsFile == "" {
-		return workConfig{}, usagef("%s: missing required flag --channel (NAME=MODE,URL) or --channels FILE", commandName(c))
+		return workConfig{}, usagef("%s: missing required flag --channel (NAME=MODE,URL) or --channels-file FILE", commandName(c))
 	}
 	cfg := workConfig{once: c.Bool("once"), metrics: c.String("metrics-addr")}
 	d := &cfg.dispatcher
@@ -176,13 +200,16 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 			return workConfig{}, usagef("invalid --%s %s: must be more than 0", name, v)
 		}
 	}
-	if n := c.Int("concurrency"); n < 1 || n > 256 {
-		return workConfig{}, usagef("invalid --concurrency %d: want 1 to 256", n)
+	if n := c.Int("max-in-flight"); n < 1 || n > maxInFlight {
+		return workConfig{}, usagef("invalid --max-in-flight %d: want 1 to %d", n, maxInFlight)
 	}
 	if n := c.Int("batch"); n < 1 || n > service.MaxBatch {
 		return workConfig{}, usagef("invalid --batch %d: want 1 to %d", n, service.MaxBatch)
-	} else if n > 1 && cfg.once {
+	} else if c.IsSet("batch") && cfg.once {
 		return workConfig{}, usagef("--batch %d with --once: --once runs one task and prints one result", n)
+	}
+	if n := c.Int("finishers"); n < 1 || n > 64 {
+		return workConfig{}, usagef("invalid --finishers %d: want 1 to 64", n)
 	}
 	d.Batch = c.Int("batch")
 	if need := d.CallTimeout + leaseMargin(d.CallTimeout); d.Lease <= need && !c.Bool("allow-lease-overlap") {
@@ -199,7 +226,7 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 	if channelsFile != "" {
 		routes, err := channelconfig.Load(channelsFile, e.getenv)
 		if err != nil {
-			return workConfig{}, usagef("invalid --channels: %v", err)
+			return workConfig{}, usagef("invalid --channels-file: %v", err)
 		}
 		names := make([]string, 0, len(routes))
 		for name := range routes {
@@ -218,7 +245,7 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 			return workConfig{}, err
 		}
 		if fromFile[spec.Name] {
-			return workConfig{}, usagef("invalid --channel %q: channel %q is also defined in --channels %s: a channel may be defined once",
+			return workConfig{}, usagef("invalid --channel %q: channel %q is also defined in --channels-file %s: a channel may be defined once",
 				redactURLs(v), spec.Name, channelsFile)
 		}
 		if _, dup := d.Routes[spec.Name]; dup {
@@ -234,7 +261,8 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 		d.Routes[spec.Name] = service.Route{Mode: spec.Mode, Client: client}
 		cfg.specs = append(cfg.specs, spec)
 	}
-	cfg.loop = worker.Config{Concurrency: c.Int("concurrency"), Batch: d.Batch, Poll: c.Duration("poll"), Logger: e.log}
+	cfg.loop = worker.Config{MaxInFlight: c.Int("max-in-flight"), Batch: d.Batch, Finishers: c.Int("finishers"),
+		Poll: c.Duration("poll"), Logger: e.log}
 	return cfg, nil
 }
 
@@ -252,7 +280,7 @@ func work(c *cli.Context, e *env) error {
 		}
 		cfg.loop.OnResult = m.onResult
 	}
-	pool, err := e.workerPool(int32(cfg.loop.Concurrency + 2))
+	pool, err := e.workerPool(int32(cfg.loop.Connections()))
 	if err != nil {
 		return err
 	}
@@ -263,6 +291,9 @@ func work(c *cli.Context, e *env) error {
 	}
 	ctx, cancel := e.dbContext(c.Context)
 	err = pool.Ping(ctx)
+	if err == nil {
+		err = service.CheckPoolShare(ctx, pool)
+	}
 	cancel()
 	if err != nil {
 		if c.Context.Err() != nil {
@@ -295,7 +326,8 @@ func work(c *cli.Context, e *env) error {
 		return e.printJSON(res)
 	}
 
-	log.Info("worker started", "channels", channels, "concurrency", cfg.loop.Concurrency, "batch", cfg.loop.Batch,
+	log.Info("worker started", "channels", channels, "max_in_flight", cfg.loop.MaxInFlight, "batch", cfg.loop.Batch,
+		"finishers", cfg.loop.Finishers,
 		"lease", cfg.dispatcher.Lease.String(), "timeout", cfg.dispatcher.CallTimeout.String())
 	stopLog := context.AfterFunc(c.Context, func() {
 		log.Info("stopping: no new claims; calls in flight finish and are recorded")

@@ -178,7 +178,7 @@ func (s *soak) startWorker(i int) {
 		"--channel", "push=idempotent,"+s.push.URL(),
 		"--channel", "sms=queryable,"+s.sms.URL(),
 		"--channel", "none=none,"+s.none.URL(),
-		"--timeout", "300ms", "--lease", "2500ms", "--backoff", "100ms", "--poll", "50ms", "--concurrency", "2",
+		"--timeout", "300ms", "--lease", "2500ms", "--backoff", "100ms", "--poll", "50ms",
 		"--batch", strconv.Itoa(*soakBatch))
 	s.workers[i] = p
 	s.logs = append(s.logs, p.stderr)

@@ -1,9 +1,14 @@
 package service
 
 import (
+	"context"
+	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/notifierhq/notifier/dbgen"
 )
 
 // WorkerPlanCacheMode is the plan_cache_mode a worker's connections run with. The dispatcher's
@@ -24,4 +29,26 @@ func ConfigureWorkerConn(cfg *pgx.ConnConfig) {
 		cfg.RuntimeParams = map[string]string{}
 	}
 	cfg.RuntimeParams["plan_cache_mode"] = WorkerPlanCacheMode
+}
+
+// MaxPoolShare is the largest part of the server's connections one worker process may take: a quarter
+// of what ordinary roles may open (max_connections less superuser_reserved_connections), so that other
+// workers, the creators and the operators always find one.
+const MaxPoolShare = 4
+
+// CheckPoolShare refuses a pool that could open more than 1/MaxPoolShare of the server's connections.
+// A worker's pool is sized by its claims and finishes, not by its calls in flight; a configuration the
+// server cannot serve is a usage error said at start (an InputError), not a stall on "too many clients"
+// later.
+func CheckPoolShare(ctx context.Context, pool *pgxpool.Pool) error {
+	available, err := dbgen.New(pool).ServerConnectionsAvailable(ctx)
+	if err != nil {
+		return fmt.Errorf("read the server's connection limit: %w", err)
+	}
+	if want := pool.Config().MaxConns; int(want)*MaxPoolShare > int(available) {
+		return &InputError{Field: "database connections", Reason: fmt.Sprintf(
+			"this worker's pool may open %d, more than a quarter of the %d the server accepts (max_connections less superuser_reserved_connections): lower --finishers (or pool_max_conns in the URL), or raise max_connections",
+			want, available)}
+	}
+	return nil
 }

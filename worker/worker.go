@@ -1,5 +1,7 @@
-// Package worker runs a Dispatcher's claim-call-finish cycle in a loop: polling when idle, backing off
-// when the database is unreachable, and stopping cleanly. It makes no decisions of its own.
+// Package worker runs a Dispatcher's claim-call-finish cycle: one cycle (RunOnce, RunBatch, for
+// `notifier work --once`), or a streaming loop (Run) that keeps a window of calls in flight, records
+// answers as they come, polls when idle, backs off while the database is unreachable, and stops
+// cleanly. It makes no decisions of its own: what a claim or an answer means is the service's.
 package worker
 
 import (
@@ -13,18 +15,8 @@ import (
 	"github.com/notifierhq/notifier/service"
 )
 
-// Config of a worker loop.
-type Config struct {
-	Concurrency int           // cycles running at once (default 1)
-	Batch       int           // tasks per cycle: claimed in one transaction, finished in one (default 1)
-	Poll        time.Duration // wait after finding nothing to do (default 200ms)
-	MaxBackoff  time.Duration // longest wait between retries while the database fails (default 10s)
-	Logger      *slog.Logger  // default slog.Default()
-	OnResult    func(service.Result)
-}
-
 // RunOnce performs one cycle on one task and logs its events: CLAIMED, CALLED and RESULT.
-func RunOnce(ctx context.Context, d *service.Dispatcher, log *slog.Logger) (service.Result, error) {
+func RunOnce(ctx context.Context, d Dispatcher, log *slog.Logger) (service.Result, error) {
 	results, err := RunBatch(ctx, d, 1, log)
 	if len(results) == 0 {
 		return service.Result{Kind: service.ResultNothing}, err
@@ -40,7 +32,7 @@ func RunOnce(ctx context.Context, d *service.Dispatcher, log *slog.Logger) (serv
 
 // RunBatch performs one cycle on up to batch tasks: one claim transaction, the calls concurrently, one
 // finish transaction. It logs CLAIMED, CALLED and RESULT per task. No result means nothing was due.
-func RunBatch(ctx context.Context, d *service.Dispatcher, batch int, log *slog.Logger) ([]service.Result, error) {
+func RunBatch(ctx context.Context, d Dispatcher, batch int, log *slog.Logger) ([]service.Result, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -62,7 +54,7 @@ func RunBatch(ctx context.Context, d *service.Dispatcher, batch int, log *slog.L
 }
 
 // call calls the attempts' channels concurrently and logs CLAIMED and CALLED per task.
-func call(ctx context.Context, d *service.Dispatcher, attempts []*service.Attempt, log *slog.Logger) ([]service.Observation, []time.Duration) {
+func call(ctx context.Context, d Dispatcher, attempts []*service.Attempt, log *slog.Logger) ([]service.Observation, []time.Duration) {
 	obs := make([]service.Observation, len(attempts))
 	elapsed := make([]time.Duration, len(attempts))
 	var wg sync.WaitGroup
@@ -114,139 +106,6 @@ func logFinished(log *slog.Logger, results []service.Result, elapsed []time.Dura
 func logFinishFailed(log *slog.Logger, tasks int, err error) {
 	// The tasks stay SENDING with these tokens; lease expiry recovers them, as uncertain.
 	log.Error("finish failed; the tasks will be recovered after their lease", "tasks", tasks, "error", err)
-}
-
-// Run loops until ctx ends. On cancellation no new task is claimed; cycles already calling a channel
-// finish their call (bounded by the client timeout) and record it before Run returns.
-func Run(ctx context.Context, d *service.Dispatcher, cfg Config) {
-	if cfg.Concurrency < 1 {
-		cfg.Concurrency = 1
-	}
-	if cfg.Poll <= 0 {
-		cfg.Poll = 200 * time.Millisecond
-	}
-	if cfg.MaxBackoff <= 0 {
-		cfg.MaxBackoff = 10 * time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	l := &loop{d: d, cfg: cfg, health: &dbHealth{log: cfg.Logger}}
-	var wg sync.WaitGroup
-	for range cfg.Concurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l.run(ctx)
-		}()
-	}
-	wg.Wait()
-}
-
-// loop is one worker's cycles. While tasks keep coming, each finish carries the next claim
-// (FinishBatchThenClaim); after an empty claim or a failure it waits and claims on its own.
-type loop struct {
-	d      *service.Dispatcher
-	cfg    Config
-	health *dbHealth
-}
-
-func (l *loop) run(ctx context.Context) {
-	log := l.cfg.Logger
-	var (
-		held []*service.Attempt // claimed, to call and finish
-		wait time.Duration
-	)
-	for {
-		if len(held) == 0 {
-			if !sleep(ctx, wait) {
-				return
-			}
-			attempts, settled, err := l.d.ClaimBatch(ctx, l.cfg.Batch)
-			if err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				wait = l.failed(err, wait)
-				continue
-			}
-			l.health.ok()
-			logSettled(log, settled)
-			l.report(settled)
-			held, wait = attempts, l.idle(attempts, settled)
-			continue
-		}
-		obs, elapsed := call(ctx, l.d, held, log)
-		if ctx.Err() != nil { // stopping: record what was called, claim nothing more
-			if results, err := l.d.FinishBatch(ctx, held, obs); err != nil {
-				logFinishFailed(log, len(held), err)
-			} else {
-				l.report(logFinished(log, results, elapsed))
-			}
-			return
-		}
-		h := l.d.FinishBatchThenClaim(ctx, held, obs, l.cfg.Batch)
-		if h.FinishErr != nil {
-			logFinishFailed(log, len(held), h.FinishErr)
-		} else {
-			l.report(logFinished(log, h.Finished, elapsed))
-		}
-		held = nil
-		switch {
-		case h.ClaimErr != nil && ctx.Err() != nil:
-			return
-		case h.ClaimErr != nil:
-			wait = l.failed(h.ClaimErr, wait)
-		case h.FinishErr != nil:
-			wait = l.failed(h.FinishErr, wait)
-			held = h.Next // claimed all the same: this worker holds their tokens
-			logSettled(log, h.Settled)
-			l.report(h.Settled)
-		default:
-			l.health.ok()
-			logSettled(log, h.Settled)
-			l.report(h.Settled)
-			held, wait = h.Next, l.idle(h.Next, h.Settled)
-		}
-	}
-}
-
-// failed records a failed cycle and returns the backoff before the next claim.
-func (l *loop) failed(err error, wait time.Duration) time.Duration {
-	l.health.failed(err)
-	return min(max(2*wait, l.cfg.Poll), l.cfg.MaxBackoff)
-}
-
-// idle is the wait before the next claim: none while tasks come, the poll interval after an empty one.
-func (l *loop) idle(attempts []*service.Attempt, settled []service.Result) time.Duration {
-	if len(attempts)+len(settled) == 0 {
-		return l.cfg.Poll
-	}
-	return 0
-}
-
-func (l *loop) report(results []service.Result) {
-	if l.cfg.OnResult == nil {
-		return
-	}
-	for _, res := range results {
-		l.cfg.OnResult(res)
-	}
-}
-
-// sleep waits d or until ctx ends; it reports whether to go on.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // dbHealth logs one line when cycles start failing and one when they recover, not one per retry.

@@ -1,0 +1,300 @@
+package worker
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/notifierhq/notifier/service"
+)
+
+// Dispatcher is what the loop needs of a *service.Dispatcher: claim, call, finish. The loop's own tests
+// drive it with an in-memory one.
+type Dispatcher interface {
+	ClaimBatch(ctx context.Context, limit int) ([]*service.Attempt, []service.Result, error)
+	Call(ctx context.Context, a *service.Attempt) service.Observation
+	FinishBatch(ctx context.Context, attempts []*service.Attempt, obs []service.Observation) ([]service.Result, error)
+	FinishBatchThenClaim(ctx context.Context, attempts []*service.Attempt, obs []service.Observation, limit int) service.Handoff
+}
+
+// Defaults of Config, sized for channels that answer in 50-500 ms: a window of 256 calls keeps a
+// worker near 2,000 deliveries/s at a 100 ms median, and costs little when answers come at once.
+const (
+	DefaultMaxInFlight = 256
+	DefaultBatch       = 64
+	DefaultFinishBatch = 128
+	DefaultFinishers   = 2
+	DefaultPoll        = 200 * time.Millisecond
+	DefaultMaxBackoff  = 10 * time.Second
+)
+
+// Hooks let a caller time the loop's database work (the bench does). Each runs on the loop's own
+// goroutine: keep it short.
+type Hooks struct {
+	Claimed  func(took time.Duration, tasks int, err error) // after each claim (tasks: attempts and settled)
+	Finished func(took time.Duration, tasks int, err error) // after each finish (tasks: answers recorded)
+}
+
+// Config of a worker loop. Zero fields take the defaults above.
+type Config struct {
+	// MaxInFlight bounds the tasks this worker holds: claimed, called, not yet recorded. It is the
+	// window of calls in flight; each has its own lease, and a crash leaves at most this many uncertain.
+	MaxInFlight int
+	// Batch is the most tasks one claim takes; a claim never takes more than the room in the window.
+	Batch int
+	// FinishBatch is the most answers one finish records. Answers that arrive while a finish runs are
+	// recorded together by the next one (group commit): no answer waits for another call.
+	FinishBatch int
+	// Finishers is how many finish statements may run at once.
+	Finishers  int
+	Poll       time.Duration // wait after a claim found nothing to do
+	MaxBackoff time.Duration // longest wait between claims while the database fails
+	Logger     *slog.Logger
+	OnResult   func(service.Result)
+	Hooks      Hooks
+}
+
+// WithDefaults returns c with its zero fields set.
+func (c Config) WithDefaults() Config {
+	setInt(&c.MaxInFlight, DefaultMaxInFlight)
+	setInt(&c.Batch, DefaultBatch)
+	setInt(&c.FinishBatch, DefaultFinishBatch)
+	setInt(&c.Finishers, DefaultFinishers)
+	if c.Poll <= 0 {
+		c.Poll = DefaultPoll
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = DefaultMaxBackoff
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	c.Batch = min(c.Batch, c.MaxInFlight, service.MaxBatch)
+	return c
+}
+
+// Connections is how many database connections the loop uses at most: one claim and Finishers
+// finishes at once. It does not grow with MaxInFlight: no connection is held during a call.
+func (c Config) Connections() int { return 1 + c.WithDefaults().Finishers }
+
+func setInt(v *int, def int) {
+	if *v <= 0 {
+		*v = def
+	}
+}
+
+// answer is one call's observation, waiting to be recorded.
+type answer struct {
+	attempt *service.Attempt
+	obs     service.Observation
+	took    time.Duration
+}
+
+// claimDone is what a claim (alone, or behind a finish) brought back.
+type claimDone struct {
+	attempts []*service.Attempt
+	settled  []service.Result
+	err      error
+	took     time.Duration
+	finish   *finishDone // set when a finish rode ahead of the claim
+}
+
+// finishDone is what one finish recorded.
+type finishDone struct {
+	answers []answer
+	results []service.Result
+	err     error
+	took    time.Duration
+}
+
+// Run delivers until ctx ends, streaming: calls in flight are a window (MaxInFlight) refilled by
+// claims as room opens, and answers are recorded as they come, in groups (FinishBatch), by up to
+// Finishers finishes at once, so a slow call never holds another task's answer or lease hostage. When
+// a group is ready and the window has room, the finish carries the next claim in its round trip
+// (service.Dispatcher.FinishBatchThenClaim). After an empty claim the loop waits Poll; while the
+// database fails it backs off up to MaxBackoff and logs once when that starts and once when it ends.
+//
+// On cancellation no new task is claimed; calls in flight end (bounded by the client timeout) and are
+// recorded before Run returns.
+func Run(ctx context.Context, d Dispatcher, cfg Config) {
+	cfg = cfg.WithDefaults()
+	s := &stream{
+		d: d, cfg: cfg, log: cfg.Logger, health: &dbHealth{log: cfg.Logger},
+		answers:  make(chan answer, cfg.MaxInFlight),
+		claims:   make(chan claimDone, 1),
+		finishes: make(chan finishDone, cfg.Finishers),
+	}
+	s.run(ctx)
+}
+
+type stream struct {
+	d        Dispatcher
+	cfg      Config
+	log      *slog.Logger
+	health   *dbHealth
+	answers  chan answer
+	claims   chan claimDone
+	finishes chan finishDone
+}
+
+func (s *stream) run(ctx context.Context) {
+	var (
+		held      int      // claimed and not yet recorded (or given up on): the window's fill
+		waiting   []answer // answered, not yet being recorded
+		finishing int      // finish statements running
+		claiming  bool
+		backoff   time.Duration // after a failed claim or finish; 0 while healthy
+		nextClaim time.Time     // no claim before this
+		timer     = time.NewTimer(time.Hour)
+		done      = ctx.Done()
+	)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		stopping := done == nil
+		room := s.cfg.MaxInFlight - held
+		canClaim := !stopping && !claiming && room > 0 && !time.Now().Before(nextClaim)
+
+		for len(waiting) > 0 && finishing < s.cfg.Finishers {
+			group := waiting[:min(len(waiting), s.cfg.FinishBatch)]
+			waiting = waiting[len(group):]
+			finishing++
+			if canClaim { // the finish frees its tasks' room before the claim begins
+				claiming, canClaim = true, false
+				go s.finishThenClaim(ctx, group, min(s.cfg.Batch, room+len(group)))
+			} else {
+				go s.finish(ctx, group)
+			}
+		}
+		if canClaim {
+			claiming = true
+			go s.claim(ctx, min(s.cfg.Batch, room))
+		}
+		if stopping && held == 0 && !claiming && finishing == 0 {
+			return
+		}
+		if !stopping && !claiming && room > 0 && time.Now().Before(nextClaim) {
+			timer.Reset(time.Until(nextClaim))
+		}
+
+		select {
+		case <-done:
+			done = nil // stop claiming; drain what is held
+		case a := <-s.answers:
+			waiting = append(waiting, a)
+		case c := <-s.claims:
+			claiming = false
+			if c.finish != nil {
+				finishing--
+				held -= len(c.finish.answers)
+				backoff = s.recorded(*c.finish, backoff)
+			}
+			if s.cfg.Hooks.Claimed != nil {
+				s.cfg.Hooks.Claimed(c.took, len(c.attempts)+len(c.settled), c.err)
+			}
+			switch {
+			case c.err != nil && ctx.Err() == nil:
+				s.health.failed(c.err)
+				backoff = min(max(2*backoff, s.cfg.Poll), s.cfg.MaxBackoff)
+				nextClaim = time.Now().Add(backoff)
+			case c.err == nil:
+				s.health.ok()
+				if c.finish == nil || c.finish.err == nil {
+					backoff = 0
+				}
+				logSettled(s.log, c.settled)
+				s.report(c.settled)
+				held += len(c.attempts)
+				for _, a := range c.attempts {
+					s.startCall(ctx, a)
+				}
+				if len(c.attempts)+len(c.settled) == 0 {
+					nextClaim = time.Now().Add(s.cfg.Poll)
+				}
+			}
+			// A claim that failed because the loop is stopping needs nothing: no new claim follows.
+		case f := <-s.finishes:
+			finishing--
+			held -= len(f.answers)
+			backoff = s.recorded(f, backoff)
+			if backoff > 0 {
+				nextClaim = time.Now().Add(backoff)
+			}
+		case <-timer.C:
+		}
+	}
+}
+
+// startCall calls the attempt's channel on its own goroutine and hands the answer back. The call is
+// bounded by the client timeout and not cancelled by ctx: a stopping worker records it.
+func (s *stream) startCall(ctx context.Context, a *service.Attempt) {
+	s.log.Info("CLAIMED", "task", a.TaskID, "channel", a.Channel, "attempt", a.No, "action", a.Action,
+		"uncertain", a.PriorUncertain, "token", prefix(a.Token))
+	go func() {
+		started := time.Now()
+		obs := s.d.Call(ctx, a)
+		took := time.Since(started)
+		s.log.Info("CALLED", "task", a.TaskID, "attempt", a.No, "action", a.Action, "outcome", obs.Outcome,
+			"msg", obs.ProviderMsgID, "ms", took.Milliseconds(), "token", prefix(a.Token))
+		s.answers <- answer{attempt: a, obs: obs, took: took}
+	}()
+}
+
+func (s *stream) claim(ctx context.Context, limit int) {
+	started := time.Now()
+	attempts, settled, err := s.d.ClaimBatch(ctx, limit)
+	s.claims <- claimDone{attempts: attempts, settled: settled, err: err, took: time.Since(started)}
+}
+
+func (s *stream) finish(ctx context.Context, group []answer) {
+	attempts, obs := split(group)
+	started := time.Now()
+	results, err := s.d.FinishBatch(ctx, attempts, obs)
+	s.finishes <- finishDone{answers: group, results: results, err: err, took: time.Since(started)}
+}
+
+func (s *stream) finishThenClaim(ctx context.Context, group []answer, limit int) {
+	attempts, obs := split(group)
+	started := time.Now()
+	h := s.d.FinishBatchThenClaim(ctx, attempts, obs, limit)
+	took := time.Since(started)
+	s.claims <- claimDone{attempts: h.Next, settled: h.Settled, err: h.ClaimErr, took: took,
+		finish: &finishDone{answers: group, results: h.Finished, err: h.FinishErr, took: took}}
+}
+
+// recorded logs and reports a finish and returns the claim backoff: a failed finish backs off like a
+// failed claim (the database is likely in trouble); a recorded one leaves it as it was.
+func (s *stream) recorded(f finishDone, backoff time.Duration) time.Duration {
+	if s.cfg.Hooks.Finished != nil {
+		s.cfg.Hooks.Finished(f.took, len(f.answers), f.err)
+	}
+	if f.err != nil {
+		logFinishFailed(s.log, len(f.answers), f.err)
+		s.health.failed(f.err)
+		return min(max(2*backoff, s.cfg.Poll), s.cfg.MaxBackoff)
+	}
+	elapsed := make([]time.Duration, len(f.answers))
+	for i, a := range f.answers {
+		elapsed[i] = a.took
+	}
+	s.report(logFinished(s.log, f.results, elapsed))
+	return backoff
+}
+
+func (s *stream) report(results []service.Result) {
+	if s.cfg.OnResult == nil {
+		return
+	}
+	for _, res := range results {
+		s.cfg.OnResult(res)
+	}
+}
+
+func split(group []answer) ([]*service.Attempt, []service.Observation) {
+	attempts := make([]*service.Attempt, len(group))
+	obs := make([]service.Observation, len(group))
+	for i, a := range group {
+		attempts[i], obs[i] = a.attempt, a.obs
+	}
+	return attempts, obs
+}
