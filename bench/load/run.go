@@ -1,210 +1,103 @@
-package main
+package load
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"runtime"
 	"runtime/pprof"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/urfave/cli/v2"
 
-	"github.com/notifierhq/notifier/dbgen"
+	"github.com/notifierhq/notifier/bench/dbgen"
+	"github.com/notifierhq/notifier/bench/proc"
+	"github.com/notifierhq/notifier/bench/workload"
+	productdb "github.com/notifierhq/notifier/dbgen"
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
-const benchDescription = `An end-to-end load run. It WRITES load data (users, notifications, tasks, attempts, and with
---history a million finished rows): use a throwaway database (sh internal/tools/just bench starts one).
-
-In this one process it starts the fake push (idempotent) and sms (queryable) channels, which answer at
-once, and --workers goroutines, each with its own dispatcher, over one connection pool:
-  0. warm-up: --warmup notifications created and delivered, not measured (a new cluster is much slower
-     for its first few thousand deliveries; without it the first side measured would pay for that);
-  1. create: --notifications events for 1000 users with push and sms enabled, plus --duplicates x that
-     many repeated submissions of random events, shuffled, from 8 concurrent submitters;
-  2. deliver: the workers claim (--batch tasks per claim transaction), call and finish until every task
-     is settled, as notifier work does: each finish travels with the next claim (--pipeline=false:
-     apart; the claim-latency probes of --history always claim apart);
-  3. with --history N: the claim latency on a fresh set of due tasks (--probe notifications) before and
-     after N finished tasks are added in bulk, beside the same for the seed's claim query
-     (queries/bench.sql BenchSeedClaim, run in a rolled-back transaction);
-  4. pgbench (when found next to the server binaries, or with --pgbench): the claim and finish SQL of one
-     task replayed by pgbench (testdata/bench/claim_finish.sql) with as many clients as workers, for as
-     many deliveries, and the workers' plan_cache_mode; the Go side's deliveries/s is reported as a
-     ratio of pgbench's. With --rounds R, R-1 more pairs follow (--notifications created and
-     delivered, then as many replayed by pgbench), alternated, and the median of the R ratios is
-     reported: on shared cores a single pair varies with the machine.
-When PostgreSQL runs on this machine, the CPU its processes use per delivery is reported for the Go
-side and for pgbench (read from /proc), beside the client's.
-It prints a table (--json: one object) and fails (exit 1) if a task is not SENT, an event has more than
-one notification, or a fake channel sent a message twice.
-
-` + exitCodesHelp
-
-func benchCommand(e *env) *cli.Command {
-	return &cli.Command{
-		Name:  "bench",
-		Usage: "load-test create and delivery end to end against in-process fakes (throwaway database!)",
-		UsageText: "notifier bench [--notifications 20000] [--warmup 4000] [--workers 8] [--batch 1] [--duplicates 0.1]\n" +
-			"   [--history N] [--probe N] [--pgbench[=false]] [--pgbench-scripts DIR] [--json] [--timeout 30m]\n" +
-			"   [--rounds 1] [--pipeline[=false]] [--skip-calls] [--cpuprofile FILE]",
-		Description: benchDescription,
-		Flags: []cli.Flag{
-			&cli.IntFlag{Name: "notifications", Value: 20000, Usage: "events to create (each gets a push and an sms task)"},
-			&cli.IntFlag{Name: "workers", Value: 8, Usage: "worker goroutines, each with its own dispatcher (1-150)"},
-			&cli.IntFlag{Name: "batch", Value: 1, Usage: fmt.Sprintf("tasks per claim and finish transaction (1-%d)", service.MaxBatch)},
-			&cli.Float64Flag{Name: "duplicates", Value: 0.1, Usage: "extra submissions of already-submitted events, as a share of --notifications (0-10)"},
-			&cli.IntFlag{Name: "warmup", Value: 4000, Usage: "notifications created and delivered, untimed, before anything is measured (0: none)"},
-			&cli.IntFlag{Name: "history", Usage: "measure claim latency before and after adding this many finished tasks"},
-			&cli.IntFlag{Name: "probe", Usage: "notifications of each claim-latency probe with --history (default min(--notifications, 2500))"},
-			&cli.BoolFlag{Name: "pgbench", Usage: "compare with pgbench (default: when pgbench and the scripts are found; =false to skip)"},
-			&cli.StringFlag{Name: "pgbench-scripts", Usage: "directory of setup.sql and claim_finish.sql (default: testdata/bench here or above)"},
-			&cli.BoolFlag{Name: "json", Usage: "print one JSON object instead of the table (and no progress bar)"},
-			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Minute, Usage: "give up after this long"},
-			&cli.IntFlag{Name: "rounds", Value: 1, Usage: "with pgbench: alternate this many Go deliver phases (--notifications each) and pgbench runs, and report every ratio and their median (1-20); on a shared machine one pair says little"},
-			&cli.BoolFlag{Name: "pipeline", Value: true, Usage: "send each finish with the next claim in one round trip, as notifier work does (=false: on their own, one round trip more per delivery)"},
-			&cli.BoolFlag{Name: "skip-calls", Usage: "do not call the fakes: record ACCEPTED at once (the database side alone)"},
-			&cli.StringFlag{Name: "cpuprofile", Usage: "write a Go CPU profile of the deliver phase to this file (go tool pprof)"},
-		},
-		Action: func(c *cli.Context) error {
-			cfg, err := parseBench(c)
-			if err != nil {
-				return err
-			}
-			return runBench(c.Context, e, cfg)
-		},
-	}
-}
-
-// benchConfig is the validated bench command line.
-type benchConfig struct {
-	notifications int
-	warmup        int
-	workers       int
-	batch         int
-	duplicates    float64
-	history       int
-	probe         int
-	pgbench       string // auto, on, off
-	scripts       string
-	json          bool
-	timeout       time.Duration
-	cpuprofile    string
-	skipCalls     bool
-	pipeline      bool
-	rounds        int
-}
-
-// benchCreators is how many goroutines submit creates at once.
-const benchCreators = 8
-
-func parseBench(c *cli.Context) (benchConfig, error) {
-	cfg := benchConfig{
-		notifications: c.Int("notifications"), warmup: c.Int("warmup"), workers: c.Int("workers"), batch: c.Int("batch"),
-		duplicates: c.Float64("duplicates"), history: c.Int("history"), probe: c.Int("probe"),
-		pgbench: "auto", scripts: c.String("pgbench-scripts"), json: c.Bool("json"), timeout: c.Duration("timeout"),
-		cpuprofile: c.String("cpuprofile"), skipCalls: c.Bool("skip-calls"), pipeline: c.Bool("pipeline"),
-		rounds: c.Int("rounds"),
-	}
-	if c.IsSet("pgbench") {
-		cfg.pgbench = map[bool]string{true: "on", false: "off"}[c.Bool("pgbench")]
-	}
-	switch {
-	case cfg.notifications < 1 || cfg.notifications > 10_000_000:
-		return cfg, usagef("invalid --notifications %d: want 1 to 10000000", cfg.notifications)
-	case cfg.warmup < 0 || cfg.warmup > 10_000_000:
-		return cfg, usagef("invalid --warmup %d: want 0 to 10000000", cfg.warmup)
-	case cfg.workers < 1 || cfg.workers > 150:
-		return cfg, usagef("invalid --workers %d: want 1 to 150", cfg.workers)
-	case cfg.batch < 1 || cfg.batch > service.MaxBatch:
-		return cfg, usagef("invalid --batch %d: want 1 to %d", cfg.batch, service.MaxBatch)
-	case !(cfg.duplicates >= 0 && cfg.duplicates <= 10):
-		return cfg, usagef("invalid --duplicates %v: want a share from 0 to 10", cfg.duplicates)
-	case cfg.history < 0 || cfg.history > 100_000_000:
-		return cfg, usagef("invalid --history %d: want 0 to 100000000", cfg.history)
-	case cfg.rounds < 1 || cfg.rounds > 20:
-		return cfg, usagef("invalid --rounds %d: want 1 to 20", cfg.rounds)
-	case cfg.rounds > 1 && cfg.pgbench == "off":
-		return cfg, usagef("--rounds %d compares with pgbench: not with --pgbench=false", cfg.rounds)
-	case cfg.probe < 0 || cfg.probe > 1_000_000:
-		return cfg, usagef("invalid --probe %d: want 0 to 1000000", cfg.probe)
-	case cfg.timeout <= 0:
-		return cfg, usagef("invalid --timeout %s: must be more than 0", cfg.timeout)
-	}
-	if cfg.probe == 0 {
-		cfg.probe = min(cfg.notifications, 2500)
-	}
-	return cfg, nil
-}
-
-// bench is one load run: the database, the fakes, the workers, and what was measured.
+// bench is one load run: the database, the fakes, the worker loops, and what was measured.
 type bench struct {
-	e           *env
-	cfg         benchConfig
-	pool        *pgxpool.Pool
-	q           *dbgen.Queries
-	n           *service.Notifier
-	push, sms   *fakes.Channel
-	dispatchers []*service.Dispatcher
-	run         string   // tag of this run in user ids and event keys
-	users       []string // bench users, push and sms enabled
-	bar         io.Writer
-	delivered   int        // tasks SENT through the fakes by this run, all phases
-	server      *serverCPU // nil when PostgreSQL does not run on this machine
+	cfg       Config
+	stdout    io.Writer
+	stderr    io.Writer
+	log       *slog.Logger // the loops' logger: warnings and errors only (per-task events cost and say nothing here)
+	pool      *pgxpool.Pool
+	q         *dbgen.Queries
+	n         *service.Notifier
+	push, sms *fakes.Channel
+	loops     []*loop
+	run       string   // tag of this run in user ids and event keys
+	users     []string // bench users, push and sms enabled
+	bar       io.Writer
+	delivered int          // tasks SENT by this run, all phases
+	server    *proc.Server // nil when PostgreSQL does not run on this machine
 }
 
-// benchChannels are the channels every bench notification goes out on.
-var benchChannels = []string{"push", "sms"}
+// loop is one worker loop's own parts: what one `notifier work` process would have.
+type loop struct {
+	name string
+	pool *pgxpool.Pool
+	d    *service.Dispatcher
+}
 
-func runBench(ctx context.Context, e *env, cfg benchConfig) (err error) {
-	ctx, cancel := context.WithTimeout(ctx, cfg.timeout)
+// Run runs the load run and prints its report; a failed final check is a *CheckError.
+func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	poolSize := max(cfg.workers, benchCreators) + 2
-	pool, err := e.workerPool(int32(poolSize))
+	pool, err := newPool(cfg.DBURL, workload.Submitters+2)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	b := &bench{e: e, cfg: cfg, pool: pool, q: dbgen.New(pool), n: service.NewNotifier(pool),
+	b := &bench{cfg: cfg, stdout: stdout, stderr: stderr, pool: pool, q: dbgen.New(pool), n: service.NewNotifier(pool),
+		log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		run: "bench-" + strconv.FormatInt(time.Now().UnixMilli(), 36) + fmt.Sprintf("%03d", rand.IntN(1000))}
-	if !cfg.json && isTerminal(e.stderr) {
-		b.bar = e.stderr
+	if !cfg.JSON && isTerminal(stderr) {
+		b.bar = stderr
 	}
-	rep := &benchReport{SkipCalls: cfg.skipCalls, Pipeline: cfg.pipeline, Notifications: cfg.notifications, Channels: len(benchChannels), Workers: cfg.workers,
-		Batch: cfg.batch, Duplicates: cfg.duplicates, PoolMaxConns: poolSize, CPUs: runtime.NumCPU(),
-		LoadAvgStart: loadAvg()}
+	loopCfg := cfg.loop()
+	rep := &Report{Peer: "notifier", Notifications: cfg.Notifications, Channels: len(workload.Channels),
+		Workers: cfg.Workers, MaxInFlight: loopCfg.MaxInFlight, Batch: loopCfg.Batch, Finishers: loopCfg.Finishers,
+		Window: cfg.Workers * loopCfg.MaxInFlight, Duplicates: cfg.Duplicates, SkipCalls: cfg.SkipCalls,
+		CallLatency: cfg.Latency.Report(), RetryBackoffMS: ms(workload.RetryBackoff.Base), MaxAttempts: workload.MaxAttempts,
+		CPUs: runtime.NumCPU(), LoadAvgStart: proc.LoadAvg()}
 
-	dctx, dcancel := e.dbContext(ctx)
+	dctx, dcancel := context.WithTimeout(ctx, cfg.DBTimeout)
 	settings, err := b.q.BenchSettings(dctx)
 	dcancel()
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
-	rep.Server = benchServer(settings)
+	rep.Server = serverInfo{Version: settings.ServerVersion, Fsync: settings.Fsync, SynchronousCommit: settings.SynchronousCommit,
+		SharedBuffers: settings.SharedBuffers, PlanCacheMode: settings.PlanCacheMode}
 	b.server, rep.ServerCPUSkipped = b.findServer(ctx)
-	if err := b.start(ctx); err != nil {
+	if err := b.start(ctx, rep); err != nil {
 		return err
 	}
-	defer b.push.Close()
-	defer b.sms.Close()
-	b.notef("bench %s: %d notifications x %d channels, %d workers, batch %d, %.0f%% duplicate creates; PostgreSQL %s, fsync=%s, synchronous_commit=%s",
-		b.run, cfg.notifications, len(benchChannels), cfg.workers, cfg.batch, 100*cfg.duplicates,
-		settings.ServerVersion, settings.Fsync, settings.SynchronousCommit)
+	defer b.stop()
+	b.notef("bench %s: %d notifications x %d channels; %d worker loop(s): --max-in-flight %d --batch %d --finishers %d; %.0f%% duplicate creates; PostgreSQL %s, fsync=%s, synchronous_commit=%s",
+		b.run, cfg.Notifications, len(workload.Channels), cfg.Workers, loopCfg.MaxInFlight, loopCfg.Batch, loopCfg.Finishers,
+		100*cfg.Duplicates, settings.ServerVersion, settings.Fsync, settings.SynchronousCommit)
+	if cfg.SkipCalls {
+		b.notef("calls: skipped (--skip-calls), every call answered ACCEPTED at once")
+	} else {
+		b.notef("calls: %s", cfg.Latency)
+	}
 
 	if rep.WarmupDeliveries, err = b.warmupRun(ctx); err != nil {
 		return err
 	}
 	var before *probeReport
-	if cfg.history > 0 {
+	if cfg.History > 0 {
 		if before, err = b.probe(ctx, "p0"); err != nil {
 			return err
 		}
@@ -215,93 +108,113 @@ func runBench(ctx context.Context, e *env, cfg benchConfig) (err error) {
 	if err := b.pgbenchCompare(ctx, rep); err != nil {
 		return err
 	}
-	if cfg.history > 0 {
+	if cfg.History > 0 {
 		if rep.History, err = b.historyRun(ctx, before); err != nil {
 			return err
 		}
 	}
 	checkErr := b.finalCheck(ctx, rep)
-	rep.PeakRSSMiB = peakRSSMiB()
-	rep.LoadAvgEnd = loadAvg()
+	rep.PeakRSSMiB = round3(proc.PeakRSSMiB())
+	rep.LoadAvgEnd = proc.LoadAvg()
+	rep.Check = "ok"
 	if checkErr != nil {
 		rep.Check = "FAILED: " + checkErr.Error()
-	} else {
-		rep.Check = "ok"
+		checkErr = &CheckError{Err: checkErr}
 	}
-	if cfg.json {
-		err = e.printJSON(rep)
+	if cfg.JSON {
+		err = rep.printJSON(stdout)
 	} else {
-		err = rep.print(e.stdout)
+		err = rep.print(stdout)
 	}
 	return errors.Join(checkErr, err)
 }
 
+// newPool opens a pool whose connections are set up as a worker's (service.ConfigureWorkerConn) with at
+// least maxConns connections, as `notifier work` opens its own.
+func newPool(dbURL string, maxConns int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, &UsageError{Err: fmt.Errorf("invalid database URL: %w", err)}
+	}
+	cfg.MaxConns = max(cfg.MaxConns, int32(maxConns))
+	service.ConfigureWorkerConn(cfg.ConnConfig)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	return pool, nil
+}
+
 // findServer finds the PostgreSQL server's processes on this machine, or says why not.
-func (b *bench) findServer(ctx context.Context) (*serverCPU, string) {
-	dctx, cancel := b.e.dbContext(ctx)
+func (b *bench) findServer(ctx context.Context) (*proc.Server, string) {
+	dctx, cancel := context.WithTimeout(ctx, b.cfg.DBTimeout)
 	defer cancel()
 	pid, err := b.q.BenchBackendPID(dctx)
 	if err != nil {
 		return nil, "not measured: " + err.Error()
 	}
-	s, err := newServerCPU(int(pid))
+	s, err := proc.NewServer(int(pid))
 	if err != nil {
 		return nil, "not measured: " + err.Error()
 	}
 	return s, ""
 }
 
-// msPer is d in milliseconds per one of n (deliveries); n > 0.
-func msPer(d time.Duration, n int) float64 { return d.Seconds() * 1000 / float64(n) }
-
 // serverUsed is the server's CPU time so far (0 when it is not measured).
 func (b *bench) serverUsed() time.Duration {
 	if b.server == nil {
 		return 0
 	}
-	d, err := b.server.used()
+	d, err := b.server.Used()
 	if err != nil {
 		return 0
 	}
 	return d
 }
 
-// start starts the fakes, one dispatcher per worker, and the bench users' preferences.
-func (b *bench) start(ctx context.Context) error {
+// start starts the fakes with the latency model, one dispatcher, channel clients and pool per worker
+// loop, and the bench users' preferences.
+func (b *bench) start(ctx context.Context, rep *Report) error {
 	var err error
 	if b.push, err = fakes.StartOn(fakes.Push, "127.0.0.1:0"); err != nil {
 		return err
 	}
 	if b.sms, err = fakes.StartOn(fakes.SMS, "127.0.0.1:0"); err != nil {
-		b.push.Close()
 		return err
 	}
-	routes := map[string]service.Route{}
-	for name, ch := range map[string]*fakes.Channel{"push": b.push, "sms": b.sms} {
-		client, err := httpchannel.New(ch.URL(), httpchannel.Options{})
+	if err := b.cfg.Latency.Apply(b.push, b.sms); err != nil {
+		return err
+	}
+	conns := b.cfg.loop().Connections()
+	rep.PoolMaxConns = int(b.pool.Config().MaxConns)
+	for i := range b.cfg.Workers {
+		l := &loop{name: fmt.Sprintf("%s-w%d", b.run, i+1)}
+		if l.pool, err = newPool(b.cfg.DBURL, conns); err != nil {
+			return err
+		}
+		b.loops = append(b.loops, l)
+		rep.PoolMaxConns += int(l.pool.Config().MaxConns)
+		routes, err := b.routes()
 		if err != nil {
 			return err
 		}
-		mode := map[string]service.Mode{"push": service.ModeIdempotent, "sms": service.ModeQueryable}[name]
-		routes[name] = service.Route{Mode: mode, Client: client}
-	}
-	for i := range b.cfg.workers {
-		d, err := service.NewDispatcher(b.pool, service.DispatcherConfig{
-			Worker: fmt.Sprintf("%s-w%d", b.run, i+1), Routes: routes,
-			Lease: time.Minute, CallTimeout: 10 * time.Second, DBTimeout: b.e.dbTimeout,
-			Backoff: service.Backoff{Base: 200 * time.Millisecond}, Batch: b.cfg.batch,
-		})
-		if err != nil {
+		if l.d, err = service.NewDispatcher(l.pool, service.DispatcherConfig{
+			Worker: l.name, Routes: routes, Lease: time.Minute, CallTimeout: workload.CallTimeout,
+			DBTimeout: b.cfg.DBTimeout, Backoff: workload.RetryBackoff, Batch: b.cfg.Batch,
+		}); err != nil {
 			return err
 		}
-		b.dispatchers = append(b.dispatchers, d)
 	}
-	b.users = make([]string, min(1000, b.cfg.notifications))
+	rep.WorkerPoolConns = conns
+	if err := b.checkConnections(ctx, rep.PoolMaxConns); err != nil {
+		return err
+	}
+	b.users = make([]string, min(workload.Users, b.cfg.Notifications))
 	for i := range b.users {
 		b.users[i] = fmt.Sprintf("%s-u%d", b.run, i)
 	}
 	return b.parallel(ctx, len(b.users), func(ctx context.Context, i int) error {
-		for _, ch := range benchChannels {
+		for _, ch := range workload.Channels {
 			if _, err := b.n.SetPreference(ctx, b.users[i], ch, b.users[i]+"@"+ch, true); err != nil {
 				return err
 			}
@@ -310,25 +223,84 @@ func (b *bench) start(ctx context.Context) error {
 	})
 }
 
+// routes are one loop's channels: its own HTTP clients to the fakes (as a process of its own would
+// have), or with --skip-calls a client that answers at once.
+func (b *bench) routes() (map[string]service.Route, error) {
+	modes := map[string]service.Mode{"push": service.ModeIdempotent, "sms": service.ModeQueryable}
+	routes := map[string]service.Route{}
+	for name, ch := range map[string]*fakes.Channel{"push": b.push, "sms": b.sms} {
+		var client service.Channel = acceptAtOnce{}
+		if !b.cfg.SkipCalls {
+			c, err := httpchannel.New(ch.URL(), httpchannel.Options{})
+			if err != nil {
+				return nil, err
+			}
+			client = c
+		}
+		routes[name] = service.Route{Mode: modes[name], Client: client}
+	}
+	return routes, nil
+}
+
+// acceptAtOnce is the channel client of --skip-calls: every send is accepted, every query finds its
+// message, at once and without a call, so a run measures the database side alone.
+type acceptAtOnce struct{}
+
+func (acceptAtOnce) Send(_ context.Context, msg service.Message) service.Observation {
+	return service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: "bench-" + msg.Ref}
+}
+
+func (acceptAtOnce) Query(_ context.Context, ref string) service.Observation {
+	return service.Observation{Outcome: service.OutcomeQueryFound, ProviderMsgID: "bench-" + ref}
+}
+
+// checkConnections refuses a run whose pools could open more connections than the server accepts (it
+// would stall on "too many clients" instead).
+func (b *bench) checkConnections(ctx context.Context, want int) error {
+	dctx, cancel := context.WithTimeout(ctx, b.cfg.DBTimeout)
+	defer cancel()
+	available, err := productdb.New(b.pool).ServerConnectionsAvailable(dctx)
+	if err != nil {
+		return fmt.Errorf("bench: read the server's connection limit: %w", err)
+	}
+	if want > int(available) {
+		return usagef("the bench's pools may open %d connections (%d for creates, 1 + --finishers per worker loop, at least the URL's pool_max_conns), more than the %d the server accepts: lower --workers or --finishers",
+			want, b.pool.Config().MaxConns, available)
+	}
+	return nil
+}
+
+func (b *bench) stop() {
+	for _, l := range b.loops {
+		l.pool.Close()
+	}
+	if b.push != nil {
+		b.push.Close()
+	}
+	if b.sms != nil {
+		b.sms.Close()
+	}
+}
+
 // notef writes a phase note on stderr (not with --json).
 func (b *bench) notef(format string, args ...any) {
-	if !b.cfg.json {
-		fmt.Fprintf(b.e.stderr, "== "+format+"\n", args...)
+	if !b.cfg.JSON {
+		fmt.Fprintf(b.stderr, "== "+format+"\n", args...)
 	}
 }
 
 // warmupRun creates and delivers --warmup notifications before anything is measured. A new cluster is
 // much slower for its first few thousand deliveries (measured: pgbench at 310 tps first, 760 tps right
-// after), so without it whichever side ran first, the Go workers, would be measured against a warm pgbench.
+// after), so without it whichever side ran first would be measured against a warm other.
 func (b *bench) warmupRun(ctx context.Context) (int, error) {
-	if b.cfg.warmup == 0 {
+	if b.cfg.Warmup == 0 {
 		return 0, nil
 	}
-	cs, err := b.createAll(ctx, "warmup", b.cfg.warmup, 0)
+	cs, err := b.createAll(ctx, "warmup", b.cfg.Warmup, 0)
 	if err != nil {
 		return 0, err
 	}
-	ds, err := b.deliver(ctx, "warmup", cs.tasks, b.cfg.pipeline)
+	ds, err := b.deliver(ctx, "warmup", cs.tasks, b.cfg.loop())
 	if err != nil {
 		return ds.sent, err
 	}
@@ -337,30 +309,29 @@ func (b *bench) warmupRun(ctx context.Context) (int, error) {
 }
 
 // mainRun is the create phase and the deliver phase, and the figures taken from them.
-func (b *bench) mainRun(ctx context.Context, rep *benchReport) error {
-	cs, err := b.createAll(ctx, "main", b.cfg.notifications, b.cfg.duplicates)
+func (b *bench) mainRun(ctx context.Context, rep *Report) error {
+	cs, err := b.createAll(ctx, "main", b.cfg.Notifications, b.cfg.Duplicates)
 	if err != nil {
 		return err
 	}
 	rep.CreateCalls, rep.Created, rep.DuplicateAnswers = cs.calls, cs.created, cs.calls-cs.created
-	rep.Tasks, rep.CreateSeconds = cs.tasks, cs.seconds
-	rep.CreatesPerSec = float64(cs.calls) / cs.seconds
+	rep.Tasks, rep.CreateSeconds = cs.tasks, round3(cs.seconds)
+	rep.CreatesPerSec = round3(float64(cs.calls) / cs.seconds)
 	rep.CreateCallMS = percentiles(cs.latencies)
 	if err := b.analyze(ctx); err != nil {
 		return err
 	}
-
 	// Every connection closed flushes its backend's statistics (an idle backend may hold them ~10 s),
 	// so the xact_commit delta covers exactly the deliver phase.
 	commits0, err := b.commits(ctx)
 	if err != nil {
 		return err
 	}
-	stopProfile, err := startCPUProfile(b.cfg.cpuprofile)
+	stopProfile, err := startCPUProfile(b.cfg.CPUProfile)
 	if err != nil {
 		return err
 	}
-	ds, err := b.deliver(ctx, "deliver", cs.tasks, b.cfg.pipeline)
+	ds, err := b.deliver(ctx, "deliver", cs.tasks, b.cfg.loop())
 	if perr := stopProfile(); err == nil {
 		err = perr
 	}
@@ -371,30 +342,24 @@ func (b *bench) mainRun(ctx context.Context, rep *benchReport) error {
 	if err != nil {
 		return err
 	}
-	rep.Deliveries, rep.DeliverSeconds = ds.sent, ds.seconds
-	rep.DeliveriesPerSec = float64(ds.sent) / ds.seconds
-	rep.OtherResults = ds.other
-	rep.Claims, rep.EmptyClaims = ds.claims, ds.emptyClaims
-	rep.ClaimMS, rep.FinishMS = percentiles(ds.claimLat), percentiles(ds.finishLat)
-	rep.FinishThenClaimMS, rep.ClaimsAlone = percentiles(ds.handoffLat), len(ds.claimLat)
+	ds.fill(rep)
 	if ds.sent > 0 {
-		rep.DBXactsPerDelivery = float64(commits1-commits0) / float64(ds.sent)
+		rep.DBXactsPerDelivery = round3(float64(commits1-commits0) / float64(ds.sent))
 	}
-	rep.CPUMSPerDelivery, rep.ServerCPUMSPerDelivery = ds.cpuMSPerDelivery()
-	dctx, cancel := b.e.dbContext(ctx)
+	dctx, cancel := context.WithTimeout(ctx, b.cfg.DBTimeout)
 	defer cancel()
 	lat, err := b.q.BenchSentLatency(dctx, dbgen.BenchSentLatencyParams{MinID: cs.minID, MaxID: cs.maxID})
 	if err != nil {
 		return fmt.Errorf("bench: create -> SENT latency: %w", err)
 	}
-	rep.CreateToSentMS = latency{P50: round3(lat.P50Ms), P99: round3(lat.P99Ms)}
+	rep.CreateToSentMS = Latency{P50: round3(lat.P50Ms), P99: round3(lat.P99Ms)}
 	b.notef("created %d (%d calls, %.0f/s), delivered %d (%.0f/s)", cs.created, cs.calls, rep.CreatesPerSec, ds.sent, rep.DeliveriesPerSec)
 	return nil
 }
 
 // analyze refreshes the planner's statistics before a deliver phase, as setup.sql does before pgbench.
 func (b *bench) analyze(ctx context.Context) error {
-	dctx, cancel := b.e.dbContext(ctx)
+	dctx, cancel := context.WithTimeout(ctx, b.cfg.DBTimeout)
 	defer cancel()
 	if err := b.q.BenchAnalyze(dctx); err != nil {
 		return fmt.Errorf("bench: analyze: %w", err)
@@ -421,12 +386,15 @@ func startCPUProfile(path string) (func() error, error) {
 	}, nil
 }
 
-// commits reads xact_commit of this database after closing the pool's connections, so that every
+// commits reads xact_commit of this database after closing every pool's connections, so that every
 // transaction so far is counted.
 func (b *bench) commits(ctx context.Context) (int64, error) {
 	b.pool.Reset()
+	for _, l := range b.loops {
+		l.pool.Reset()
+	}
 	time.Sleep(300 * time.Millisecond) // the closed backends exit and flush their statistics
-	dctx, cancel := b.e.dbContext(ctx)
+	dctx, cancel := context.WithTimeout(ctx, b.cfg.DBTimeout)
 	defer cancel()
 	n, err := b.q.BenchXactCommit(dctx)
 	if err != nil {
@@ -436,16 +404,16 @@ func (b *bench) commits(ctx context.Context) (int64, error) {
 }
 
 // finalCheck checks every task of this run is SENT, no event has two notifications, and the fakes sent
-// each message once.
-func (b *bench) finalCheck(ctx context.Context, rep *benchReport) error {
-	dctx, cancel := b.e.dbContext(ctx)
+// each message once (a 503 before acceptance is no message; a resend with the same key is a replay).
+func (b *bench) finalCheck(ctx context.Context, rep *Report) error {
+	dctx, cancel := context.WithTimeout(ctx, b.cfg.DBTimeout)
 	defer cancel()
 	row, err := b.q.BenchRunCheck(dctx, b.run+"-")
 	if err != nil {
 		return fmt.Errorf("bench: final check: %w", err)
 	}
-	outbound := b.push.TotalOutbound() + b.sms.TotalOutbound()
-	rep.Outbound = outbound
+	rep.Sends = b.push.TotalSends() + b.sms.TotalSends()
+	rep.Outbound = b.push.TotalOutbound() + b.sms.TotalOutbound()
 	var errs []error
 	if row.NotSent > 0 {
 		errs = append(errs, fmt.Errorf("%d of %d tasks not SENT", row.NotSent, row.Tasks))
@@ -456,195 +424,24 @@ func (b *bench) finalCheck(ctx context.Context, rep *benchReport) error {
 	if int(row.Tasks) != b.delivered {
 		errs = append(errs, fmt.Errorf("%d tasks in the database, %d delivered", row.Tasks, b.delivered))
 	}
-	if !b.cfg.skipCalls && outbound != b.delivered {
-		errs = append(errs, fmt.Errorf("the fakes sent %d messages for %d delivered tasks", outbound, b.delivered))
+	if !b.cfg.SkipCalls {
+		if rep.Outbound != b.delivered {
+			errs = append(errs, fmt.Errorf("the fakes sent %d messages for %d delivered tasks", rep.Outbound, b.delivered))
+		}
+		if n := max(maxPerRef(b.push), maxPerRef(b.sms)); n > 1 {
+			errs = append(errs, fmt.Errorf("a task's message was sent %d times", n))
+		}
 	}
 	return errors.Join(errs...)
 }
 
-// latency is a pair of percentiles in milliseconds.
-type latency struct {
-	P50 float64 `json:"p50"`
-	P99 float64 `json:"p99"`
+// maxPerRef is the most messages a fake accepted for one task.
+func maxPerRef(c *fakes.Channel) int {
+	n := 0
+	for _, v := range c.Snapshot().Outbound {
+		n = max(n, v)
+	}
+	return n
 }
 
-type serverInfo struct {
-	Version           string `json:"version"`
-	Fsync             string `json:"fsync"`
-	SynchronousCommit string `json:"synchronous_commit"`
-	SharedBuffers     string `json:"shared_buffers"`
-	PlanCacheMode     string `json:"plan_cache_mode"` // of the workers' connections, and pgbench's
-}
-
-func benchServer(s dbgen.BenchSettingsRow) serverInfo {
-	return serverInfo{Version: s.ServerVersion, Fsync: s.Fsync, SynchronousCommit: s.SynchronousCommit, SharedBuffers: s.SharedBuffers,
-		PlanCacheMode: s.PlanCacheMode}
-}
-
-// benchReport is what bench prints: the table, or with --json this object.
-type benchReport struct {
-	Notifications    int            `json:"notifications"`
-	Channels         int            `json:"channels"`
-	Tasks            int            `json:"tasks"`
-	Workers          int            `json:"workers"`
-	Batch            int            `json:"batch"`
-	Duplicates       float64        `json:"duplicates"`
-	PoolMaxConns     int            `json:"pool_max_conns"`
-	Server           serverInfo     `json:"server"`
-	CPUs             int            `json:"cpus"`
-	LoadAvgStart     []float64      `json:"load_avg_start"`
-	LoadAvgEnd       []float64      `json:"load_avg_end"`
-	CreateCalls      int            `json:"create_calls"`
-	Created          int            `json:"created"`
-	DuplicateAnswers int            `json:"duplicate_answers"`
-	CreateSeconds    float64        `json:"create_seconds"`
-	CreatesPerSec    float64        `json:"creates_per_sec"`
-	CreateCallMS     latency        `json:"create_call_ms"`
-	WarmupDeliveries int            `json:"warmup_deliveries"` // before anything was measured, not in the figures
-	Deliveries       int            `json:"deliveries"`
-	DeliverSeconds   float64        `json:"deliver_seconds"`
-	DeliveriesPerSec float64        `json:"deliveries_per_sec"`
-	OtherResults     map[string]int `json:"other_results"`
-	Claims           int            `json:"claims"`
-	EmptyClaims      int            `json:"empty_claims"`
-	CreateToSentMS   latency        `json:"create_to_sent_ms"`
-	ClaimMS          latency        `json:"claim_ms"`
-	FinishMS         latency        `json:"finish_ms"`
-	// Finishes that carried the next claim (--pipeline): TaskFinish, the claim, and its start.
-	FinishThenClaimMS  latency `json:"finish_then_claim_ms"`
-	Pipeline           bool    `json:"pipeline"`
-	ClaimsAlone        int     `json:"claims_alone"` // claims with tasks not carried by a finish
-	DBXactsPerDelivery float64 `json:"db_xacts_per_delivery"`
-	CPUMSPerDelivery   float64 `json:"cpu_ms_per_delivery"`
-	// The PostgreSQL server's CPU (all its processes) over the deliver phase, when it runs here.
-	ServerCPUMSPerDelivery float64        `json:"server_cpu_ms_per_delivery,omitempty"`
-	ServerCPUSkipped       string         `json:"server_cpu_skipped,omitempty"`
-	PeakRSSMiB             float64        `json:"peak_rss_mib"`
-	Outbound               int            `json:"outbound"`
-	SkipCalls              bool           `json:"skip_calls,omitempty"`
-	History                *historyReport `json:"history,omitempty"`
-	Pgbench                *pgbenchReport `json:"pgbench,omitempty"`
-	// --rounds: every pair of a Go deliver phase and pgbench (the first is the main run's), and the
-	// median of their ratios.
-	Rounds            []roundReport `json:"rounds,omitempty"`
-	MedianGoVsPgbench float64       `json:"median_go_vs_pgbench,omitempty"`
-	PgbenchSkipped    string        `json:"pgbench_skipped,omitempty"`
-	Check             string        `json:"check"`
-}
-
-func (r *benchReport) print(w io.Writer) error {
-	var sb strings.Builder
-	p := func(format string, args ...any) { fmt.Fprintf(&sb, format, args...) }
-	p("notifier bench: %d notifications x %d channels (push idempotent, sms queryable), %d workers, batch %d, %.0f%% duplicate creates\n",
-		r.Notifications, r.Channels, r.Workers, r.Batch, 100*r.Duplicates)
-	if r.SkipCalls {
-		p("--skip-calls: the channels were not called; every attempt recorded ACCEPTED at once (the database side alone)\n")
-	}
-	p("PostgreSQL %s, fsync=%s, synchronous_commit=%s, shared_buffers=%s, plan_cache_mode=%s; pool of %d connections; %d CPUs, load average %s at start, %s at end\n\n",
-		r.Server.Version, r.Server.Fsync, r.Server.SynchronousCommit, r.Server.SharedBuffers, r.Server.PlanCacheMode, r.PoolMaxConns, r.CPUs,
-		fmtLoad(r.LoadAvgStart), fmtLoad(r.LoadAvgEnd))
-	p("%-32s %10s %9s %11s\n", "phase", "count", "seconds", "per second")
-	p("%-32s %10d %9.2f %11.0f   (%d created, %d answered created=false)\n", "create (calls)", r.CreateCalls, r.CreateSeconds, r.CreatesPerSec, r.Created, r.DuplicateAnswers)
-	p("%-32s %10d %9.2f %11.0f\n", "deliver (tasks SENT)", r.Deliveries, r.DeliverSeconds, r.DeliveriesPerSec)
-	if r.WarmupDeliveries > 0 {
-		p("%-32s %10d   (created and delivered before these phases, not measured)\n", "warm-up (tasks SENT)", r.WarmupDeliveries)
-	}
-	if len(r.OtherResults) > 0 {
-		p("  other results on the way: %v\n", r.OtherResults)
-	}
-	p("\n%-32s %10s %9s\n", "latency (ms)", "p50", "p99")
-	p("%-32s %10.2f %9.2f\n", "create -> SENT", r.CreateToSentMS.P50, r.CreateToSentMS.P99)
-	p("%-32s %10.2f %9.2f\n", "create call", r.CreateCallMS.P50, r.CreateCallMS.P99)
-	if r.Pipeline {
-		p("%-32s %10.2f %9.2f   (%d of %d claims with tasks; %d empty)\n", "claim transaction alone", r.ClaimMS.P50, r.ClaimMS.P99, r.ClaimsAlone, r.Claims, r.EmptyClaims)
-		p("%-32s %10.2f %9.2f   (TaskFinish in the claim's first round trip, until the claim committed)\n", "finish + next claim", r.FinishThenClaimMS.P50, r.FinishThenClaimMS.P99)
-	} else {
-		p("%-32s %10.2f %9.2f   (%d claims with tasks, %d empty)\n", "claim transaction", r.ClaimMS.P50, r.ClaimMS.P99, r.Claims, r.EmptyClaims)
-		p("%-32s %10.2f %9.2f\n", "finish transaction", r.FinishMS.P50, r.FinishMS.P99)
-	}
-	p("\n%-32s %10.2f   (xact_commit delta over the deliver phase / deliveries)\n", "db transactions per delivery", r.DBXactsPerDelivery)
-	p("%-32s %10.3f   (this process: workers, fakes and HTTP on both sides)\n", "client CPU ms per delivery", r.CPUMSPerDelivery)
-	if r.ServerCPUSkipped == "" {
-		p("%-32s %10.3f   (all PostgreSQL processes, from /proc)\n", "server CPU ms per delivery", r.ServerCPUMSPerDelivery)
-	} else {
-		p("%-32s %10s   (%s)\n", "server CPU ms per delivery", "-", r.ServerCPUSkipped)
-	}
-	p("%-32s %10.1f   (VmHWM of this process; the workers and the fakes run in it)\n", "peak RSS MiB", r.PeakRSSMiB)
-	if h := r.History; h != nil {
-		p("\nclaim latency vs history (a fresh probe of %d due tasks each time, %d workers, batch %d; the seed's claim\n", h.Before.Tasks, r.Workers, r.Batch)
-		p("query %d times in a rolled-back transaction, as planned here and as on the seed's indexes)\n", h.Before.SeedRuns)
-		p("%-24s %14s %14s %18s %18s\n", "p50 ms", "finished tasks", "claim", "seed claim", "seed on its indexes")
-		p("%-24s %14d %14.3f %18.3f %18.3f\n", "before", h.Before.FinishedTasks, h.Before.ClaimMS.P50, h.Before.SeedClaimMS.P50, h.Before.SeedClaimSeedIndexesMS.P50)
-		p("%-24s %14d %14.3f %18.3f %18.3f\n", fmt.Sprintf("after +%d", h.Rows), h.After.FinishedTasks, h.After.ClaimMS.P50, h.After.SeedClaimMS.P50, h.After.SeedClaimSeedIndexesMS.P50)
-		p("%-24s %14s %14.2f %18.2f %18.2f\n", "ratio after / before", "", h.ClaimP50Ratio, h.SeedClaimP50Ratio, h.SeedClaimSeedIndexesP50Ratio)
-		p("(history of %d finished tasks filled in %.1fs; VACUUM (ANALYZE) before each probe; load average %s, then %s)\n",
-			h.Rows, h.FillSeconds, fmtLoad(h.Before.LoadAvg), fmtLoad(h.After.LoadAvg))
-	}
-	if g := r.Pgbench; g != nil {
-		p("\npgbench %s (-M prepared, plan_cache_mode=%s): %d clients, %d threads, %d deliveries: %.0f tps, latency avg %.2f ms\n",
-			g.Script, r.Server.PlanCacheMode, g.Clients, g.Threads, g.Transactions, g.TPS, g.LatencyAvgMS)
-		p("CPU ms per delivery: pgbench %.3f", g.ClientCPUMSPerDelivery)
-		if r.ServerCPUSkipped == "" {
-			p(", server %.3f (Go side: client %.3f, server %.3f)", g.ServerCPUMSPerDelivery, r.CPUMSPerDelivery, r.ServerCPUMSPerDelivery)
-		}
-		p("\n")
-		p("Go deliveries/s (batch %d) / pgbench tps (per task) = %.0f / %.0f = %.2f\n", r.Batch, r.DeliveriesPerSec, g.TPS, g.GoVsPgbench)
-		if len(r.Rounds) > 0 {
-			p("\n%-6s %16s %12s %13s %22s %22s\n", "round", "Go deliveries/s", "pgbench tps", "Go / pgbench", "Go CPU ms client/srv", "pgbench CPU ms cl/srv")
-			for _, x := range r.Rounds {
-				p("%-6d %16.0f %12.0f %13.2f %15.3f/%.3f %15.3f/%.3f\n", x.Round, x.DeliveriesPerSec, x.PgbenchTPS, x.GoVsPgbench,
-					x.CPUMSPerDelivery, x.ServerCPUMSPerDelivery, x.PgbenchCPUMSPerDelivery, x.PgbenchServerCPUMSPerDelivery)
-			}
-			p("median Go / pgbench over %d rounds = %.2f\n", len(r.Rounds), r.MedianGoVsPgbench)
-		}
-	} else if r.PgbenchSkipped != "" {
-		p("\npgbench: skipped (%s)\n", r.PgbenchSkipped)
-	}
-	p("\ncheck: %s\n", r.Check)
-	_, err := io.WriteString(w, sb.String())
-	return err
-}
-
-func fmtLoad(l []float64) string {
-	if len(l) == 0 {
-		return "n/a"
-	}
-	return fmt.Sprintf("%.2f", l[0])
-}
-
-// loadAvg is /proc/loadavg (1, 5, 15 minutes); nil where there is none.
-func loadAvg() []float64 {
-	data, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return nil
-	}
-	var out []float64
-	for _, f := range strings.Fields(string(data))[:3] {
-		v, err := strconv.ParseFloat(f, 64)
-		if err != nil {
-			return nil
-		}
-		out = append(out, v)
-	}
-	return out
-}
-
-// peakRSSMiB is VmHWM from /proc/self/status in MiB (0 where there is none).
-func peakRSSMiB() float64 {
-	data, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			f := strings.Fields(rest)
-			if len(f) >= 1 {
-				kb, err := strconv.ParseFloat(f[0], 64)
-				if err == nil {
-					return round3(kb / 1024)
-				}
-			}
-		}
-	}
-	return 0
-}
+func ms(d time.Duration) float64 { return round3(float64(d) / float64(time.Millisecond)) }

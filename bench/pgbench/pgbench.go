@@ -1,10 +1,16 @@
-package main
+// Package pgbench replays the worker's claim and finish SQL of one task with pgbench (claim_finish.sql,
+// generated from queries/ by TestPgbenchScript) on due tasks made by setup.sql: the same statements as
+// the Go worker at --max-in-flight 1 --batch 1, run by PostgreSQL's own C client, the yardstick of the
+// bench's per-task figure. Both scripts are built into the binary; --pgbench-scripts DIR runs others.
+package pgbench
 
 import (
 	"bytes"
 	"context"
+	"embed"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"os"
 	"os/exec"
@@ -17,9 +23,18 @@ import (
 	"time"
 )
 
-// pgbenchReport is pgbench replaying the per-task claim and finish SQL (testdata/bench/claim_finish.sql)
-// with as many clients as the bench had workers, for as many deliveries.
-type pgbenchReport struct {
+//go:embed setup.sql claim_finish.sql
+var builtIn embed.FS
+
+// Script names in a scripts directory.
+const (
+	SetupScript  = "setup.sql"
+	ReplayScript = "claim_finish.sql"
+)
+
+// Report is pgbench replaying ReplayScript with Clients clients for as many deliveries as the Go side
+// made.
+type Report struct {
 	Script       string  `json:"script"`
 	Clients      int     `json:"clients"`
 	Threads      int     `json:"threads"`
@@ -30,151 +45,116 @@ type pgbenchReport struct {
 	// CPU per transaction: the pgbench process, and the PostgreSQL server when it runs here.
 	ClientCPUMSPerDelivery float64 `json:"client_cpu_ms_per_delivery"`
 	ServerCPUMSPerDelivery float64 `json:"server_cpu_ms_per_delivery,omitempty"`
-	// GoVsPgbench is the Go side's deliveries/s (at --batch) divided by pgbench's tps (always per task).
+	// GoVsPgbench is the Go side's deliveries/s divided by pgbench's tps (always per task); set by the
+	// caller.
 	GoVsPgbench float64 `json:"go_vs_pgbench"`
 }
 
-// pgbenchCompare runs pgbench unless it is off, or auto and pgbench or the scripts are not found.
-func (b *bench) pgbenchCompare(ctx context.Context, rep *benchReport) error {
-	if b.cfg.pgbench == "off" {
-		rep.PgbenchSkipped = "--pgbench=false"
-		return nil
-	}
-	bin, binErr := findPGBin(b.e.getenv)
-	scripts, scriptsErr := findBenchScripts(b.cfg.scripts)
-	if err := errors.Join(binErr, scriptsErr); err != nil {
-		if b.cfg.pgbench == "on" {
-			return fmt.Errorf("bench: --pgbench: %w", err)
+// Scripts returns dir after checking it holds both scripts; without dir, a temporary directory holding
+// the built-in ones, removed by cleanup.
+func Scripts(dir string) (path string, cleanup func(), err error) {
+	if dir != "" {
+		for _, f := range []string{SetupScript, ReplayScript} {
+			if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+				return "", nil, fmt.Errorf("no %s and %s in %s", SetupScript, ReplayScript, dir)
+			}
 		}
-		rep.PgbenchSkipped = err.Error()
-		b.notef("pgbench skipped: %v", err)
-		return nil
+		return dir, func() {}, nil
 	}
-	g, err := b.runPgbench(ctx, bin, scripts, rep.Deliveries, rep.Server.PlanCacheMode)
+	tmp, err := os.MkdirTemp("", "notifier-pgbench-")
 	if err != nil {
-		return err
+		return "", nil, err
 	}
-	g.GoVsPgbench = ratio(rep.DeliveriesPerSec, g.TPS)
-	rep.Pgbench = g
-	b.notef("pgbench: %.0f tps; Go %.0f deliveries/s = %.2f x pgbench", g.TPS, rep.DeliveriesPerSec, g.GoVsPgbench)
-	if b.cfg.rounds < 2 {
-		return nil
-	}
-	rep.Rounds = []roundReport{{Round: 1, Deliveries: rep.Deliveries, DeliveriesPerSec: round3(rep.DeliveriesPerSec),
-		PgbenchTPS: g.TPS, GoVsPgbench: g.GoVsPgbench, CPUMSPerDelivery: round3(rep.CPUMSPerDelivery),
-		ServerCPUMSPerDelivery: round3(rep.ServerCPUMSPerDelivery), PgbenchCPUMSPerDelivery: g.ClientCPUMSPerDelivery,
-		PgbenchServerCPUMSPerDelivery: g.ServerCPUMSPerDelivery}}
-	for n := 2; n <= b.cfg.rounds; n++ {
-		r, err := b.compareRound(ctx, n, bin, scripts, rep.Server.PlanCacheMode)
+	cleanup = func() { _ = os.RemoveAll(tmp) }
+	for _, f := range []string{SetupScript, ReplayScript} {
+		data, err := builtIn.ReadFile(f)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(tmp, f), data, 0o644)
+		}
 		if err != nil {
-			return err
+			cleanup()
+			return "", nil, err
 		}
-		rep.Rounds = append(rep.Rounds, r)
 	}
-	ratios := make([]float64, len(rep.Rounds))
-	for i, r := range rep.Rounds {
-		ratios[i] = r.GoVsPgbench
-	}
-	rep.MedianGoVsPgbench = round3(median(ratios))
-	b.notef("rounds: Go / pgbench %v, median %.2f", ratios, rep.MedianGoVsPgbench)
-	return nil
+	return tmp, cleanup, nil
 }
 
-// roundReport is one Go deliver phase and the pgbench run after it (--rounds).
-type roundReport struct {
-	Round                         int     `json:"round"`
-	Deliveries                    int     `json:"deliveries"`
-	DeliveriesPerSec              float64 `json:"deliveries_per_sec"`
-	PgbenchTPS                    float64 `json:"pgbench_tps"`
-	GoVsPgbench                   float64 `json:"go_vs_pgbench"`
-	CPUMSPerDelivery              float64 `json:"cpu_ms_per_delivery"`
-	ServerCPUMSPerDelivery        float64 `json:"server_cpu_ms_per_delivery,omitempty"`
-	PgbenchCPUMSPerDelivery       float64 `json:"pgbench_cpu_ms_per_delivery"`
-	PgbenchServerCPUMSPerDelivery float64 `json:"pgbench_server_cpu_ms_per_delivery,omitempty"`
+// Runner runs pgbench against one database.
+type Runner struct {
+	Bin           string // directory of pgbench and psql (FindBin)
+	Scripts       string // directory of the scripts (Scripts)
+	DBURL         string
+	PlanCacheMode string // the Go workers' connections': the plans are part of what is replayed
+	Clients       int
+	// ServerCPU reads the PostgreSQL server's CPU so far; nil when it is not measured.
+	ServerCPU func() time.Duration
+	// Notef reports progress (may be nil).
+	Notef func(format string, args ...any)
 }
 
-// compareRound is one more pair after the first: --notifications created (no duplicates: only the
-// deliveries are compared), delivered by the workers, then as many replayed by pgbench. Alternating
-// the two sides makes a machine whose speed drifts (shared cores) weigh on both alike.
-func (b *bench) compareRound(ctx context.Context, n int, bin, scripts, planCacheMode string) (roundReport, error) {
-	label := fmt.Sprintf("round%d", n)
-	cs, err := b.createAll(ctx, label, b.cfg.notifications, 0)
-	if err != nil {
-		return roundReport{}, err
+func (r Runner) notef(format string, args ...any) {
+	if r.Notef != nil {
+		r.Notef(format, args...)
 	}
-	if err := b.analyze(ctx); err != nil {
-		return roundReport{}, err
-	}
-	ds, err := b.deliver(ctx, label+" deliver", cs.tasks, b.cfg.pipeline)
-	if err != nil {
-		return roundReport{}, err
-	}
-	client, server := ds.cpuMSPerDelivery()
-	r := roundReport{Round: n, Deliveries: ds.sent, DeliveriesPerSec: round3(float64(ds.sent) / ds.seconds),
-		CPUMSPerDelivery: round3(client), ServerCPUMSPerDelivery: round3(server)}
-	g, err := b.runPgbench(ctx, bin, scripts, ds.sent, planCacheMode)
-	if err != nil {
-		return roundReport{}, err
-	}
-	r.PgbenchTPS, r.GoVsPgbench = g.TPS, ratio(r.DeliveriesPerSec, g.TPS)
-	r.PgbenchCPUMSPerDelivery, r.PgbenchServerCPUMSPerDelivery = g.ClientCPUMSPerDelivery, g.ServerCPUMSPerDelivery
-	b.notef("round %d: Go %.0f deliveries/s, pgbench %.0f tps = %.2f", n, r.DeliveriesPerSec, r.PgbenchTPS, r.GoVsPgbench)
-	return r, nil
 }
 
-// median of xs (not empty); xs is sorted in place.
-func median(xs []float64) float64 {
-	slices.Sort(xs)
-	if len(xs)%2 == 1 {
-		return xs[len(xs)/2]
-	}
-	return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
-}
-
-// runPgbench prepares deliveries due tasks with setup.sql and replays them with pgbench: as many clients
-// as workers, the workers' plan_cache_mode.
-func (b *bench) runPgbench(ctx context.Context, bin, scripts string, deliveries int, planCacheMode string) (*pgbenchReport, error) {
-	clients := b.cfg.workers
+// Run prepares at least deliveries due tasks with setup.sql and replays as many with pgbench: Clients
+// clients, each the same number of transactions.
+func (r Runner) Run(ctx context.Context, deliveries int) (*Report, error) {
+	clients := max(1, r.Clients)
 	perClient := (deliveries + clients - 1) / clients
-	g := &pgbenchReport{Script: filepath.Join(scripts, "claim_finish.sql"), Clients: clients,
+	g := &Report{Script: filepath.Join(r.Scripts, ReplayScript), Clients: clients,
 		Threads: min(clients, runtime.NumCPU()), Transactions: perClient * clients}
-	conn, env, err := libpqConn(b.e.dbURL)
+	conn, env, err := libpqConn(r.DBURL)
 	if err != nil {
-		return nil, fmt.Errorf("bench: pgbench: %w", err)
+		return nil, fmt.Errorf("pgbench: %w", err)
 	}
-	b.notef("pgbench: preparing %d tasks (psql -f %s)", g.Transactions, filepath.Join(scripts, "setup.sql"))
-	setup := exec.CommandContext(ctx, filepath.Join(bin, "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
-		"-v", "tasks="+strconv.Itoa(g.Transactions), "-f", filepath.Join(scripts, "setup.sql"), "-d", conn)
+	setupPath := filepath.Join(r.Scripts, SetupScript)
+	r.notef("pgbench: preparing %d tasks (psql -f %s)", g.Transactions, setupPath)
+	setup := exec.CommandContext(ctx, filepath.Join(r.Bin, "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+		"-v", "tasks="+strconv.Itoa(g.Transactions), "-f", setupPath, "-d", conn)
 	setup.Env = env
 	if out, err := setup.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("bench: pgbench setup: %w: %s", err, bytes.TrimSpace(out))
+		return nil, fmt.Errorf("pgbench setup: %w: %s", err, bytes.TrimSpace(out))
 	}
-	b.notef("pgbench: %d clients x %d deliveries (PGOPTIONS='-c plan_cache_mode=%s' pgbench -n -M prepared -c %d -j %d -t %d -f %s)",
-		clients, perClient, planCacheMode, clients, g.Threads, perClient, g.Script)
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "pgbench"), "-n", "-M", "prepared",
+	r.notef("pgbench: %d clients x %d deliveries (PGOPTIONS='-c plan_cache_mode=%s' pgbench -n -M prepared -c %d -j %d -t %d -f %s)",
+		clients, perClient, r.PlanCacheMode, clients, g.Threads, perClient, g.Script)
+	cmd := exec.CommandContext(ctx, filepath.Join(r.Bin, "pgbench"), "-n", "-M", "prepared",
 		"-c", strconv.Itoa(clients), "-j", strconv.Itoa(g.Threads), "-t", strconv.Itoa(perClient), "-f", g.Script, conn)
-	// The same session setting as the workers' connections: the plans are part of what is replayed.
-	cmd.Env = withPGOption(env, "plan_cache_mode", planCacheMode)
+	cmd.Env = env
+	if r.PlanCacheMode != "" {
+		cmd.Env = withPGOption(env, "plan_cache_mode", r.PlanCacheMode)
+	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	started, srv0 := time.Now(), b.serverUsed()
+	serverUsed := func() time.Duration {
+		if r.ServerCPU == nil {
+			return 0
+		}
+		return r.ServerCPU()
+	}
+	started, srv0 := time.Now(), serverUsed()
 	err = cmd.Run()
-	srv := b.serverUsed() - srv0
+	srv := serverUsed() - srv0
 	g.Seconds = round3(time.Since(started).Seconds())
 	if err != nil {
-		return nil, fmt.Errorf("bench: pgbench: %w: %s", err, lastLines(stderr.String()+stdout.String(), 5))
+		return nil, fmt.Errorf("pgbench: %w: %s", err, lastLines(stderr.String()+stdout.String(), 5))
 	}
-	if err := parsePgbench(stdout.String(), g); err != nil {
-		return nil, fmt.Errorf("bench: pgbench: %w", err)
+	if err := parse(stdout.String(), g); err != nil {
+		return nil, fmt.Errorf("pgbench: %w", err)
 	}
 	if st := cmd.ProcessState; st != nil && g.Transactions > 0 {
 		g.ClientCPUMSPerDelivery = round3(msPer(st.UserTime()+st.SystemTime(), g.Transactions))
-		if b.server != nil {
+		if r.ServerCPU != nil {
 			g.ServerCPUMSPerDelivery = round3(msPer(srv, g.Transactions))
 		}
 	}
 	return g, nil
 }
+
+func msPer(d time.Duration, n int) float64 { return d.Seconds() * 1000 / float64(n) }
+
+func round3(f float64) float64 { return math.Round(f*1000) / 1000 }
 
 var (
 	pgbenchTPS       = regexp.MustCompile(`(?m)^tps = ([0-9.]+) \(without initial connection time\)`)
@@ -183,8 +163,8 @@ var (
 	pgbenchLatency   = regexp.MustCompile(`(?m)^latency average = ([0-9.]+) ms`)
 )
 
-// parsePgbench reads tps and latency from pgbench's summary and checks that every transaction ran.
-func parsePgbench(out string, g *pgbenchReport) error {
+// parse reads tps and latency from pgbench's summary and checks that every transaction ran.
+func parse(out string, g *Report) error {
 	m := pgbenchTPS.FindStringSubmatch(out)
 	if m == nil {
 		return fmt.Errorf("no tps in its output: %s", lastLines(out, 5))
@@ -207,9 +187,9 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], " | ")
 }
 
-// findPGBin finds the PostgreSQL client binaries (pgbench, psql) as the test harness finds the server:
+// FindBin finds the PostgreSQL client binaries (pgbench, psql) as the test harness finds the server:
 // $PG_BIN, `pg_config --bindir`, the newest /usr/lib/postgresql/*/bin.
-func findPGBin(getenv func(string) string) (string, error) {
+func FindBin(getenv func(string) string) (string, error) {
 	var candidates []string
 	if d := getenv("PG_BIN"); d != "" {
 		candidates = append(candidates, d)
@@ -238,36 +218,6 @@ func versionOf(binDir string) int {
 func isExecutable(path string) bool {
 	st, err := os.Stat(path)
 	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
-}
-
-// findBenchScripts returns dir if given, else testdata/bench in the current directory or above.
-func findBenchScripts(dir string) (string, error) {
-	has := func(d string) bool {
-		for _, f := range []string{"setup.sql", "claim_finish.sql"} {
-			if _, err := os.Stat(filepath.Join(d, f)); err != nil {
-				return false
-			}
-		}
-		return true
-	}
-	if dir != "" {
-		if !has(dir) {
-			return "", fmt.Errorf("no setup.sql and claim_finish.sql in --pgbench-scripts %s", dir)
-		}
-		return dir, nil
-	}
-	wd, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for d := wd; ; d = filepath.Dir(d) {
-		if cand := filepath.Join(d, "testdata", "bench"); has(cand) {
-			return cand, nil
-		}
-		if filepath.Dir(d) == d {
-			return "", errors.New("testdata/bench/claim_finish.sql not found here or above (run from the repository, or --pgbench-scripts DIR)")
-		}
-	}
 }
 
 // withPGOption returns env with "-c name=value" added to PGOPTIONS (libpq's options for the server).

@@ -1,8 +1,8 @@
 //go:build !unix
 
-package main
+package proc
 
 import "time"
 
-// processCPU is not measured here (0).
-func processCPU() time.Duration { return 0 }
+// ProcessCPU is not measured here (0).
+func ProcessCPU() time.Duration { return 0 }

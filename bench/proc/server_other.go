@@ -1,17 +1,19 @@
 //go:build !linux
 
-package main
+package proc
 
 import (
 	"errors"
 	"time"
 )
 
-// serverCPU needs /proc (Linux): elsewhere the server's CPU is not measured.
-type serverCPU struct{}
+// Server needs /proc (Linux): elsewhere the server's CPU is not measured.
+type Server struct{}
 
-func newServerCPU(int) (*serverCPU, error) {
+// NewServer always fails here.
+func NewServer(int) (*Server, error) {
 	return nil, errors.New("server CPU is read from /proc, Linux only")
 }
 
-func (s *serverCPU) used() (time.Duration, error) { return 0, errors.ErrUnsupported }
+// Used is not measured here.
+func (s *Server) Used() (time.Duration, error) { return 0, errors.ErrUnsupported }
