@@ -96,7 +96,7 @@ func (b *bench) createAll(ctx context.Context, label string, count int, dupShare
 			st.tasks += len(tasks)
 			st.minID, st.maxID = min(st.minID, id), max(st.maxID, id)
 			if len(tasks) != len(workload.Channels) {
-				return fmt.Errorf("bench: event %d created with %d tasks, want %d", i, len(tasks), len(workload.Channels))
+				return fmt.Errorf("event %d created with %d tasks, want %d", i, len(tasks), len(workload.Channels))
 			}
 		}
 		return nil
@@ -104,10 +104,10 @@ func (b *bench) createAll(ctx context.Context, label string, count int, dupShare
 	st.seconds = time.Since(started).Seconds()
 	bar.Done()
 	if err != nil {
-		return st, fmt.Errorf("bench: create: %w", err)
+		return st, fmt.Errorf("create: %w", err)
 	}
 	if st.created != count {
-		return st, fmt.Errorf("bench: %d submissions of %d events created %d notifications (R1)", len(ops), count, st.created)
+		return st, fmt.Errorf("%d submissions of %d events created %d notifications (R1)", len(ops), count, st.created)
 	}
 	return st, nil
 }

@@ -144,7 +144,7 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 	}
 	b.delivered += st.sent
 	if err != nil {
-		return st, fmt.Errorf("bench: deliver: %d of %d tasks settled: %w", settled.Load(), target, err)
+		return st, fmt.Errorf("deliver: %d of %d tasks settled: %w", settled.Load(), target, err)
 	}
 	return st, nil
 }
@@ -232,7 +232,7 @@ func warmPool(ctx context.Context, l *loop, n int) error {
 	for range n {
 		c, err := l.pool.Acquire(ctx)
 		if err != nil {
-			return fmt.Errorf("bench: connect: %w", err)
+			return fmt.Errorf("connect: %w", err)
 		}
 		conns = append(conns, c)
 	}

@@ -54,13 +54,13 @@ const seedRuns = 8
 // while they are all due, then drains them with the loops per task and reports the claim latency.
 func (b *bench) probe(ctx context.Context, label string) (*probeReport, error) {
 	if err := b.q.BenchVacuumAnalyze(ctx); err != nil { // bounded by --timeout: a million rows take a while
-		return nil, fmt.Errorf("bench: vacuum analyze: %w", err)
+		return nil, fmt.Errorf("vacuum analyze: %w", err)
 	}
 	dctx, cancel := context.WithTimeout(ctx, b.cfg.DBTimeout)
 	finished, err := b.q.BenchFinishedTasks(dctx)
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("bench: count history: %w", err)
+		return nil, fmt.Errorf("count history: %w", err)
 	}
 	cs, err := b.createAll(ctx, label, b.cfg.Probe, 0)
 	if err != nil {
@@ -97,7 +97,7 @@ func (b *bench) seedClaim(ctx context.Context, runs int, onSeedIndexes bool) ([]
 	for i := range runs + 1 {
 		took, ok, err := b.seedClaimOnce(ctx, onSeedIndexes)
 		if err != nil {
-			return nil, 0, fmt.Errorf("bench: seed claim: %w", err)
+			return nil, 0, fmt.Errorf("seed claim: %w", err)
 		}
 		if i > 0 {
 			out = append(out, took)
@@ -155,7 +155,7 @@ func (b *bench) historyRun(ctx context.Context, before *probeReport) (*historyRe
 		inserted, err := b.q.BenchFillHistory(ctx, dbgen.BenchFillHistoryParams{Tag: b.run + "-history", First: int64(first), Notifications: int64(n)})
 		if err != nil {
 			bar.Done()
-			return nil, fmt.Errorf("bench: fill history: %w", err)
+			return nil, fmt.Errorf("fill history: %w", err)
 		}
 		rows += int(inserted)
 		bar.Add(int(inserted))

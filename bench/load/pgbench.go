@@ -21,7 +21,7 @@ func (b *bench) pgbenchCompare(ctx context.Context, rep *Report) error {
 	bin, err := pgbench.FindBin(os.Getenv)
 	if err != nil {
 		if b.cfg.Pgbench == "on" {
-			return fmt.Errorf("bench: --pgbench: %w", err)
+			return fmt.Errorf("--pgbench: %w", err)
 		}
 		rep.PgbenchSkipped = err.Error()
 		b.notef("pgbench skipped: %v", err)
@@ -29,7 +29,7 @@ func (b *bench) pgbenchCompare(ctx context.Context, rep *Report) error {
 	}
 	scripts, cleanup, err := pgbench.Scripts(b.cfg.Scripts)
 	if err != nil {
-		return fmt.Errorf("bench: --pgbench-scripts: %w", err)
+		return fmt.Errorf("--pgbench-scripts: %w", err)
 	}
 	defer cleanup()
 	runner := pgbench.Runner{Bin: bin, Scripts: scripts, DBURL: b.cfg.DBURL, PlanCacheMode: rep.Server.PlanCacheMode,

@@ -75,7 +75,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 	settings, err := b.q.BenchSettings(dctx)
 	dcancel()
 	if err != nil {
-		return fmt.Errorf("bench: %w", err)
+		return fmt.Errorf("read the server's settings: %w", err)
 	}
 	rep.Server = serverInfo{Version: settings.ServerVersion, Fsync: settings.Fsync, SynchronousCommit: settings.SynchronousCommit,
 		SharedBuffers: settings.SharedBuffers, PlanCacheMode: settings.PlanCacheMode}
@@ -261,7 +261,7 @@ func (b *bench) checkConnections(ctx context.Context, want int) error {
 	defer cancel()
 	available, err := productdb.New(b.pool).ServerConnectionsAvailable(dctx)
 	if err != nil {
-		return fmt.Errorf("bench: read the server's connection limit: %w", err)
+		return fmt.Errorf("read the server's connection limit: %w", err)
 	}
 	if want > int(available) {
 		return usagef("the bench's pools may open %d connections (%d for creates, 1 + --finishers per worker loop, at least the URL's pool_max_conns), more than the %d the server accepts: lower --workers or --finishers",
@@ -350,7 +350,7 @@ func (b *bench) mainRun(ctx context.Context, rep *Report) error {
 	defer cancel()
 	lat, err := b.q.BenchSentLatency(dctx, dbgen.BenchSentLatencyParams{MinID: cs.minID, MaxID: cs.maxID})
 	if err != nil {
-		return fmt.Errorf("bench: create -> SENT latency: %w", err)
+		return fmt.Errorf("create -> SENT latency: %w", err)
 	}
 	rep.CreateToSentMS = Latency{P50: round3(lat.P50Ms), P99: round3(lat.P99Ms)}
 	b.notef("created %d (%d calls, %.0f/s), delivered %d (%.0f/s)", cs.created, cs.calls, rep.CreatesPerSec, ds.sent, rep.DeliveriesPerSec)
@@ -362,7 +362,7 @@ func (b *bench) analyze(ctx context.Context) error {
 	dctx, cancel := context.WithTimeout(ctx, b.cfg.DBTimeout)
 	defer cancel()
 	if err := b.q.BenchAnalyze(dctx); err != nil {
-		return fmt.Errorf("bench: analyze: %w", err)
+		return fmt.Errorf("analyze: %w", err)
 	}
 	return nil
 }
@@ -374,11 +374,11 @@ func startCPUProfile(path string) (func() error, error) {
 	}
 	f, err := os.Create(path)
 	if err != nil {
-		return nil, fmt.Errorf("bench: --cpuprofile: %w", err)
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
 	}
 	if err := pprof.StartCPUProfile(f); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("bench: --cpuprofile: %w", err)
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
 	}
 	return func() error {
 		pprof.StopCPUProfile()
@@ -398,7 +398,7 @@ func (b *bench) commits(ctx context.Context) (int64, error) {
 	defer cancel()
 	n, err := b.q.BenchXactCommit(dctx)
 	if err != nil {
-		return 0, fmt.Errorf("bench: read xact_commit: %w", err)
+		return 0, fmt.Errorf("read xact_commit: %w", err)
 	}
 	return n, nil
 }
@@ -410,7 +410,7 @@ func (b *bench) finalCheck(ctx context.Context, rep *Report) error {
 	defer cancel()
 	row, err := b.q.BenchRunCheck(dctx, b.run+"-")
 	if err != nil {
-		return fmt.Errorf("bench: final check: %w", err)
+		return fmt.Errorf("final check: %w", err)
 	}
 	rep.Sends = b.push.TotalSends() + b.sms.TotalSends()
 	rep.Outbound = b.push.TotalOutbound() + b.sms.TotalOutbound()
