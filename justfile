@@ -34,15 +34,15 @@ demo *args: _pgtmp
     @if [ -n "${DATABASE_URL:-}" ]; then exec go run ./cli demo "$@"; fi; \
     exec "{{ pgtmp }}" -migrate -- go run ./cli demo "$@"
 
-# Run the load benchmark (`go run ./cli bench`, see README "bench") on a throwaway migrated PostgreSQL; args go to bench, e.g. `just bench --batch 16 --history 1000000`
+# Run the load bench (`go run ./bench/cmd/bench`, see README "bench": the product's worker loop against fakes with a latency model, beside pgbench) on a throwaway migrated PostgreSQL; args go to it, e.g. `just bench --call-latency 100ms,0.8 --max-in-flight 1024`
 bench *args: _pgtmp
-    "{{ pgtmp }}" -migrate -- go run ./cli bench "$@"
+    "{{ pgtmp }}" -migrate -- go run ./bench/cmd/bench "$@"
 
-# Run the River peer of the load benchmark (bench/river, its own Go module; README "Retention and the River peer") on a throwaway migrated PostgreSQL; args go to it, e.g. `just bench-river --notifications 20000 --workers 8`
+# Run the River peer of the load bench (bench/river, its own Go module; README "The River peer") on a throwaway migrated PostgreSQL; args go to it, e.g. `just bench-river --notifications 20000 --workers 1000 --fetch-cooldown 1ms --call-latency 100ms,0.8`
 bench-river *args: _pgtmp
     "{{ pgtmp }}" -migrate -- bash -c 'cd bench/river && go run . "$@"' _ "$@"
 
-# Run ours (batched) and the River peer one after the other on one throwaway migrated PostgreSQL and print the ratio of deliveries/s; args: [NOTIFICATIONS] [WORKERS] [BATCH] [FETCH_COOLDOWN] (bench/vs-river.sh)
+# Run ours (defaults, then $OURS_BEST) and River (MaxWorkers 1000 and MaxWorkers = our window, FetchCooldown 1ms) on one throwaway migrated PostgreSQL with one provider model, and print deliveries/s and the ratios; args: [NOTIFICATIONS] [CALL_LATENCY] [CALL_ERRORS] (bench/vs-river.sh)
 bench-vs-river *args: _pgtmp
     "{{ pgtmp }}" -migrate -- sh bench/vs-river.sh "$@"
 

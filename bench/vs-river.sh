@@ -1,35 +1,67 @@
 #!/bin/sh
 # Ours against the River peer, one after the other on the same database ($DATABASE_URL; `just
-# bench-vs-river` starts a throwaway cluster), with the same workload: NOTIFICATIONS events x push and
-# sms, 10% repeated submissions, WORKERS workers, instant in-process fakes. Ours runs batched (BATCH
-# tasks per claim and per finish transaction) and first, so its warm-up also warms the cluster for River
-# (River tuned with FETCH_COOLDOWN; its default is 100ms). Prints both JSON reports and the ratio of
-# deliveries per second. Exit 1 if either side's final check failed.
+# bench-vs-river` starts a throwaway cluster), with the same workload (NOTIFICATIONS events x push and
+# sms, 10% repeated submissions) and the same provider model (CALL_LATENCY MEDIAN,SIGMA and
+# CALL_ERRORS, seed $SEED), four runs:
+#   ours-default   the bench with no tuning flag (notifier work's defaults: one loop, --max-in-flight 256
+#                  --batch 64 --finishers 2); it runs first, and its warm-up warms the cluster for all;
+#   ours-best      the bench with $OURS_BEST (default "--max-in-flight 2048", the best found so far);
+#   river-N        River at MaxWorkers $RIVER_WORKERS (default 1000), FetchCooldown $FETCH_COOLDOWN (1ms):
+#                  River at its best for slow calls;
+#   river-W        River at MaxWorkers = ours-default's window (workers x max-in-flight): equal concurrency.
+# Then `bench compare` prints deliveries/s of each and ours / River for every pair. Exit 1 if a run
+# failed or its final check did.
 #
-#   bench/vs-river.sh [NOTIFICATIONS=20000] [WORKERS=8] [BATCH=16] [FETCH_COOLDOWN=1ms]
+#   bench/vs-river.sh [NOTIFICATIONS=20000] [CALL_LATENCY=instant] [CALL_ERRORS=0]
 set -eu
 notifications=${1:-20000}
-workers=${2:-8}
-batch=${3:-16}
-cooldown=${4:-1ms}
+call_latency=${2:-instant}
+call_errors=${3:-0}
+ours_best=${OURS_BEST:---max-in-flight 2048}
+river_workers=${RIVER_WORKERS:-1000}
+cooldown=${FETCH_COOLDOWN:-1ms}
+seed=${SEED:-1}
 : "${DATABASE_URL:?set DATABASE_URL to a throwaway database (sh internal/tools/just bench-vs-river starts one)}"
 root=$(cd "$(dirname "$0")/.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 
-ours=$(cd "$root" && go run ./cli bench --json --pgbench=false \
-	--notifications "$notifications" --workers "$workers" --batch "$batch")
-echo "ours:  $ours"
-river=$(cd "$root/bench/river" && go run . \
-	--notifications "$notifications" --workers "$workers" --fetch-cooldown "$cooldown")
-echo "river: $river"
+(cd "$root" && go build -o "$tmp/bench" ./bench/cmd/bench)
+(cd "$root/bench/river" && go build -o "$tmp/river" .)
+model="--call-latency $call_latency --call-errors $call_errors --seed $seed"
+warmup=$((notifications < 4000 ? notifications : 4000))
 
-field() { printf '%s\n' "$1" | sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p"; }
-ours_rate=$(field "$ours" deliveries_per_sec)
-river_rate=$(field "$river" deliveries_per_sec)
-ours_check=$(field "$ours" check)
-river_check=$(field "$river" check)
-awk -v o="$ours_rate" -v r="$river_rate" -v b="$batch" -v c="$cooldown" -v oc="$ours_check" -v rc="$river_check" 'BEGIN {
-	printf "ours (notifier bench --batch %s): %8.0f deliveries/s   check %s\n", b, o, oc
-	printf "River (FetchCooldown %s):         %8.0f deliveries/s   check %s\n", c, r, rc
-	printf "ours / River = %.2f\n", o / r
-}'
-[ "$ours_check" = ok ] && [ "$river_check" = ok ]
+failed=0
+# run NAME COMMAND...: the command's JSON report into $tmp/NAME.json; a failure is noted, not fatal, so
+# that the other runs and the comparison still print.
+run() {
+	name=$1
+	shift
+	echo "== $name: $*" >&2
+	if ! "$@" >"$tmp/$name.json"; then
+		echo "== $name failed" >&2
+		failed=1
+	fi
+}
+# shellcheck disable=SC2086 # $model and $ours_best are lists of flags
+run ours-default "$tmp/bench" --json --pgbench=false --notifications "$notifications" --warmup "$warmup" $model
+# shellcheck disable=SC2086
+run ours-best "$tmp/bench" --json --pgbench=false --notifications "$notifications" --warmup 0 $model $ours_best
+window=$("$tmp/bench" compare --window "$tmp/ours-default.json") || {
+	echo "vs-river: no report from ours-default, so no window for River at equal concurrency" >&2
+	exit 1
+}
+# shellcheck disable=SC2086
+run "river-$river_workers" "$tmp/river" --notifications "$notifications" --workers "$river_workers" --fetch-cooldown "$cooldown" $model
+# shellcheck disable=SC2086
+run "river-$window" "$tmp/river" --notifications "$notifications" --workers "$window" --fetch-cooldown "$cooldown" $model
+
+reports=
+for name in ours-default ours-best "river-$river_workers" "river-$window"; do
+	if [ -s "$tmp/$name.json" ]; then
+		reports="$reports $name=$tmp/$name.json"
+	fi
+done
+# shellcheck disable=SC2086 # one NAME=FILE per word; $tmp has no spaces (mktemp)
+"$tmp/bench" compare $reports || failed=1
+exit "$failed"

@@ -79,7 +79,6 @@ func newApp(e *env) *cli.App {
 			pruneCommand(e),
 			fakeCommand(e),
 			demoCommand(e),
-			benchCommand(e),
 		},
 	}
 	for _, c := range app.Commands {

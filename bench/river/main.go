@@ -1,19 +1,21 @@
 // Command river is notifier's delivery workload built on River (github.com/riverqueue/river), the peer
-// that `notifier bench` is compared with. It lives in its own Go module so that the notifier module does
-// not depend on River.
+// that the load bench (bench/cmd/bench) is compared with. It lives in its own Go module so that the
+// notifier module does not depend on River.
 //
 // On $DATABASE_URL (or --database-url) it runs River's migrations, starts the fake push and sms channels
-// in this process (the same fakes/ as `notifier bench`), inserts --notifications events for 1000 users
-// (one job per channel, push and sms, inserted together per event, from 8 concurrent inserters, plus
-// --duplicates x that many repeated submissions of random events), each job unique by (user, event,
-// channel) through River's UniqueOpts ByArgs; then starts a River client with --workers workers
-// (MaxWorkers) whose worker sends the job over HTTP exactly as notifier's worker does (the same
-// service/httpchannel client: POST /send with an Idempotency-Key that is stable across the job's
-// attempts), and waits until every job is completed. It prints one JSON object: inserts/s,
-// deliveries/s, total time, and a check that the fakes sent every message exactly once.
+// in this process (the same fakes/ as the bench), answering by the same provider model (bench/latency:
+// --call-latency, --call-errors, --seed), inserts --notifications events for 1000 users (one job per
+// channel, push and sms, inserted together per event, from 8 concurrent inserters, plus --duplicates x
+// that many repeated submissions of random events), each job unique by (user, event, channel) through
+// River's UniqueOpts ByArgs; then starts a River client with --workers workers (MaxWorkers) whose
+// worker sends the job over HTTP exactly as notifier's worker does (the same service/httpchannel
+// client: POST /send with an Idempotency-Key that is stable across the job's attempts), retries a
+// refused send on the bench's schedule (bench/workload.RetryBackoff, not River's attempt^4 seconds),
+// and waits until every job is completed. It prints one JSON object: inserts/s, deliveries/s, total
+// time, the latency model, and a check that the fakes sent every message exactly once.
 //
-//	cd bench/river && DATABASE_URL=postgres://... go run . --notifications 20000 --workers 8
-//	sh internal/tools/just bench-river --notifications 20000      # on a throwaway cluster
+//	cd bench/river && DATABASE_URL=postgres://... go run . --notifications 20000 --workers 1000 --fetch-cooldown 1ms --call-latency 100ms,0.8
+//	sh internal/tools/just bench-river --notifications 20000 --workers 1000 --fetch-cooldown 1ms   # on a throwaway cluster
 //
 // It writes River's tables and jobs: use a throwaway database.
 package main
@@ -41,17 +43,14 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
+	"github.com/notifierhq/notifier/bench/latency"
+	"github.com/notifierhq/notifier/bench/workload"
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
-// Workload constants shared with `notifier bench`.
-const (
-	benchUsers    = 1000
-	benchCreators = 8
-	jobKind       = "notifier_delivery"
-)
+const jobKind = "notifier_delivery"
 
 // DeliveryArgs is one delivery: a notification (user, event) on one channel. Unique by those three
 // (river:"unique" tags with UniqueOpts.ByArgs), like notifier's UNIQUE (user_id, event_key) and
@@ -67,7 +66,7 @@ type DeliveryArgs struct {
 func (DeliveryArgs) Kind() string { return jobKind }
 
 func (DeliveryArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true}}
+	return river.InsertOpts{MaxAttempts: workload.MaxAttempts, UniqueOpts: river.UniqueOpts{ByArgs: true}}
 }
 
 // DeliveryWorker sends a job's message on its channel. Any outcome but an acceptance is an error, so
@@ -95,6 +94,13 @@ func (w *DeliveryWorker) Work(ctx context.Context, job *river.Job[DeliveryArgs])
 	return fmt.Errorf("%s: %s", obs.Outcome, obs.Detail)
 }
 
+// NextRetry spaces a failed job's retries as the bench spaces ours (River's default waits attempt^4
+// seconds: 1 s, 16 s, 81 s, which would measure its patience, not its throughput). A retry due within
+// River's scheduler interval is made available at once.
+func (w *DeliveryWorker) NextRetry(job *river.Job[DeliveryArgs]) time.Time {
+	return time.Now().Add(workload.RetryBackoff.Delay(job.Attempt, 0))
+}
+
 type config struct {
 	dbURL         string
 	notifications int
@@ -103,6 +109,7 @@ type config struct {
 	fetchCooldown time.Duration
 	pollInterval  time.Duration
 	timeout       time.Duration
+	latency       latency.Model
 }
 
 // report is the one JSON object printed on stdout.
@@ -112,10 +119,14 @@ type report struct {
 	Notifications      int            `json:"notifications"`
 	Channels           int            `json:"channels"`
 	Jobs               int            `json:"jobs"`
-	Workers            int            `json:"workers"`
+	Workers            int            `json:"workers"` // MaxWorkers
+	Window             int            `json:"window"`  // jobs worked at once at most: MaxWorkers
 	FetchCooldownMS    float64        `json:"fetch_cooldown_ms"`
 	FetchPollMS        float64        `json:"fetch_poll_interval_ms"`
 	Duplicates         float64        `json:"duplicates"`
+	CallLatency        latency.Report `json:"call_latency"`
+	RetryBackoffMS     float64        `json:"retry_backoff_ms"`
+	MaxAttempts        int            `json:"max_attempts"`
 	PoolMaxConns       int            `json:"pool_max_conns"`
 	CPUs               int            `json:"cpus"`
 	MigrateSeconds     float64        `json:"migrate_seconds"`
@@ -160,12 +171,17 @@ func parseFlags(args []string) (config, error) {
 	cfg := config{}
 	fs.StringVar(&cfg.dbURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default $DATABASE_URL); River's tables are created there")
 	fs.IntVar(&cfg.notifications, "notifications", 20000, "events to insert (each gets a push and an sms job)")
-	fs.IntVar(&cfg.workers, "workers", 8, "River MaxWorkers of the queue (1-1000)")
+	fs.IntVar(&cfg.workers, "workers", 1000, "River MaxWorkers of the queue: jobs worked at once (1-100000)")
 	fs.Float64Var(&cfg.duplicates, "duplicates", 0.1, "extra submissions of already-submitted events, as a share of --notifications (0-10)")
 	fs.DurationVar(&cfg.fetchCooldown, "fetch-cooldown", river.FetchCooldownDefault, "River FetchCooldown (its default; at least 1ms)")
 	fs.DurationVar(&cfg.pollInterval, "fetch-poll-interval", river.FetchPollIntervalDefault, "River FetchPollInterval (its default)")
 	fs.DurationVar(&cfg.timeout, "timeout", 30*time.Minute, "give up after this long")
+	model := latency.Flags(fs)
 	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	var err error
+	if cfg.latency, err = model(); err != nil {
 		return cfg, err
 	}
 	switch {
@@ -175,8 +191,8 @@ func parseFlags(args []string) (config, error) {
 		return cfg, errors.New("no database: set --database-url or DATABASE_URL")
 	case cfg.notifications < 1 || cfg.notifications > 10_000_000:
 		return cfg, fmt.Errorf("invalid --notifications %d: want 1 to 10000000", cfg.notifications)
-	case cfg.workers < 1 || cfg.workers > 1000:
-		return cfg, fmt.Errorf("invalid --workers %d: want 1 to 1000", cfg.workers)
+	case cfg.workers < 1 || cfg.workers > 100_000:
+		return cfg, fmt.Errorf("invalid --workers %d: want 1 to 100000", cfg.workers)
 	case !(cfg.duplicates >= 0 && cfg.duplicates <= 10):
 		return cfg, fmt.Errorf("invalid --duplicates %v: want 0 to 10", cfg.duplicates)
 	case cfg.fetchCooldown < river.FetchCooldownMin || cfg.pollInterval < cfg.fetchCooldown:
@@ -191,7 +207,9 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.timeout)
 	defer cancel()
 	started := time.Now()
-	poolSize := max(cfg.workers, benchCreators) + 2 // as notifier bench sizes its pool
+	// No connection is held while a job is worked (the call makes none): the pool serves the inserters,
+	// the fetches and the completions, whatever MaxWorkers is, as the bench's pool for creates does.
+	poolSize := workload.Submitters + 2
 	pcfg, err := pgxpool.ParseConfig(cfg.dbURL)
 	if err != nil {
 		return nil, fmt.Errorf("database URL: %w", err)
@@ -202,9 +220,10 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	defer pool.Close()
-	rep := &report{Peer: "river", RiverVersion: riverVersion(), Notifications: cfg.notifications, Channels: 2,
-		Workers: cfg.workers, Duplicates: cfg.duplicates, PoolMaxConns: poolSize, CPUs: runtime.NumCPU(),
-		FetchCooldownMS: ms(cfg.fetchCooldown), FetchPollMS: ms(cfg.pollInterval)}
+	rep := &report{Peer: "river", RiverVersion: riverVersion(), Notifications: cfg.notifications, Channels: len(workload.Channels),
+		Workers: cfg.workers, Window: cfg.workers, Duplicates: cfg.duplicates, PoolMaxConns: poolSize, CPUs: runtime.NumCPU(),
+		FetchCooldownMS: ms(cfg.fetchCooldown), FetchPollMS: ms(cfg.pollInterval), CallLatency: cfg.latency.Report(),
+		RetryBackoffMS: ms(workload.RetryBackoff.Base), MaxAttempts: workload.MaxAttempts}
 
 	// River's schema: its own migrations, into the same database.
 	t0 := time.Now()
@@ -228,6 +247,9 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		return nil, err
 	}
 	defer sms.Close()
+	if err := cfg.latency.Apply(push, sms); err != nil { // the order of the bench's: the same draws per channel
+		return nil, err
+	}
 	channels := map[string]*httpchannel.Client{}
 	for name, ch := range map[string]*fakes.Channel{"push": push, "sms": sms} {
 		if channels[name], err = httpchannel.New(ch.URL(), httpchannel.Options{}); err != nil {
@@ -236,7 +258,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	}
 
 	workers := river.NewWorkers()
-	river.AddWorker(workers, &DeliveryWorker{channels: channels, timeout: 10 * time.Second})
+	river.AddWorker(workers, &DeliveryWorker{channels: channels, timeout: workload.CallTimeout})
 	client, err := river.NewClient(driver, &river.Config{
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.workers}},
 		Workers:           workers,
@@ -266,7 +288,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		errOnce                 sync.Once
 	)
 	t0 = time.Now()
-	for range benchCreators {
+	for range workload.Submitters {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -276,10 +298,10 @@ func run(ctx context.Context, cfg config) (*report, error) {
 					return
 				}
 				ev := events[i]
-				user := fmt.Sprintf("%s-u%d", run, ev%benchUsers)
+				user := fmt.Sprintf("%s-u%d", run, ev%workload.Users)
 				key := fmt.Sprintf("%s-ev%d", run, ev)
 				var params []river.InsertManyParams
-				for _, ch := range []string{"push", "sms"} {
+				for _, ch := range workload.Channels {
 					params = append(params, river.InsertManyParams{Args: DeliveryArgs{
 						User: user, Event: key, Channel: ch, To: user + "@" + ch, Body: "bench event " + key,
 					}})
@@ -309,8 +331,8 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	rep.InsertSeconds = insertTook.Seconds()
 	rep.InsertsPerSec = float64(len(events)) / insertTook.Seconds()
 	rep.JobsInsertedPerSec = float64(rep.Inserted) / insertTook.Seconds()
-	if rep.Inserted != 2*cfg.notifications {
-		return rep, fmt.Errorf("inserted %d jobs, want %d (unique by user, event, channel)", rep.Inserted, 2*cfg.notifications)
+	if want := len(workload.Channels) * cfg.notifications; rep.Inserted != want {
+		return rep, fmt.Errorf("inserted %d jobs, want %d (unique by user, event, channel)", rep.Inserted, want)
 	}
 
 	// 2. Deliver: start the workers, wait for a completion event per job.
@@ -369,11 +391,22 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	rep.Sends = push.TotalSends() + sms.TotalSends()
 	rep.Outbound = push.TotalOutbound() + sms.TotalOutbound()
 	rep.Check = "ok"
-	if rep.JobStates["completed"] != rep.Jobs || rep.Outbound != rep.Jobs {
-		rep.Check = fmt.Sprintf("FAILED: %d jobs, %d completed, %d messages sent", rep.Jobs, rep.JobStates["completed"], rep.Outbound)
+	perJob := max(mostPerRef(push), mostPerRef(sms))
+	if rep.JobStates["completed"] != rep.Jobs || rep.Outbound != rep.Jobs || perJob > 1 {
+		rep.Check = fmt.Sprintf("FAILED: %d jobs, %d completed, %d messages sent, at most %d for one job",
+			rep.Jobs, rep.JobStates["completed"], rep.Outbound, perJob)
 		return rep, errors.New(rep.Check)
 	}
 	return rep, nil
+}
+
+// mostPerRef is the most messages a fake accepted for one job.
+func mostPerRef(c *fakes.Channel) int {
+	n := 0
+	for _, v := range c.Snapshot().Outbound {
+		n = max(n, v)
+	}
+	return n
 }
 
 // riverVersion is the River module version this program was built with.

@@ -1,21 +1,23 @@
--- GENERATED from queries/*.sql by TestPgbenchScript (cli/bench_test.go); do not edit. After changing a
--- query: NOTIFIER_UPDATE_BENCH=1 go test ./cli -run TestPgbenchScript
+-- GENERATED from queries/*.sql by TestPgbenchScript (bench/pgbench/script_test.go); do not edit.
+-- After changing a query: NOTIFIER_UPDATE_BENCH=1 go test ./bench/pgbench -run TestPgbenchScript
 --
--- One delivery as a Go worker makes it at --batch 1 (Dispatcher.ClaimBatch, then Dispatcher.FinishBatch
--- or FinishBatchThenClaim with an ACCEPTED observation): the claim transaction and the finish statement of one task, statement
--- for statement, with the parameters of one task: arrays of one element, the task id and attempt token
--- taken from the claim with \gset, constants where the worker sends constants. Run it with -M prepared
--- (pgx prepares every statement too) and the workers' plan_cache_mode (service.WorkerPlanCacheMode)
--- against tasks made by setup.sql, no more transactions than tasks:
+-- One delivery as a Go worker makes it at --max-in-flight 1 --batch 1 (Dispatcher.ClaimBatch, then
+-- Dispatcher.FinishBatch with an ACCEPTED observation): the claim transaction and the finish statement
+-- of one task, statement for statement, with the parameters of one task: arrays of one element, the
+-- task id and attempt token taken from the claim with \gset, constants where the worker sends
+-- constants. Run it with -M prepared (pgx prepares every statement too) and the workers'
+-- plan_cache_mode (service.WorkerPlanCacheMode) against tasks made by setup.sql, no more transactions
+-- than tasks:
 --
---   psql "$DATABASE_URL" -v tasks=40000 -f testdata/bench/setup.sql
+--   psql "$DATABASE_URL" -v tasks=40000 -f bench/pgbench/setup.sql
 --   PGOPTIONS='-c plan_cache_mode=force_generic_plan' \
---     pgbench -n -M prepared -c 8 -j 2 -t 5000 -f testdata/bench/claim_finish.sql "$DATABASE_URL"
+--     pgbench -n -M prepared -c 8 -j 2 -t 5000 -f bench/pgbench/claim_finish.sql "$DATABASE_URL"
 --
--- Same statements, not the same round trips: the worker sends the previous task's TaskFinish with
--- TxBegin and TaskClaim, then TaskStartAttempts with TxCommit (2 round trips per delivery); pgbench
--- cannot pipeline a statement whose result it \gsets, so here each of the 5 statements waits for its
--- answer.
+-- Same statements, not the same round trips: at --max-in-flight 1 the worker sends TaskFinish on its
+-- own (with one task in flight, a finish has no room to carry the next claim), then TxBegin with
+-- TaskClaim, then TaskStartAttempts with TxCommit (3 round trips per delivery; with a larger window a
+-- finish may carry the next claim: 2); pgbench cannot pipeline a statement whose result it \gsets, so
+-- here each of the 5 statements waits for its answer.
 \set max_tasks 1
 \set lease_seconds 60
 -- TxBegin (queries/tx.sql)

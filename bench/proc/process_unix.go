@@ -1,14 +1,14 @@
 //go:build unix
 
-package main
+package proc
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU is the CPU time (user + system) this process has used so far.
-func processCPU() time.Duration {
+// ProcessCPU is the CPU time (user + system) this process has used so far (0 if it cannot be read).
+func ProcessCPU() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0

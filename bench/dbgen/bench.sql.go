@@ -13,7 +13,7 @@ const BenchAnalyze = `-- name: BenchAnalyze :exec
 ANALYZE notification, delivery_task, delivery_attempt, channel_pref
 `
 
-// Between the create and the deliver phase: fresh planner statistics, as testdata/bench/setup.sql takes
+// Between the create and the deliver phase: fresh planner statistics, as bench/pgbench/setup.sql takes
 // them before pgbench replays the same SQL, so both sides start from the same kind of tables.
 func (q *Queries) BenchAnalyze(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, BenchAnalyze)
@@ -163,12 +163,13 @@ type BenchSeedClaimRow struct {
 	Column10         bool
 }
 
-// Queries of `notifier bench` only (cli/cmd_bench.go): load figures and the checks after a load run.
-// None of them is run by a worker, by create or by an operator command. The bench writes test data:
-// run it on a throwaway database only.
+// Queries of the load bench only (bench/load, the `bench` binary of bench/cmd/bench): load figures, the
+// seed's claim as a baseline, and the checks after a load run. Compiled by sqlc's second target into
+// bench/dbgen, apart from the product's dbgen: no worker, create or operator command can call them.
+// The bench writes test data: run it on a throwaway database only.
 // The SEED's unindexed claim (SPEC section 5), verbatim: one OR over states and ORDER BY t.id, written for
 // a table with no claim index, so its cost grows with the finished history in front of the first due
-// task (SPEC section 10). Kept ONLY as a benchmark baseline, run by `notifier bench` in a transaction it
+// task (SPEC section 10). Kept ONLY as a benchmark baseline, run by the bench in a transaction it
 // rolls back (it claims nothing); NEVER used by workers, which run TaskClaim. On this schema the planner may still serve its OR with a BitmapOr over the partial
 // claim indexes and sort every due task; BenchSeedClaimOnSeedIndexes measures it without that rescue.
 func (q *Queries) BenchSeedClaim(ctx context.Context) (BenchSeedClaimRow, error) {

@@ -1,4 +1,4 @@
-package main
+package load
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 
 // progress is the bench's progress bar on stderr: one line redrawn in place a few times a second. It
 // draws nothing unless enabled (stderr is a terminal and the output is not --json), so logs and pipes
-// stay clean. (A dozen lines here instead of a dependency for the binary that runs in production.)
+// stay clean.
 type progress struct {
 	w       io.Writer
 	label   string

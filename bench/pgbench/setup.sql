@@ -1,6 +1,6 @@
--- Prepares due tasks for claim_finish.sql, as `notifier bench` does before it runs pgbench:
+-- Prepares due tasks for claim_finish.sql, as the load bench (bench/load) does before it runs pgbench:
 --
---   psql "$DATABASE_URL" -X -v ON_ERROR_STOP=1 -v tasks=40000 -f testdata/bench/setup.sql
+--   psql "$DATABASE_URL" -X -v ON_ERROR_STOP=1 -v tasks=40000 -f bench/pgbench/setup.sql
 --
 -- 1000 users with push and sms enabled, then :tasks notifications with one PENDING task each (push and
 -- sms alternately), all due now. Each delivery of claim_finish.sql claims and finishes one of them, so

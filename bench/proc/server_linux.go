@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package proc
 
 import (
 	"fmt"
@@ -10,17 +10,17 @@ import (
 	"time"
 )
 
-// serverCPU measures a PostgreSQL server on this machine: the CPU time (user + system) used so far by
+// Server measures a PostgreSQL server on this machine: the CPU time (user + system) used so far by
 // the postmaster and all its processes, backends that have exited included (their time is in the
 // postmaster's cutime/cstime once reaped).
-type serverCPU struct{ postmaster int }
+type Server struct{ postmaster int }
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat times: 100 on every Linux platform Go supports.
 const clockTicks = 100
 
-// newServerCPU finds the postmaster from one of its backends; an error when PostgreSQL runs elsewhere
+// NewServer finds the postmaster from one of its backends; an error when PostgreSQL runs elsewhere
 // (or /proc is not readable).
-func newServerCPU(backendPID int) (*serverCPU, error) {
+func NewServer(backendPID int) (*Server, error) {
 	f, err := procStat(backendPID)
 	if err != nil {
 		return nil, fmt.Errorf("the server's backend %d is not a process here: %w", backendPID, err)
@@ -33,12 +33,12 @@ func newServerCPU(backendPID int) (*serverCPU, error) {
 	if err != nil || !strings.Contains(string(cmd), "postgres") {
 		return nil, fmt.Errorf("the parent of backend %d is not a postmaster here", backendPID)
 	}
-	return &serverCPU{postmaster: ppid}, nil
+	return &Server{postmaster: ppid}, nil
 }
 
-// used is the server's CPU time so far. The postmaster is read before its children: a child reaped in
+// Used is the server's CPU time so far. The postmaster is read before its children: a child reaped in
 // between is missed (undercount) rather than counted twice.
-func (s *serverCPU) used() (time.Duration, error) {
+func (s *Server) Used() (time.Duration, error) {
 	f, err := procStat(s.postmaster)
 	if err != nil {
 		return 0, err

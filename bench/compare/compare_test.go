@@ -1,0 +1,64 @@
+package compare
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/matryer/is"
+)
+
+func write(t *testing.T, name, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+const model = `"call_latency":{"spec":"100ms,0.8","median_ms":100,"sigma":0.8,"p90_ms":279,"p99_ms":643,"errors":0,"seed":1}`
+
+func TestCompare(t *testing.T) {
+	is := is.New(t)
+	ours := write(t, "ours.json", `{"peer":"notifier","notifications":2000,"duplicates":0.1,"deliveries":4000,"deliveries_per_sec":1800,"workers":1,"max_in_flight":256,"batch":64,"finishers":2,"window":256,`+model+`,"check":"ok","extra":1}`)
+	river := write(t, "river.json", `{"peer":"river","notifications":2000,"duplicates":0.1,"deliveries":4000,"deliveries_per_sec":1200,"workers":1000,"fetch_cooldown_ms":1,`+model+`,"check":"ok"}`)
+	var out bytes.Buffer
+	is.NoErr(Main([]string{"ours=" + ours, "river-1000=" + river}, &out, &bytes.Buffer{})) // one workload, both ok
+	table := out.String()
+	is.True(strings.Contains(table, "100ms,0.8"))             // the model, named
+	is.True(strings.Contains(table, "River MaxWorkers 1000")) // River's setting
+	is.True(strings.Contains(table, "--max-in-flight 256"))   // ours
+	is.True(strings.Contains(table, "1.50"))                  // 1800 / 1200
+
+	out.Reset()
+	is.NoErr(Main([]string{"--json", "ours=" + ours, "river=" + river}, &out, &bytes.Buffer{}))
+	var res Result
+	is.NoErr(json.Unmarshal(out.Bytes(), &res))
+	is.Equal(res.Ratios["ours/river"], 1.5) // the ratio, by name
+	is.Equal(res.Runs[1].Window, 1000)      // River's window is MaxWorkers
+
+	out.Reset()
+	is.NoErr(Main([]string{"--window", ours}, &out, &bytes.Buffer{}))
+	is.Equal(strings.TrimSpace(out.String()), "256") // for a River run of equal concurrency
+
+	instant := write(t, "instant.json", `{"peer":"river","notifications":2000,"duplicates":0.1,"deliveries_per_sec":5000,"workers":8,"call_latency":{"spec":"instant","seed":1},"check":"ok"}`)
+	err := Main([]string{"ours=" + ours, "river=" + instant}, &bytes.Buffer{}, &bytes.Buffer{})
+	is.True(err != nil && strings.Contains(err.Error(), "not one workload")) // a ratio across models is refused
+
+	failed := write(t, "failed.json", strings.Replace(`{"peer":"river","notifications":2000,"duplicates":0.1,"deliveries_per_sec":1200,"workers":8,`+model+`,"check":"ok"}`, `"check":"ok"`, `"check":"FAILED: 3 jobs, 2 completed"`, 1))
+	out.Reset()
+	err = Main([]string{"ours=" + ours, "river=" + failed}, &out, &bytes.Buffer{})
+	is.True(err != nil && strings.Contains(err.Error(), "FAILED")) // a failed check fails the comparison
+	is.True(strings.Contains(out.String(), "FAILED"))              // after printing it
+
+	err = Main([]string{"ours=" + write(t, "x.json", `{"hello":1}`)}, &bytes.Buffer{}, &bytes.Buffer{})
+	is.True(err != nil) // not a report
+	var usage *UsageError
+	err = Main(nil, &bytes.Buffer{}, &bytes.Buffer{})
+	is.True(err != nil && errors.As(err, &usage)) // no reports: a usage error
+}

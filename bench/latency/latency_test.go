@@ -1,0 +1,151 @@
+package latency
+
+import (
+	"context"
+	"flag"
+	"math"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/fakes"
+)
+
+// The sampler's draws follow the lognormal it claims: median, spread and p99 over many draws with a
+// fixed seed, within generous bounds.
+func TestSamplerIsLognormal(t *testing.T) {
+	is := is.New(t)
+	m := Model{Median: 100 * time.Millisecond, Sigma: 0.8, Seed: 42}
+	s := m.NewSampler(0)
+	const n = 20000
+	draws := make([]time.Duration, n)
+	logs := make([]float64, n)
+	for i := range draws {
+		draws[i] = s.Delay()
+		logs[i] = math.Log(draws[i].Seconds())
+	}
+	slices.Sort(draws)
+	median := draws[n/2]
+	is.True(median > 95*time.Millisecond && median < 105*time.Millisecond) // the median is MEDIAN
+	mean := 0.0
+	for _, l := range logs {
+		mean += l
+	}
+	mean /= n
+	variance := 0.0
+	for _, l := range logs {
+		variance += (l - mean) * (l - mean)
+	}
+	sigma := math.Sqrt(variance / (n - 1))
+	is.True(math.Abs(mean-math.Log(0.1)) < 0.03) // ln(delay) centred on ln(MEDIAN)
+	is.True(sigma > 0.76 && sigma < 0.84)        // and spread by SIGMA
+	p99 := draws[n*99/100]
+	want := m.Quantile(0.99)
+	is.True(want > 630*time.Millisecond && want < 655*time.Millisecond) // 100ms,0.8 has a p99 of ~640ms
+	is.True(p99 > want*85/100 && p99 < want*115/100)                    // and the draws reach it
+
+	again := m.NewSampler(0)
+	first := make([]time.Duration, 5)
+	for i := range first {
+		first[i] = again.Delay()
+	}
+	other := Model{Median: 100 * time.Millisecond, Sigma: 0.8, Seed: 42}.NewSampler(0)
+	for i := range first {
+		is.Equal(other.Delay(), first[i]) // the same seed and stream give the same draws
+	}
+	is.True(m.NewSampler(1).Delay() != first[0]) // another stream (channel) draws its own
+}
+
+func TestSamplerErrorsShare(t *testing.T) {
+	is := is.New(t)
+	s := Model{Errors: 0.1, Seed: 7}.NewSampler(0)
+	refused := 0
+	const n = 20000
+	for range n {
+		step := s.SendStep()
+		if step.Status == 503 {
+			refused++
+		}
+		is.Equal(step.Delay, time.Duration(0)) // instant: no delay drawn
+	}
+	is.True(refused > n*8/100 && refused < n*12/100) // about 10% refused
+	never := Model{Median: time.Millisecond}.NewSampler(0)
+	for range 1000 {
+		is.Equal(never.SendStep().Status, 0) // no errors asked, none drawn
+	}
+}
+
+func TestParse(t *testing.T) {
+	is := is.New(t)
+	m, s, err := Parse("100ms,0.8")
+	is.NoErr(err)                     // the documented form
+	is.Equal(m, 100*time.Millisecond) // median
+	is.Equal(s, 0.8)                  // sigma
+	m, s, err = Parse("250ms")        // sigma left out: a constant delay
+	is.NoErr(err)                     // accepted
+	is.Equal(m, 250*time.Millisecond) // median
+	is.Equal(s, 0.0)                  // no spread
+	for _, instant := range []string{"", "0", "instant"} {
+		m, _, err = Parse(instant)
+		is.NoErr(err)                 // the instant model
+		is.Equal(m, time.Duration(0)) // no delay
+	}
+	for _, bad := range []string{"100", "-1ms,0.5", "100ms,x", "100ms,-0.1", "100ms,4", "2m,0.5"} {
+		_, _, err = Parse(bad)
+		is.True(err != nil) // refused
+	}
+}
+
+func TestFlags(t *testing.T) {
+	is := is.New(t)
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	model := Flags(fs)
+	is.NoErr(fs.Parse([]string{"--call-latency", "5ms,0.5", "--call-errors", "0.05", "--seed", "9"}))
+	m, err := model()
+	is.NoErr(err)                                                                             // valid flags
+	is.Equal(m, Model{Median: 5 * time.Millisecond, Sigma: 0.5, Errors: 0.05, Seed: 9})       // as given
+	is.Equal(m.Report().Spec, "5ms,0.5")                                                      // reported as given
+	is.True(strings.Contains(m.String(), "median 5ms") && strings.Contains(m.String(), "5%")) // described
+
+	fs = flag.NewFlagSet("t", flag.ContinueOnError)
+	model = Flags(fs)
+	is.NoErr(fs.Parse([]string{"--call-errors", "0.6"}))
+	_, err = model()
+	is.True(err != nil && strings.Contains(err.Error(), "--call-errors")) // more than half refused: a bad flag
+}
+
+// Apply makes a real fake answer by the model: a delay after acceptance, 503 before it.
+func TestApplyOnFake(t *testing.T) {
+	is := is.New(t)
+	push := fakes.Start(fakes.Push)
+	defer push.Close()
+	is.NoErr(Model{Median: 30 * time.Millisecond, Seed: 1}.Apply(push))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, push.URL()+"/send", strings.NewReader(`{"ref":"task-1","to":"a","body":"b"}`))
+	resp, err := http.DefaultClient.Do(req)
+	is.NoErr(err)
+	resp.Body.Close()
+	is.Equal(resp.StatusCode, 200)                 // accepted
+	is.True(time.Since(t0) >= 30*time.Millisecond) // after the model's (constant) delay
+	is.Equal(push.Outbound("task-1"), 1)           // one message
+
+	sms := fakes.Start(fakes.SMS)
+	defer sms.Close()
+	is.NoErr(Model{Errors: 0.5, Seed: 3}.Apply(sms))
+	statuses := map[int]int{}
+	for i := range 40 {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, sms.URL()+"/send", strings.NewReader(`{"ref":"task-`+string(rune('a'+i%26))+`","to":"a","body":"b"}`))
+		resp, err := http.DefaultClient.Do(req)
+		is.NoErr(err)
+		resp.Body.Close()
+		statuses[resp.StatusCode]++
+	}
+	is.True(statuses[503] > 5 && statuses[200] > 5) // both answers drawn
+	is.Equal(sms.TotalOutbound(), statuses[200])    // a 503 never created a message
+}

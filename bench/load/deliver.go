@@ -1,0 +1,242 @@
+package load
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/notifierhq/notifier/bench/proc"
+	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/worker"
+)
+
+// loopStats is what one worker loop did in a phase. Its hooks and OnResult run on the loop's own
+// goroutine, one at a time, so it needs no lock; it is read after the loop returned.
+type loopStats struct {
+	sent        int
+	other       map[string]int // results other than SENT: retries (PENDING), UNKNOWN, STALE, ...
+	claims      int            // claims that brought tasks (to call, or settled at claim)
+	emptyClaims int
+	claimTasks  int
+	finishes    int
+	answers     int // answers the finishes recorded
+	claimErrors int
+	finishErrs  int
+	claimLat    []time.Duration // claims that brought tasks, alone or behind a finish
+	finishLat   []time.Duration
+	callLat     []time.Duration // each recorded call, from the worker's own timing (Result.CallDuration)
+}
+
+// countingDispatcher is the dispatcher as the loop sees it, counting the finishes that carried the
+// next claim in their round trip (the loop's hooks time both without telling them apart).
+type countingDispatcher struct {
+	*service.Dispatcher
+	handoffs atomic.Int64
+}
+
+func (c *countingDispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*service.Attempt, obs []service.Observation, limit int) service.Handoff {
+	c.handoffs.Add(1)
+	return c.Dispatcher.FinishBatchThenClaim(ctx, attempts, obs, limit)
+}
+
+// deliverStats is what a deliver phase did, all loops together.
+type deliverStats struct {
+	loopStats
+	claimsWithFinish     int
+	seconds              float64
+	clientCPU, serverCPU time.Duration // this process's and the server's (0: not measured)
+}
+
+// deliver runs every worker loop (worker.Run with shape's knobs) until target tasks are settled (SENT,
+// or finally not sent), then stops them; a stopping loop records its calls in flight before it
+// returns. The phase's time ends when the last task is settled. A claim or finish that fails stops the
+// phase with its error: a figure taken while the database fails would measure the failure.
+func (b *bench) deliver(ctx context.Context, label string, target int, shape worker.Config) (deliverStats, error) {
+	// Open every loop's connections first: connecting is not part of the figures.
+	for _, l := range b.loops {
+		if err := warmPool(ctx, l, shape.WithDefaults().Connections()); err != nil {
+			return deliverStats{}, err
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		settled   atomic.Int64
+		reached   = make(chan struct{})
+		reachOnce sync.Once
+		failed    = make(chan error, 1)
+		wg        sync.WaitGroup
+		stopping  atomic.Bool
+	)
+	fail := func(err error) {
+		if !stopping.Load() {
+			select {
+			case failed <- err:
+			default:
+			}
+		}
+	}
+	bar := startProgress(b.bar, label, target)
+	per := make([]*loopStats, len(b.loops))
+	dispatchers := make([]*countingDispatcher, len(b.loops))
+	started, cpu0, srv0 := time.Now(), proc.ProcessCPU(), b.serverUsed()
+	for i, l := range b.loops {
+		st := &loopStats{other: map[string]int{}}
+		per[i] = st
+		d := &countingDispatcher{Dispatcher: l.d}
+		dispatchers[i] = d
+		cfg := shape
+		cfg.Logger = b.log.With("worker", l.name)
+		cfg.OnResult = func(r service.Result) {
+			st.result(r)
+			if terminal(r.Kind) {
+				bar.Add(1)
+				if settled.Add(1) == int64(target) {
+					reachOnce.Do(func() { close(reached) })
+				}
+			}
+		}
+		cfg.Hooks = worker.Hooks{
+			Claimed: func(took time.Duration, tasks int, err error) {
+				if err != nil {
+					st.claimErrors++
+					fail(fmt.Errorf("%s: claim: %w", l.name, err))
+					return
+				}
+				st.claimed(took, tasks)
+			},
+			Finished: func(took time.Duration, tasks int, err error) {
+				if err != nil {
+					st.finishErrs++
+					fail(fmt.Errorf("%s: finish: %w", l.name, err))
+					return
+				}
+				st.finishes++
+				st.answers += tasks
+				st.finishLat = append(st.finishLat, took)
+			},
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			worker.Run(ctx, d, cfg)
+		}()
+	}
+	var err error
+	select {
+	case <-reached:
+	case err = <-failed:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	took, cpu, srv := time.Since(started), proc.ProcessCPU()-cpu0, b.serverUsed()-srv0
+	stopping.Store(true)
+	cancel()
+	wg.Wait()
+	bar.Done()
+
+	st := deliverStats{loopStats: loopStats{other: map[string]int{}}, seconds: took.Seconds(), clientCPU: cpu, serverCPU: srv}
+	for i, p := range per {
+		st.add(p)
+		st.claimsWithFinish += int(dispatchers[i].handoffs.Load())
+	}
+	b.delivered += st.sent
+	if err != nil {
+		return st, fmt.Errorf("deliver: %d of %d tasks settled: %w", settled.Load(), target, err)
+	}
+	return st, nil
+}
+
+func (st *loopStats) result(r service.Result) {
+	if r.Kind == service.ResultSent {
+		st.sent++
+	} else {
+		st.other[string(r.Kind)]++
+	}
+	if r.CallDuration > 0 {
+		st.callLat = append(st.callLat, r.CallDuration)
+	}
+}
+
+func (st *loopStats) claimed(took time.Duration, tasks int) {
+	if tasks == 0 {
+		st.emptyClaims++
+		return
+	}
+	st.claims++
+	st.claimTasks += tasks
+	st.claimLat = append(st.claimLat, took)
+}
+
+func (st *loopStats) add(o *loopStats) {
+	st.sent += o.sent
+	for k, v := range o.other {
+		st.other[k] += v
+	}
+	st.claims += o.claims
+	st.emptyClaims += o.emptyClaims
+	st.claimTasks += o.claimTasks
+	st.finishes += o.finishes
+	st.answers += o.answers
+	st.claimErrors += o.claimErrors
+	st.finishErrs += o.finishErrs
+	st.claimLat = append(st.claimLat, o.claimLat...)
+	st.finishLat = append(st.finishLat, o.finishLat...)
+	st.callLat = append(st.callLat, o.callLat...)
+}
+
+// cpuMSPerDelivery is the client's and the server's CPU milliseconds per task SENT (0 without any).
+func (st deliverStats) cpuMSPerDelivery() (client, server float64) {
+	if st.sent == 0 {
+		return 0, 0
+	}
+	return msPer(st.clientCPU, st.sent), msPer(st.serverCPU, st.sent)
+}
+
+// fill sets the deliver phase's figures of the report.
+func (st deliverStats) fill(rep *Report) {
+	rep.Deliveries, rep.DeliverSeconds = st.sent, round3(st.seconds)
+	rep.DeliveriesPerSec = round3(float64(st.sent) / st.seconds)
+	rep.OtherResults = st.other
+	rep.Claims, rep.EmptyClaims, rep.ClaimsWithFinish, rep.Finishes = st.claims, st.emptyClaims, st.claimsWithFinish, st.finishes
+	if st.claims > 0 {
+		rep.TasksPerClaim = round3(float64(st.claimTasks) / float64(st.claims))
+	}
+	if st.finishes > 0 {
+		rep.AnswersPerFinish = round3(float64(st.answers) / float64(st.finishes))
+	}
+	rep.ClaimMS, rep.FinishMS, rep.CallMS = percentiles(st.claimLat), percentiles(st.finishLat), percentiles(st.callLat)
+	client, server := st.cpuMSPerDelivery()
+	rep.CPUMSPerDelivery, rep.ServerCPUMSPerDelivery = round3(client), round3(server)
+}
+
+// terminal reports whether a result settles a task for good (or for a human).
+func terminal(k service.ResultKind) bool {
+	switch k {
+	case service.ResultSent, service.ResultFailed, service.ResultSuppressed, service.ResultParked:
+		return true
+	}
+	return false
+}
+
+// warmPool opens n connections of the loop's pool at once and returns them to it.
+func warmPool(ctx context.Context, l *loop, n int) error {
+	conns := make([]interface{ Release() }, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for range n {
+		c, err := l.pool.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("connect: %w", err)
+		}
+		conns = append(conns, c)
+	}
+	return nil
+}
+
+func msPer(d time.Duration, n int) float64 { return d.Seconds() * 1000 / float64(n) }

@@ -1,0 +1,25 @@
+package proc
+
+import (
+	"os"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/matryer/is"
+)
+
+func TestReadings(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("/proc readings: Linux only")
+	}
+	is := is.New(t)
+	before := ProcessCPU()
+	for start := time.Now(); time.Since(start) < 30*time.Millisecond; { // burn a little CPU
+	}
+	is.True(ProcessCPU() > before)   // this process's CPU grows as it works
+	is.Equal(len(LoadAvg()), 3)      // 1, 5 and 15 minutes
+	is.True(PeakRSSMiB() > 1)        // VmHWM read
+	_, err := NewServer(os.Getpid()) // this process's parent is no postmaster
+	is.True(err != nil)              // so no server is measured through it
+}

@@ -1,0 +1,19 @@
+//go:build !linux
+
+package proc
+
+import (
+	"errors"
+	"time"
+)
+
+// Server needs /proc (Linux): elsewhere the server's CPU is not measured.
+type Server struct{}
+
+// NewServer always fails here.
+func NewServer(int) (*Server, error) {
+	return nil, errors.New("server CPU is read from /proc, Linux only")
+}
+
+// Used is not measured here.
+func (s *Server) Used() (time.Duration, error) { return 0, errors.ErrUnsupported }
