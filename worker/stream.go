@@ -24,6 +24,7 @@ const (
 	DefaultBatch       = 64
 	DefaultFinishBatch = 128
 	DefaultFinishers   = 2
+	DefaultFinishDelay = 2 * time.Millisecond
 	DefaultPoll        = 200 * time.Millisecond
 	DefaultMaxBackoff  = 10 * time.Second
 )
@@ -37,14 +38,20 @@ type Hooks struct {
 
 // Config of a worker loop. Zero fields take the defaults above.
 type Config struct {
-	// MaxInFlight bounds the tasks this worker holds: claimed, called, not yet recorded. It is the
-	// window of calls in flight; each has its own lease, and a crash leaves at most this many uncertain.
+	// MaxInFlight bounds the calls in flight: the window. Each call has its own lease; answers waiting
+	// to be recorded do not take room in it, but while as many wait as the window holds, no claim is
+	// made (the database is behind). A crash leaves at most twice this many tasks uncertain.
 	MaxInFlight int
-	// Batch is the most tasks one claim takes; a claim never takes more than the room in the window.
+	// Batch is the most tasks one claim takes; a claim never takes more than the room in the window, and
+	// waits until that room is worth a claim (an eighth of the window, or Batch) unless nothing is in
+	// flight.
 	Batch int
 	// FinishBatch is the most answers one finish records. Answers that arrive while a finish runs are
 	// recorded together by the next one (group commit): no answer waits for another call.
 	FinishBatch int
+	// FinishDelay is how long an answer may wait for others to share its finish while more calls are in
+	// flight (never when none is: a lone answer is recorded at once).
+	FinishDelay time.Duration
 	// Finishers is how many finish statements may run at once.
 	Finishers  int
 	Poll       time.Duration // wait after a claim found nothing to do
@@ -62,6 +69,9 @@ func (c Config) WithDefaults() Config {
 	setInt(&c.Finishers, DefaultFinishers)
 	if c.Poll <= 0 {
 		c.Poll = DefaultPoll
+	}
+	if c.FinishDelay <= 0 {
+		c.FinishDelay = DefaultFinishDelay
 	}
 	if c.MaxBackoff <= 0 {
 		c.MaxBackoff = DefaultMaxBackoff
@@ -108,10 +118,11 @@ type finishDone struct {
 }
 
 // Run delivers until ctx ends, streaming: calls in flight are a window (MaxInFlight) refilled by
-// claims as room opens, and answers are recorded as they come, in groups (FinishBatch), by up to
-// Finishers finishes at once, so a slow call never holds another task's answer or lease hostage. When
-// a group is ready and the window has room, the finish carries the next claim in its round trip
-// (service.Dispatcher.FinishBatchThenClaim). After an empty claim the loop waits Poll; while the
+// claims as room opens, and answers are recorded as they come, in groups (FinishBatch, FinishDelay), by
+// up to Finishers finishes at once, so a slow call never holds another task's answer or lease hostage.
+// When a group is ready and a claim is due, the finish carries the claim in its round trip
+// (service.Dispatcher.FinishBatchThenClaim): one worker with a window of one runs the per-task cycle
+// in two round trips. After an empty claim the loop waits Poll; while the
 // database fails it backs off up to MaxBackoff and logs once when that starts and once when it ends.
 //
 // On cancellation no new task is claimed; calls in flight end (bounded by the client timeout) and are
@@ -139,29 +150,41 @@ type stream struct {
 
 func (s *stream) run(ctx context.Context) {
 	var (
-		held      int      // claimed and not yet recorded (or given up on): the window's fill
-		waiting   []answer // answered, not yet being recorded
-		finishing int      // finish statements running
-		claiming  bool
-		backoff   time.Duration // after a failed claim or finish; 0 while healthy
-		nextClaim time.Time     // no claim before this
-		timer     = time.NewTimer(time.Hour)
-		done      = ctx.Done()
+		calling    int      // calls in flight: the window's fill
+		waiting    []answer // answered, not yet being recorded
+		recording  int      // answers in finishes running now
+		finishing  int      // finish statements running
+		claiming   bool
+		backoff    time.Duration // after a failed claim or finish; 0 while healthy
+		nextClaim  time.Time     // no claim before this
+		oldest     time.Time     // when the first of waiting arrived
+		timer      = time.NewTimer(time.Hour)
+		done       = ctx.Done()
+		worthClaim = min(s.cfg.Batch, max(1, s.cfg.MaxInFlight/8))
 	)
 	timer.Stop()
 	defer timer.Stop()
 	for {
+		now := time.Now()
 		stopping := done == nil
-		room := s.cfg.MaxInFlight - held
-		canClaim := !stopping && !claiming && room > 0 && !time.Now().Before(nextClaim)
+		room := s.cfg.MaxInFlight - calling
+		canClaim := !stopping && !claiming && !now.Before(nextClaim) &&
+			(room >= worthClaim || (room > 0 && calling == 0)) &&
+			len(waiting)+recording <= s.cfg.MaxInFlight // the database keeps up with the answers
 
-		for len(waiting) > 0 && finishing < s.cfg.Finishers {
+		// Record answers once enough are waiting, or one has waited FinishDelay, or no other answer is
+		// coming (nothing in flight, or stopping).
+		flush := len(waiting) >= s.cfg.FinishBatch || calling == 0 || stopping ||
+			(len(waiting) > 0 && now.Sub(oldest) >= s.cfg.FinishDelay)
+		for flush && len(waiting) > 0 && finishing < s.cfg.Finishers {
 			group := waiting[:min(len(waiting), s.cfg.FinishBatch)]
 			waiting = waiting[len(group):]
+			oldest = now
 			finishing++
-			if canClaim { // the finish frees its tasks' room before the claim begins
+			recording += len(group)
+			if canClaim { // one round trip: the finish, then the claim
 				claiming, canClaim = true, false
-				go s.finishThenClaim(ctx, group, min(s.cfg.Batch, room+len(group)))
+				go s.finishThenClaim(ctx, group, min(s.cfg.Batch, room))
 			} else {
 				go s.finish(ctx, group)
 			}
@@ -170,23 +193,37 @@ func (s *stream) run(ctx context.Context) {
 			claiming = true
 			go s.claim(ctx, min(s.cfg.Batch, room))
 		}
-		if stopping && held == 0 && !claiming && finishing == 0 {
+		if stopping && calling == 0 && len(waiting) == 0 && !claiming && finishing == 0 {
 			return
 		}
-		if !stopping && !claiming && room > 0 && time.Now().Before(nextClaim) {
-			timer.Reset(time.Until(nextClaim))
+		// Wake up for the next claim after a pause, or for answers that have waited long enough.
+		var wake time.Time
+		if !stopping && !claiming && room > 0 && now.Before(nextClaim) {
+			wake = nextClaim
+		}
+		if len(waiting) > 0 && finishing < s.cfg.Finishers {
+			if at := oldest.Add(s.cfg.FinishDelay); wake.IsZero() || at.Before(wake) {
+				wake = at
+			}
+		}
+		if !wake.IsZero() {
+			timer.Reset(max(0, time.Until(wake)))
 		}
 
 		select {
 		case <-done:
 			done = nil // stop claiming; drain what is held
 		case a := <-s.answers:
+			calling--
+			if len(waiting) == 0 {
+				oldest = time.Now()
+			}
 			waiting = append(waiting, a)
 		case c := <-s.claims:
 			claiming = false
 			if c.finish != nil {
 				finishing--
-				held -= len(c.finish.answers)
+				recording -= len(c.finish.answers)
 				backoff = s.recorded(*c.finish, backoff)
 			}
 			if s.cfg.Hooks.Claimed != nil {
@@ -204,7 +241,7 @@ func (s *stream) run(ctx context.Context) {
 				}
 				logSettled(s.log, c.settled)
 				s.report(c.settled)
-				held += len(c.attempts)
+				calling += len(c.attempts)
 				for _, a := range c.attempts {
 					s.startCall(ctx, a)
 				}
@@ -215,7 +252,7 @@ func (s *stream) run(ctx context.Context) {
 			// A claim that failed because the loop is stopping needs nothing: no new claim follows.
 		case f := <-s.finishes:
 			finishing--
-			held -= len(f.answers)
+			recording -= len(f.answers)
 			backoff = s.recorded(f, backoff)
 			if backoff > 0 {
 				nextClaim = time.Now().Add(backoff)
