@@ -33,10 +33,18 @@ type loopStats struct {
 // next claim in their round trip (the loop's hooks time both without telling them apart).
 type countingDispatcher struct {
 	*service.Dispatcher
-	handoffs atomic.Int64
+	handoffs    atomic.Int64
+	claimsAlone bool // the history probes: no claim rides behind a finish
 }
 
 func (c *countingDispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*service.Attempt, obs []service.Observation, limit int) service.Handoff {
+	if c.claimsAlone {
+		// Only the finish: the loop reads the empty claim as "nothing due", waits its Poll and claims
+		// alone, so that every claim with tasks is timed by itself.
+		var h service.Handoff
+		h.Finished, h.FinishErr = c.Dispatcher.FinishBatch(ctx, attempts, obs)
+		return h
+	}
 	c.handoffs.Add(1)
 	return c.Dispatcher.FinishBatchThenClaim(ctx, attempts, obs, limit)
 }
@@ -53,7 +61,7 @@ type deliverStats struct {
 // or finally not sent), then stops them; a stopping loop records its calls in flight before it
 // returns. The phase's time ends when the last task is settled. A claim or finish that fails stops the
 // phase with its error: a figure taken while the database fails would measure the failure.
-func (b *bench) deliver(ctx context.Context, label string, target int, shape worker.Config) (deliverStats, error) {
+func (b *bench) deliver(ctx context.Context, label string, target int, shape worker.Config, claimsAlone bool) (deliverStats, error) {
 	// Open every loop's connections first: connecting is not part of the figures.
 	for _, l := range b.loops {
 		if err := warmPool(ctx, l, shape.WithDefaults().Connections()); err != nil {
@@ -85,7 +93,7 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 	for i, l := range b.loops {
 		st := &loopStats{other: map[string]int{}}
 		per[i] = st
-		d := &countingDispatcher{Dispatcher: l.d}
+		d := &countingDispatcher{Dispatcher: l.d, claimsAlone: claimsAlone}
 		dispatchers[i] = d
 		cfg := shape
 		cfg.Logger = b.log.With("worker", l.name)

@@ -42,9 +42,10 @@ type historyReport struct {
 	SeedClaimSeedIndexesP50Ratio float64 `json:"seed_claim_seed_indexes_p50_ratio"`
 }
 
-// perTask is the loop of the probes: one task in flight, one per claim, so that every claim goes alone
-// (a finish carries the next claim only when the window has room) and times one task's claim.
-var perTask = worker.Config{MaxInFlight: 1, Batch: 1, Finishers: 1}
+// perTask is the loop of the probes: one task in flight, one per claim, and (deliver's claimsAlone) no
+// claim carried by a finish, so that each claim times one task's claim alone. Its short Poll is the
+// pause after each finish-only round trip, which the loop reads as an empty claim.
+var perTask = worker.Config{MaxInFlight: 1, Batch: 1, Finishers: 1, Poll: 100 * time.Microsecond}
 
 // seedRuns is how many times each probe times the seed's claim query.
 const seedRuns = 8
@@ -74,7 +75,7 @@ func (b *bench) probe(ctx context.Context, label string) (*probeReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	ds, err := b.deliver(ctx, label+" deliver", cs.tasks, perTask)
+	ds, err := b.deliver(ctx, label+" deliver", cs.tasks, perTask, true)
 	if err != nil {
 		return nil, err
 	}

@@ -300,7 +300,7 @@ func (b *bench) warmupRun(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	ds, err := b.deliver(ctx, "warmup", cs.tasks, b.cfg.loop())
+	ds, err := b.deliver(ctx, "warmup", cs.tasks, b.cfg.loop(), false)
 	if err != nil {
 		return ds.sent, err
 	}
@@ -331,7 +331,7 @@ func (b *bench) mainRun(ctx context.Context, rep *Report) error {
 	if err != nil {
 		return err
 	}
-	ds, err := b.deliver(ctx, "deliver", cs.tasks, b.cfg.loop())
+	ds, err := b.deliver(ctx, "deliver", cs.tasks, b.cfg.loop(), false)
 	if perr := stopProfile(); err == nil {
 		err = perr
 	}
