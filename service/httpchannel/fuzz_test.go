@@ -23,13 +23,14 @@ import (
 	"unicode/utf8"
 
 	"github.com/notifierhq/notifier/service/delivery"
+	"github.com/notifierhq/notifier/service/httpkit"
 )
 
 // sendOutcomes are the observations ClassifySend may produce (all accepted by delivery_attempt.outcome).
 var sendOutcomes = map[delivery.Outcome]bool{
 	delivery.OutcomeAccepted: true, delivery.OutcomeAcceptedReplay: true, delivery.OutcomeMalformed: true,
 	delivery.OutcomeInFlight: true, delivery.OutcomeThrottled: true, delivery.OutcomeHTTP5xx: true,
-	delivery.OutcomeRejected: true,
+	delivery.OutcomeGatewayError: true, delivery.OutcomeRejected: true,
 }
 
 // requirePGText makes checkObservation demand that Detail and ProviderMsgID can be stored in a
@@ -232,7 +233,11 @@ func FuzzSendResponse(f *testing.F) {
 		f.Fatal(err)
 	}
 	var read atomic.Int64
-	client.http.Transport = countingTransport{inner: client.http.Transport, read: &read}
+	transport, err := httpkit.NewTransport(httpkit.Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	client.kit = httpkit.NewClient(countingTransport{inner: transport, read: &read})
 
 	f.Fuzz(func(t *testing.T, status int, body []byte, pad uint32) {
 		// Any status a server can send as a final answer (net/http refuses others), any body, up to a

@@ -56,7 +56,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/notifierhq/notifier/service/delivery"
-	"github.com/notifierhq/notifier/service/httpchannel"
+	"github.com/notifierhq/notifier/service/httpkit"
 )
 
 // TLSMode says whether and how STARTTLS is used.
@@ -159,7 +159,7 @@ func New(opt Options) (*Client, error) {
 	if strings.ContainsAny(opt.SubjectPrefix, "\r\n") {
 		return nil, fmt.Errorf("%w: subject prefix contains a line break", delivery.ErrInvalidInput)
 	}
-	tlsConf, err := httpchannel.TLSConfig(opt.CAFile, host)
+	tlsConf, err := httpkit.TLSConfig(opt.CAFile, host)
 	if err != nil {
 		return nil, err
 	}
