@@ -62,7 +62,7 @@ func checkObservation(t *testing.T, obs delivery.Observation, known map[delivery
 }
 
 func FuzzClassifySend(f *testing.F) {
-	for _, status := range []int{200, 201, 202, 204, 299, 301, 400, 404, 409, 429, 500, 503, 599, 600, 0, -1, 199} {
+	for _, status := range []int{200, 201, 202, 204, 299, 301, 400, 404, 409, 429, 500, 502, 503, 504, 599, 600, 0, -1, 199} {
 		f.Add(status, "", []byte(`{"id":"m-1","replayed":false}`))
 		f.Add(status, "120", []byte(`{"id":"m-1","replayed":true}`))
 	}
@@ -107,8 +107,12 @@ func FuzzClassifySend(f *testing.F) {
 		if obs.Outcome == delivery.OutcomeAccepted && len(body) > MaxResponseBytes {
 			t.Fatalf("accepted a body of %d bytes, more than MaxResponseBytes", len(body))
 		}
-		if obs.RetryAfter != 0 && obs.Outcome != delivery.OutcomeThrottled && obs.Outcome != delivery.OutcomeHTTP5xx {
+		if obs.RetryAfter != 0 && obs.Outcome != delivery.OutcomeThrottled && obs.Outcome != delivery.OutcomeHTTP5xx &&
+			obs.Outcome != delivery.OutcomeGatewayError {
 			t.Fatalf("Retry-After honoured for %s", obs.Outcome)
+		}
+		if (status == http.StatusBadGateway || status == http.StatusGatewayTimeout) != (obs.Outcome == delivery.OutcomeGatewayError) {
+			t.Fatalf("HTTP %d classified %s: GATEWAY_ERROR is exactly a gateway's 502 or 504 here", status, obs.Outcome)
 		}
 		if again := ClassifySend(status, h, body); again.Outcome != obs.Outcome || again.ProviderMsgID != obs.ProviderMsgID {
 			t.Fatalf("not deterministic: %+v then %+v", obs, again)
