@@ -75,11 +75,18 @@ type receiver struct {
 	rejectWith int           // answered before recording (e.g. 400, 503); 0: none
 	drop       bool          // after recording: close the connection without an answer
 	lastHeader http.Header
+	conns      atomic.Int32 // TCP connections accepted
 }
 
 func newReceiver(t *testing.T, key []byte) *receiver {
 	r := &receiver{key: key, seen: map[string]bool{}}
-	r.srv = httptest.NewServer(http.HandlerFunc(r.serve))
+	r.srv = httptest.NewUnstartedServer(http.HandlerFunc(r.serve))
+	r.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			r.conns.Add(1)
+		}
+	}
+	r.srv.Start()
 	t.Cleanup(r.srv.Close)
 	return r
 }
@@ -252,12 +259,6 @@ func TestChannelWebhookDropOnKeptAliveConnection(t *testing.T) {
 	is := is.New(t)
 	secret, key := newSecret(t)
 	r := newReceiver(t, key)
-	var conns atomic.Int32
-	r.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
 	c, err := webhook.New(secret, webhook.Options{})
 	is.NoErr(err) // client
 	warm := message(r.srv.URL + "/hooks/u1")
@@ -268,7 +269,7 @@ func TestChannelWebhookDropOnKeptAliveConnection(t *testing.T) {
 	obs := send(t, c, message(r.srv.URL+"/hooks/u1"), 5*time.Second)
 	requests, deliveries := r.counts()
 	is.Equal(requests, 2)                          // one request for this attempt, not a resend behind our back
-	is.Equal(conns.Load(), int32(1))               // on the kept-alive connection
+	is.Equal(r.conns.Load(), int32(1))             // on the kept-alive connection
 	is.Equal(obs.Outcome, delivery.OutcomeIOError) // uncertain: the receiver has it
 	is.Equal(deliveries, 2)                        // recorded
 
