@@ -22,7 +22,8 @@
 //     (Response.ServerAnswer); a 2xx whose body could not be read is never a certain failure
 //     (Response.Unreadable).
 //
-// Standard library and service/delivery only: adapters must not pull pgx in.
+// Standard library, service/delivery and service/redact (its error texts follow the one redaction
+// rule) only: adapters must not pull pgx in.
 package httpkit
 
 import (
