@@ -3,16 +3,19 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/redact"
 )
 
 // env is what a command line runs with: the process's environment and streams, and what the global
@@ -170,7 +173,15 @@ func (e *env) newPool(maxConns int32, worker bool) (*pgxpool.Pool, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(e.dbURL)
 	if err != nil {
-		return nil, usagef("invalid database URL: %v", err) // pgconn redacts the password
+		// The string goes last: redaction hides everything after a password=... it cannot delimit.
+		return nil, usagef("invalid database URL: %s: %s", parseConfigReason(err, e.dbURL), redact.URL(e.dbURL))
+	}
+	if pw, ok := redact.URLPassword(e.dbURL); ok && pw != cfg.ConnConfig.Password {
+		// pgx read the URL otherwise than the conservative reading: its password holds an unescaped
+		// '@', '/', '?', '#' or space, so pgx would connect with part of it as a host or database name,
+		// and every error would quote that part.
+		return nil, usagef("invalid database URL: its password holds a character a URL needs percent-encoded (an at sign, slash, question mark, hash or space: %%40, %%2F, %%3F, %%23, %%20), or set PGPASSWORD instead: %s",
+			redact.URL(e.dbURL))
 	}
 	e.secret = cfg.ConnConfig.Password
 	if maxConns > cfg.MaxConns {
@@ -186,6 +197,29 @@ func (e *env) newPool(maxConns int32, worker bool) (*pgxpool.Pool, error) {
 	e.log.Debug("database", "host", cfg.ConnConfig.Host, "port", cfg.ConnConfig.Port,
 		"database", cfg.ConnConfig.Database, "user", cfg.ConnConfig.User)
 	return pool, nil
+}
+
+// parseConfigReason is why pgx refused a connection string, without the string: pgx quotes it with
+// its own best-effort redaction, which printed the password of malformed strings (an unterminated
+// quote, a '@' in a URL password). The reason and the wrapped error are kept, scrubbed again.
+func parseConfigReason(err error, conn string) string {
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return redact.Scrub(err.Error(), conn)
+	}
+	text, inner := pe.Error(), pe.Unwrap()
+	if inner != nil {
+		text = strings.TrimSuffix(text, " ("+inner.Error()+")")
+	}
+	// "cannot parse `<string>`: <reason>": the reason follows the last "`: ".
+	reason := "cannot parse it"
+	if i := strings.LastIndex(text, "`: "); i >= 0 {
+		reason = text[i+len("`: "):]
+	}
+	if inner != nil {
+		reason += ": " + redact.Error(inner)
+	}
+	return redact.Scrub(reason, conn)
 }
 
 // dbContext bounds one database call.

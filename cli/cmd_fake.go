@@ -30,6 +30,9 @@ func fakeCommand(e *env) *cli.Command {
 127.0.0.1 with a free port, and their control API on --listen:
   POST /control/{push|sms|none}/script  {"ref":"task-1","target":"send"|"query","steps":[{"delay_ms":1200}]}
   GET  /control/{push|sms|none}/counts, GET /control/counts
+A step is {"status":N,"retry_after":"S"} (answered before acceptance), or, after acceptance is
+recorded, any of "delay_ms", "hang", "malformed", "slow_body_ms", or "drop": true (close the
+connection without an answer).
 Needs no database.
 
 Prints one JSON line on stdout once everything listens, then serves until SIGTERM or SIGINT

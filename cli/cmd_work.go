@@ -17,6 +17,7 @@ import (
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/channelconfig"
 	"github.com/notifierhq/notifier/service/httpchannel"
+	"github.com/notifierhq/notifier/service/redact"
 	"github.com/notifierhq/notifier/worker"
 )
 
@@ -140,7 +141,7 @@ type channelSpec struct {
 
 // parseChannel parses NAME=MODE,URL. Errors quote the value with any URL password removed.
 func parseChannel(value string) (channelSpec, error) {
-	shown := redactURLs(value)
+	shown := redact.Text(value)
 	name, rest, ok := strings.Cut(value, "=")
 	if !ok {
 		return channelSpec{}, usagef("invalid --channel %q: want NAME=MODE,URL, e.g. push=idempotent,http://127.0.0.1:8081", shown)
@@ -246,15 +247,17 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 		}
 		if fromFile[spec.Name] {
 			return workConfig{}, usagef("invalid --channel %q: channel %q is also defined in --channels-file %s: a channel may be defined once",
-				redactURLs(v), spec.Name, channelsFile)
+				redact.Text(v), spec.Name, channelsFile)
 		}
 		if _, dup := d.Routes[spec.Name]; dup {
-			return workConfig{}, usagef("invalid --channel %q: channel %q given twice", redactURLs(v), spec.Name)
+			return workConfig{}, usagef("invalid --channel %q: channel %q given twice", redact.Text(v), spec.Name)
 		}
 		client, err := httpchannel.New(spec.URL, httpchannel.Options{CAFile: c.String("ca-file")})
 		if err != nil {
 			if errors.Is(err, service.ErrInvalidInput) {
-				return workConfig{}, usagef("invalid --channel %q: %v", redactURLs(v), err)
+				// The adapter's error shows the URL (redacted) once; the whole value again would put two
+				// userinfos in one line, and redaction would hide everything between them.
+				return workConfig{}, usagef("invalid --channel %s: %v", spec.Name, err)
 			}
 			return workConfig{}, err // e.g. the CA file cannot be read
 		}
@@ -310,7 +313,7 @@ func work(c *cli.Context, e *env) error {
 	}
 	channels := make([]string, len(cfg.specs))
 	for i, s := range cfg.specs {
-		channels[i] = fmt.Sprintf("%s=%s,%s", s.Name, strings.ToLower(string(s.Mode)), httpchannel.Redact(s.URL))
+		channels[i] = fmt.Sprintf("%s=%s,%s", s.Name, strings.ToLower(string(s.Mode)), redact.URL(s.URL))
 	}
 	log := e.log.With("worker", cfg.dispatcher.Worker)
 

@@ -133,3 +133,43 @@ func TestUnreachableDatabase(t *testing.T) {
 		is.True(!strings.Contains(r.stdout+r.stderr, "secret")) // never the password
 	})
 }
+
+// TestPasswordsNeverShown: the reported leaks. A database or channel URL whose password holds '@',
+// '/', a space or a quote, or a key=value string with broken quoting, is refused (exit 2) with one line
+// that shows no piece of the password.
+func TestPasswordsNeverShown(t *testing.T) {
+	t.Parallel()
+	c := notifierCLI{t: t}
+	const noDB = "postgres://u@127.0.0.1:1/db?connect_timeout=2"
+	cases := []struct {
+		name   string
+		args   []string
+		code   int      // 2: refused as bad input; 1: valid, and then the database is unreachable
+		pieces []string // no piece of the password may show
+	}{
+		{"URL password with @", []string{"--database-url", "postgres://u:S3cr@tPass!@127.0.0.1:1/db", "status"}, 2, []string{"S3cr", "tPass"}},
+		{"URL password with /", []string{"--database-url", "postgres://u:12/ss@127.0.0.1:1/db", "status"}, 2, []string{"12/", "ss@"}},
+		{"URL password with a space", []string{"--database-url", "postgres://u:pa ss@127.0.0.1:1/db", "status"}, 2, []string{"pa ss", "ss@"}},
+		{"URL password encoded", []string{"--database-url", "postgres://u:S3cr%40tPass!@127.0.0.1:1/db?connect_timeout=2", "status"}, 1, []string{"S3cr", "tPass"}},
+		{"key=value unterminated quote", []string{"--database-url", "host=127.0.0.1 user=u password='abc def dbname=x", "status"}, 2, []string{"abc", "def"}},
+		{"key=value escaped space", []string{"--database-url", `host=127.0.0.1 password=abc\ def sslmode=bogus`, "status"}, 2, []string{"abc", "def"}},
+		{"channel password with @", []string{"--database-url", noDB, "work", "--once", "--channel", "push=idempotent,http://user:p@ss@127.0.0.1:8081"}, 1, []string{"p@ss"}},
+		{"channel password with /", []string{"work", "--once", "--channel", "push=idempotent,http://user:12/ss@127.0.0.1:8081"}, 2, []string{"12/ss", "ss@"}},
+		{"channel password with a space", []string{"work", "--once", "--channel", "push=idempotent,http://user:pa ss@127.0.0.1:8081"}, 2, []string{"pa ss", "ss@"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			r := c.in(t).run("", tc.args...)
+			t.Log(r.stderr)
+			is.Equal(r.code, tc.code) // refused as bad input, or failing on the unreachable database
+			oneErrorLine(t, r)        // one line
+			for _, p := range tc.pieces {
+				is.True(!strings.Contains(r.stdout+r.stderr, p)) // no piece of the password
+			}
+			if tc.code == 2 {
+				is.True(strings.Contains(r.stderr, "xxxxx")) // the refused value is shown, masked
+			}
+		})
+	}
+}

@@ -13,7 +13,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"regexp"
 	"strings"
 	"syscall"
 
@@ -21,6 +20,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/redact"
 )
 
 func main() {
@@ -43,7 +43,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	e := &env{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	err := newApp(e).RunContext(ctx, args)
 	if err != nil {
-		fmt.Fprintln(stderr, "notifier: "+errorLine(err, e.secret))
+		fmt.Fprintln(stderr, "notifier: "+errorLine(err, e.dbURL, e.secret))
 	}
 	return err
 }
@@ -81,29 +81,14 @@ func exitCode(err error) int {
 	}
 }
 
-// urlPassword matches the password of a URL written as scheme://user:password@host.
-var urlPassword = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*):[^@/\s]*@`)
-
-// keyValuePassword matches password=... in a key=value connection string or a URL query.
-var keyValuePassword = regexp.MustCompile(`(?i)(password=)[^\s&]*`)
-
-// redactURLs replaces every URL password in s, and any password=..., with xxxxx.
-func redactURLs(s string) string {
-	s = urlPassword.ReplaceAllString(s, "${1}:xxxxx@")
-	return keyValuePassword.ReplaceAllString(s, "${1}xxxxx")
-}
-
-// errorLine is err as one line, without URL passwords and without the database password (which
-// may also appear in a key=value connection string).
-func errorLine(err error, secret string) string {
+// errorLine is err as one line, without passwords: any URL's or password=...'s (service/redact), and
+// the database's wherever it appears, in every form the database URL may hold it.
+func errorLine(err error, dbURL, secret string) string {
 	s := err.Error()
 	if connErr := (*pgconn.ConnectError)(nil); errors.As(err, &connErr) {
 		s = "database unreachable: " + s
 	}
-	s = redactURLs(s)
-	if len(secret) >= 3 {
-		s = strings.ReplaceAll(s, secret, "xxxxx")
-	}
+	s = redact.Known(redact.Scrub(s, dbURL), secret)
 	// pgx reports one line per connection attempt, often the same one twice (sslmode=prefer).
 	var lines []string
 	seen := map[string]bool{}

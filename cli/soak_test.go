@@ -53,15 +53,17 @@ func TestSoak(t *testing.T) {
 	ctx := context.Background()
 	s := &soak{t: t, c: c, pool: pool, n: n}
 
-	// Channels that misbehave at random: accept-then-timeout, hang, 503, 400, 409, 429, malformed 2xx,
-	// slow bodies; queries fail now and then.
+	// Channels that misbehave at random: accept-then-timeout, accept-then-drop the (usually kept-alive)
+	// connection, hang, 503, 400, 409, 429, malformed 2xx, slow bodies; queries fail or drop now and then.
 	s.push, s.sms, s.none = startFake(t, fakes.Push), startFake(t, fakes.SMS), startFake(t, fakes.None)
 	faults := func() fakes.Step {
 		rngMu.Lock()
 		defer rngMu.Unlock()
 		switch r := rng.Float64(); {
-		case r < 0.55:
+		case r < 0.50:
 			return fakes.Step{}
+		case r < 0.55:
+			return fakes.Step{Drop: true} // accepted, then the connection closes without an answer
 		case r < 0.65:
 			return fakes.Step{Delay: 800 * time.Millisecond} // accepted, answered after the timeout
 		case r < 0.67:
@@ -81,8 +83,11 @@ func TestSoak(t *testing.T) {
 		}
 	}
 	queryFaults := func() fakes.Step {
-		if chance(0.2) {
+		switch {
+		case chance(0.2):
 			return fakes.Step{Status: 503}
+		case chance(0.05):
+			return fakes.Step{Drop: true}
 		}
 		return fakes.Step{}
 	}
@@ -273,23 +278,36 @@ func (s *soak) check(is *is.I) {
 		return n
 	}
 	accepted := map[string]map[string]int{}
+	requests := map[string]map[string]int{} // channel -> ref -> sends and queries the fake received
 	for name, ch := range map[string]*fakes.Channel{"push": s.push, "sms": s.sms, "none": s.none} {
-		accepted[name] = ch.Snapshot().Outbound
+		snap := ch.Snapshot()
+		accepted[name] = snap.Outbound
+		requests[name] = snap.Sends
+		for ref, n := range snap.Queries {
+			requests[name][ref] += n
+		}
 	}
 	type task struct {
 		id                int64
 		channel, state    string
 		uncertain, parked bool
 		manualSent        bool
+		calls, answered   int // attempt rows that call the channel; those of them the channel answered
 	}
+	// answered: outcomes (or late outcomes of a superseded holder) that only an answer of the channel
+	// produces, so the fake certainly received that attempt's request.
 	rows, err := s.pool.Query(ctx, `SELECT t.id, t.channel, t.state, t.outcome_uncertain, t.needs_review,
-		EXISTS (SELECT FROM delivery_attempt a WHERE a.task_id = t.id AND a.outcome = 'MANUAL_SENT')
+		EXISTS (SELECT FROM delivery_attempt a WHERE a.task_id = t.id AND a.outcome = 'MANUAL_SENT'),
+		(SELECT count(*) FROM delivery_attempt a WHERE a.task_id = t.id AND a.action IN ('SEND', 'QUERY', 'TOPIC_RESEND')),
+		(SELECT count(*) FROM delivery_attempt a WHERE a.task_id = t.id AND a.action IN ('SEND', 'QUERY', 'TOPIC_RESEND')
+			AND coalesce(nullif(a.outcome, 'LEASE_EXPIRED'), a.late_outcome) IN ('ACCEPTED', 'ACCEPTED_REPLAY',
+			'QUERY_FOUND', 'QUERY_NOT_FOUND', 'IN_FLIGHT', 'MALFORMED_RESPONSE', 'HTTP_5XX', 'THROTTLED', 'REJECTED', 'GATEWAY_ERROR'))
 		FROM delivery_task t`)
 	is.NoErr(err) // read tasks
 	var tasks []task
 	for rows.Next() {
 		var tk task
-		is.NoErr(rows.Scan(&tk.id, &tk.channel, &tk.state, &tk.uncertain, &tk.parked, &tk.manualSent))
+		is.NoErr(rows.Scan(&tk.id, &tk.channel, &tk.state, &tk.uncertain, &tk.parked, &tk.manualSent, &tk.calls, &tk.answered))
 		tasks = append(tasks, tk)
 	}
 	is.NoErr(rows.Err())
@@ -308,10 +326,30 @@ func (s *soak) check(is *is.I) {
 		"I6 open attempt after draining",
 		"I7 append-only trigger missing",
 		"I7 recorded outcome differs from the observation",
+		"I8 more requests on the wire than call attempts",
+		"I8 fewer requests than answered attempts",
 	}
-	var sent, parked, failed, suppressed int
+	var sent, parked, failed, suppressed, wire, calls, equal int
 	for _, tk := range tasks {
 		out := accepted[tk.channel][service.Ref(tk.id)]
+		// I8 (R3): every request on the wire has its attempt row. A request is never sent twice for
+		// one row (a transport's resend would be), so the fake's count for a task is at most its call
+		// attempts, and at least the attempts it answered. It may be less than the rows: a worker
+		// killed, or frozen past its timeout, between the claim's commit and writing the request
+		// leaves a row without a request.
+		got := requests[tk.channel][service.Ref(tk.id)]
+		wire, calls = wire+got, calls+tk.calls
+		if got == tk.calls {
+			equal++
+		}
+		if got > tk.calls {
+			violations["I8 more requests on the wire than call attempts"]++
+			s.t.Logf("I8: task %d (%s): %d requests, %d call attempts", tk.id, tk.channel, got, tk.calls)
+		}
+		if got < tk.answered {
+			violations["I8 fewer requests than answered attempts"]++
+			s.t.Logf("I8: task %d (%s): %d requests, %d answered attempts", tk.id, tk.channel, got, tk.answered)
+		}
 		switch tk.state {
 		case "SENT":
 			sent++
@@ -350,7 +388,7 @@ func (s *soak) check(is *is.I) {
 
 	// I7: what each worker observed (its CALLED log line) is in the attempt row, as outcome or, when the
 	// attempt was superseded, as late_outcome; never overwritten by anything else.
-	calls, mismatched := 0, 0
+	results, mismatched := 0, 0
 	for _, log := range s.logs {
 		sc := bufio.NewScanner(strings.NewReader(log.String()))
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -365,7 +403,7 @@ func (s *soak) check(is *is.I) {
 			if json.Unmarshal(sc.Bytes(), &ev) != nil || ev.Msg != "RESULT" || ev.Attempt == 0 || ev.Outcome == "" {
 				continue
 			}
-			calls++
+			results++
 			var outcome, late *string
 			err := s.pool.QueryRow(ctx, `SELECT outcome, late_outcome FROM delivery_attempt WHERE task_id = $1 AND attempt_no = $2`,
 				ev.Task, ev.Attempt).Scan(&outcome, &late)
@@ -388,7 +426,9 @@ func (s *soak) check(is *is.I) {
 		s.kills, s.stops, s.starts, s.restarts, s.creates, s.duplicates)
 	s.mu.Unlock()
 	s.t.Logf("soak counts: tasks %d: SENT %d, parked %d, FAILED %d, SUPPRESSED %d; outbound push %d, sms %d, none %d; results checked against attempt rows %d",
-		len(tasks), sent, parked, failed, suppressed, s.push.TotalOutbound(), s.sms.TotalOutbound(), s.none.TotalOutbound(), calls)
+		len(tasks), sent, parked, failed, suppressed, s.push.TotalOutbound(), s.sms.TotalOutbound(), s.none.TotalOutbound(), results)
+	s.t.Logf("soak counts: requests on the wire %d, call attempts %d; tasks whose requests equal their call attempts %d of %d",
+		wire, calls, equal, len(tasks))
 	total := 0
 	for name, v := range violations {
 		if !slices.Contains(invariants, name) {
@@ -401,7 +441,7 @@ func (s *soak) check(is *is.I) {
 	}
 	is.Equal(total, 0)       // every invariant holds
 	is.True(len(tasks) > 20) // the soak did real work
-	is.True(calls > 20)      // and checked real observations
+	is.True(results > 20)    // and checked real observations
 	if pgtest.Cluster() != nil {
 		is.True(s.restarts >= 1) // PostgreSQL was restarted mid-run
 	}

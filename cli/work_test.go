@@ -298,6 +298,18 @@ func TestFake(t *testing.T) {
 	is.NoErr(json.Unmarshal([]byte(scrape(t, urls.Control+"/control/push/counts")), &counts)) // the control API answers
 	is.Equal(counts.Outbound["task-1"], 1)                                                    // with the push fake's counts
 
+	resp, err = http.Post(urls.Control+"/control/none/script", "application/json", strings.NewReader(`{"ref":"task-2","steps":[{"drop":true}]}`))
+	is.NoErr(err) // a drop step through the control API
+	resp.Body.Close()
+	is.Equal(resp.StatusCode, http.StatusOK) // is accepted
+	resp, err = http.Post(urls.None+"/send", "application/json", strings.NewReader(`{"ref":"task-2","to":"d","body":"b"}`))
+	if err == nil {
+		resp.Body.Close()
+	}
+	is.True(err != nil) // the connection closed without an answer
+	is.NoErr(json.Unmarshal([]byte(scrape(t, urls.Control+"/control/none/counts")), &counts))
+	is.Equal(counts.Outbound["task-2"], 1) // after the message was accepted
+
 	is.Equal(p.stop(syscall.SIGTERM), 0)                // a clean stop
 	is.Equal(strings.Count(p.stdout.String(), "\n"), 1) // exactly one line on stdout
 }

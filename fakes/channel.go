@@ -3,8 +3,8 @@
 //
 // The fakes exist so the service's hardest case, "the request went out and no
 // answer came back", can be reproduced on demand: a fake records the
-// acceptance of a message first and only then delays, hangs or garbles its
-// answer, exactly as scripted by the test. Counts of sends, new outbound
+// acceptance of a message first and only then delays, hangs, garbles its
+// answer or drops the connection without one, exactly as scripted by the test. Counts of sends, new outbound
 // messages and queries let a test prove how many messages the user would
 // really have received.
 //
@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -65,6 +66,15 @@ type Step struct {
 	// SlowBody, after acceptance is recorded, sends the headers and the
 	// first byte at once and dribbles the rest of the body over this span.
 	SlowBody time.Duration
+	// Drop, after acceptance is recorded (and after Delay), closes the TCP
+	// connection without writing any answer: the provider took the message
+	// and the connection broke before the client heard so. On a kept-alive
+	// connection this is the case a client must not "retry" behind the
+	// caller's back. HTTP/2 (should a fake ever serve it) cannot close one
+	// request's connection: there the stream is aborted. Drop takes the place
+	// of any answer, so Malformed and SlowBody do not apply; for a query the
+	// query is counted and then the connection dropped.
+	Drop bool
 }
 
 // Counts is a copy of a channel's per-reference counters.
@@ -92,6 +102,8 @@ type Channel struct {
 	byKey    map[string]string // Idempotency-Key -> provider id (push only)
 	seq      int
 	changed  chan struct{} // closed and replaced whenever an outbound is recorded
+
+	conns atomic.Int64 // TCP connections accepted
 }
 
 // queues holds scripted steps: one queue per ref plus a shared default, and a generator for when both
@@ -155,7 +167,12 @@ func StartOn(kind Kind, addr string) (*Channel, error) {
 	}
 	c := newChannel(kind)
 	c.url = "http://" + l.Addr().String()
-	c.srv = &http.Server{Handler: http.HandlerFunc(c.serveHTTP), ReadHeaderTimeout: 10 * time.Second}
+	c.srv = &http.Server{Handler: http.HandlerFunc(c.serveHTTP), ReadHeaderTimeout: 10 * time.Second,
+		ConnState: func(_ net.Conn, state http.ConnState) {
+			if state == http.StateNew {
+				c.conns.Add(1)
+			}
+		}}
 	go func() { _ = c.srv.Serve(l) }()
 	return c, nil
 }
@@ -243,6 +260,10 @@ func (c *Channel) TotalSends() int { return c.total(c.sends) }
 
 // TotalOutbound is Outbound summed over all refs.
 func (c *Channel) TotalOutbound() int { return c.total(c.outbound) }
+
+// Conns counts the TCP connections the fake has accepted, so a test can tell
+// whether a request came on a kept-alive (reused) connection.
+func (c *Channel) Conns() int { return int(c.conns.Load()) }
 
 // TotalQueries is Queries summed over all refs.
 func (c *Channel) TotalQueries() int { return c.total(c.queries) }

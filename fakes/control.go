@@ -22,6 +22,7 @@ type stepJSON struct {
 	Hang       bool   `json:"hang"`
 	Malformed  bool   `json:"malformed"`
 	SlowBodyMS int64  `json:"slow_body_ms"`
+	Drop       bool   `json:"drop"`
 }
 
 type scriptReply struct {
@@ -36,6 +37,11 @@ type scriptReply struct {
 // served by the `notifier fake` command:
 //
 //	POST /control/{kind}/script  {"ref":"task-1","target":"send"|"query","steps":[{"status":503,"delay_ms":1200,...}]}
+//
+// A step's fields: status, retry_after, delay_ms, hang, malformed,
+// slow_body_ms and drop (accept, then close the connection without an
+// answer), as in Step.
+//
 //	GET  /control/{kind}/counts  -> Counts
 //	GET  /control/counts         -> {"push":Counts,"sms":Counts,"none":Counts} (the kinds given)
 //
@@ -118,6 +124,9 @@ func (req scriptRequest) steps() ([]Step, error) {
 		if s.DelayMS < 0 || s.SlowBodyMS < 0 {
 			return nil, fmt.Errorf("steps[%d]: delay_ms and slow_body_ms must not be negative", i)
 		}
+		if s.Drop && (s.Status != 0 || s.Hang || s.Malformed || s.SlowBodyMS != 0) {
+			return nil, fmt.Errorf("steps[%d]: drop answers nothing: it excludes status, hang, malformed and slow_body_ms", i)
+		}
 		steps = append(steps, Step{
 			Status:     s.Status,
 			RetryAfter: s.RetryAfter,
@@ -125,6 +134,7 @@ func (req scriptRequest) steps() ([]Step, error) {
 			Hang:       s.Hang,
 			Malformed:  s.Malformed,
 			SlowBody:   time.Duration(s.SlowBodyMS) * time.Millisecond,
+			Drop:       s.Drop,
 		})
 	}
 	return steps, nil

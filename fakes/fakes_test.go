@@ -1,12 +1,14 @@
 package fakes_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -535,5 +537,91 @@ func TestControlErrors(t *testing.T) {
 		is.NoErr(json.Unmarshal(body, &e)) // error body is JSON
 		is.Equal(status, tc.want)          // status for this case
 		is.True(e.Error != "")             // with a clear message
+	}
+}
+
+// rawRequest writes one HTTP/1.1 request on conn, kept alive.
+func rawRequest(t *testing.T, conn net.Conn, method, path, key, body string) {
+	t.Helper()
+	req := fmt.Sprintf("%s %s HTTP/1.1\r\nHost: fake\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", method, path, len(body))
+	if key != "" {
+		req += "Idempotency-Key: " + key + "\r\n"
+	}
+	if _, err := io.WriteString(conn, req+"\r\n"+body); err != nil {
+		t.Fatalf("write request: %v", err)
+	}
+}
+
+// TestDropAfterAcceptance: a Drop step records the acceptance exactly as an answered send would and
+// then closes the kept-alive connection without a byte of answer.
+func TestDropAfterAcceptance(t *testing.T) {
+	for _, kind := range []fakes.Kind{fakes.Push, fakes.SMS, fakes.None} {
+		t.Run(string(kind), func(t *testing.T) {
+			is := is.New(t)
+			c := start(t, kind)
+			c.ScriptSend("task-2", fakes.Step{Drop: true})
+			conn, err := net.Dial("tcp", strings.TrimPrefix(c.URL(), "http://"))
+			is.NoErr(err) // connected
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+			br := bufio.NewReader(conn)
+
+			rawRequest(t, conn, http.MethodPost, "/send", "ntf-task-1", `{"ref":"task-1","to":"a","body":"b"}`)
+			resp, err := http.ReadResponse(br, nil)
+			is.NoErr(err)                            // the first request is answered
+			is.Equal(resp.StatusCode, http.StatusOK) // accepted
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+
+			rawRequest(t, conn, http.MethodPost, "/send", "ntf-task-2", `{"ref":"task-2","to":"a","body":"b"}`)
+			n, err := br.Read(make([]byte, 1))
+			is.Equal(n, 0)                    // not a byte of answer
+			is.Equal(err, io.EOF)             // the connection was closed, in order
+			is.Equal(c.Conns(), 1)            // both requests came on one kept-alive connection
+			is.Equal(c.Sends("task-2"), 1)    // the dropped request was counted
+			is.Equal(c.Outbound("task-2"), 1) // and accepted: a message went out
+
+			status, reply := send(t, c, "task-2")
+			is.Equal(status, http.StatusOK)                                                                      // the next request is answered again
+			is.Equal(reply.Replayed, kind == fakes.Push)                                                         // push kept the dropped request's key
+			is.Equal(c.Outbound("task-2"), map[fakes.Kind]int{fakes.Push: 1, fakes.SMS: 2, fakes.None: 2}[kind]) // as for an answered send
+		})
+	}
+}
+
+// TestDropQuery: a query answered by a dropped connection is counted, and nothing else changes.
+func TestDropQuery(t *testing.T) {
+	is := is.New(t)
+	c := start(t, fakes.SMS)
+	send(t, c, "task-1")
+	c.ScriptQuery("task-1", fakes.Step{Drop: true})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(c.URL(), "http://"))
+	is.NoErr(err) // connected
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	rawRequest(t, conn, http.MethodGet, "/messages?ref=task-1", "", "")
+	n, err := bufio.NewReader(conn).Read(make([]byte, 1))
+	is.Equal(n, 0)                   // no answer
+	is.Equal(err, io.EOF)            // the connection was closed
+	is.Equal(c.Queries("task-1"), 1) // the query was counted
+	_, found := query(t, c, "task-1")
+	is.Equal(found.Found, 1) // and the next one is answered
+}
+
+// TestControlDropStep: drop travels through the control API, and contradictory steps are refused.
+func TestControlDropStep(t *testing.T) {
+	is := is.New(t)
+	c := start(t, fakes.None)
+	srv := httptest.NewServer(fakes.ControlHandler(c))
+	defer srv.Close()
+	ctl := control{t: t, url: srv.URL}
+	status, _ := ctl.do(http.MethodPost, "/control/none/script", `{"ref":"task-1","steps":[{"drop":true}]}`)
+	is.Equal(status, http.StatusOK) // a drop step is accepted
+	_, err := postSend(&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}, c, "task-1", "")
+	is.True(err != nil)               // the connection closed without an answer
+	is.Equal(c.Outbound("task-1"), 1) // after the message was accepted
+	for _, bad := range []string{`{"drop":true,"status":503}`, `{"drop":true,"hang":true}`, `{"drop":true,"malformed":true}`, `{"drop":true,"slow_body_ms":5}`} {
+		status, _ := ctl.do(http.MethodPost, "/control/none/script", `{"steps":[`+bad+`]}`)
+		is.Equal(status, http.StatusBadRequest) // a drop answers nothing, so it cannot also answer
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 )
@@ -139,6 +140,10 @@ func (c *Channel) finish(w http.ResponseWriter, r *http.Request, step Step, repl
 	if step.Hang {
 		c.sleep(r, -1)
 	}
+	if step.Drop {
+		drop(w, r)
+		return
+	}
 	body, err := json.Marshal(reply)
 	if err != nil {
 		panic(err) // our own reply types always marshal
@@ -153,6 +158,20 @@ func (c *Channel) finish(w http.ResponseWriter, r *http.Request, step Step, repl
 		return
 	}
 	c.dribble(w, r, body, step.SlowBody)
+}
+
+// drop closes the request's connection without a byte of answer. The request
+// body is read to its end first, so the close is an orderly FIN after a
+// request the server took whole (unread data would make it a reset).
+func drop(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		// HTTP/2 cannot hand its connection over; aborting the handler resets
+		// this request's stream, which is what a drop is to one request there.
+		panic(http.ErrAbortHandler)
+	}
+	_ = conn.Close()
 }
 
 // dribble sends the first byte at once and the rest one byte at a time,

@@ -19,8 +19,8 @@ import (
 var fuzzOutcomes = []service.Outcome{
 	service.OutcomeAccepted, service.OutcomeAcceptedReplay, service.OutcomeQueryFound, service.OutcomeQueryNotFound,
 	service.OutcomeQueryFailed, service.OutcomeTimeout, service.OutcomeIOError, service.OutcomeConnectFailed,
-	service.OutcomeInFlight, service.OutcomeMalformed, service.OutcomeHTTP5xx, service.OutcomeThrottled,
-	service.OutcomeRejected, service.OutcomeLeaseExpired, service.OutcomePrefDisabled, service.OutcomeManualSent,
+	service.OutcomeInFlight, service.OutcomeMalformed, service.OutcomeHTTP5xx, service.OutcomeGatewayError,
+	service.OutcomeThrottled, service.OutcomeRejected, service.OutcomeLeaseExpired, service.OutcomePrefDisabled, service.OutcomeManualSent,
 }
 
 var fuzzModes = []service.Mode{service.ModeIdempotent, service.ModeQueryable, service.ModeNone}

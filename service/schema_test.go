@@ -14,6 +14,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/service"
 )
 
 const (
@@ -292,5 +293,30 @@ func TestSchemaBaselineAndBoundariesAreValid(t *testing.T) {
 		}
 		is.NoErr(err)                          // a value at the edge of a bound is accepted
 		is.Equal(tag.RowsAffected(), int64(1)) // the statement touched its one row
+	}
+}
+
+// TestSchemaAcceptsEveryCallOutcome: every observation a channel adapter can report fits both
+// delivery_attempt.outcome and late_outcome; one the CHECK refused would fail a whole batch's finish.
+func TestSchemaAcceptsEveryCallOutcome(t *testing.T) {
+	is := is.New(t)
+	ctx := context.Background()
+	pool := pgtest.NewDB(t)
+	loadSchemaBaseline(t, pool)
+	outcomes := []service.Outcome{
+		service.OutcomeAccepted, service.OutcomeAcceptedReplay, service.OutcomeQueryFound, service.OutcomeQueryNotFound,
+		service.OutcomeQueryFailed, service.OutcomeTimeout, service.OutcomeIOError, service.OutcomeConnectFailed,
+		service.OutcomeInFlight, service.OutcomeMalformed, service.OutcomeHTTP5xx, service.OutcomeGatewayError,
+		service.OutcomeThrottled, service.OutcomeRejected,
+	}
+	for i, o := range outcomes {
+		tag, err := pool.Exec(ctx, `INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker,
+			finished_at, outcome, late_outcome, late_at)
+			VALUES (`+schemaBaseTask+`, $1, gen_random_uuid(), 'SEND', 'w1', now(), $2, $2, now())`, i+2, string(o))
+		if err != nil {
+			t.Logf("outcome %s", o)
+		}
+		is.NoErr(err)                          // the outcome is accepted as outcome and as late_outcome
+		is.Equal(tag.RowsAffected(), int64(1)) // one attempt row
 	}
 }

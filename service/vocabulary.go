@@ -49,6 +49,7 @@ const (
 	OutcomeInFlight              = delivery.OutcomeInFlight
 	OutcomeMalformed             = delivery.OutcomeMalformed
 	OutcomeHTTP5xx               = delivery.OutcomeHTTP5xx
+	OutcomeGatewayError          = delivery.OutcomeGatewayError
 	OutcomeThrottled             = delivery.OutcomeThrottled
 	OutcomeRejected              = delivery.OutcomeRejected
 	OutcomeLeaseExpired          = delivery.OutcomeLeaseExpired

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+
+	"github.com/notifierhq/notifier/service/redact"
 )
 
 // RepoRoot returns the directory of the module's go.mod, searched upwards
@@ -105,7 +107,7 @@ func Migrate(ctx context.Context, dbURL string) error {
 	cmd.Env = withoutEnv(os.Environ(), "DATABASE_URL") // --url wins anyway; keep it out of output
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("dbmate up on %s (migrations %s) failed: %v\n%s", redactURL(u), dir, err, scrub(string(out), u))
+		return fmt.Errorf("dbmate up on %s (migrations %s) failed: %v\n%s", redact.URL(u), dir, err, redact.Scrub(string(out), u))
 	}
 	return nil
 }
@@ -129,7 +131,7 @@ func parsePostgresURL(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
 		// url.Parse errors quote the input: do not wrap them.
-		return nil, fmt.Errorf("not a postgres://user@host:port/db URL: %s", redactURL(raw))
+		return nil, fmt.Errorf("not a postgres://user@host:port/db URL: %s", redact.URL(raw))
 	}
 	return u, nil
 }

@@ -35,6 +35,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/notifierhq/notifier/service/redact"
 )
 
 var (
@@ -83,12 +85,12 @@ func NewDB(t testing.TB) *pgxpool.Pool {
 	defer cancel()
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
-		t.Fatalf("pgtest: connect to %s: %v", redactURL(dbURL), err)
+		t.Fatalf("pgtest: connect to %s: %v", redact.URL(dbURL), err)
 	}
 	// Registered after the drop of NewDBURL, so it runs before it.
 	t.Cleanup(pool.Close)
 	if err := pool.Ping(ctx); err != nil {
-		t.Fatalf("pgtest: connect to %s: %v", redactURL(dbURL), err)
+		t.Fatalf("pgtest: connect to %s: %v", redact.URL(dbURL), err)
 	}
 	return pool
 }
@@ -209,7 +211,7 @@ func setup(ctx context.Context) (_ *harness, err error) {
 	h.base, _ = url.Parse(withSSL)
 	cfg, err := pgxpool.ParseConfig(withSSL)
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: %s", src, redactURL(withSSL), scrub(err.Error(), withSSL))
+		return nil, fmt.Errorf("%s %s: %s", src, redact.URL(withSSL), redact.Scrub(err.Error(), withSSL))
 	}
 	cfg.MaxConns = 4
 	h.admin, err = pgxpool.NewWithConfig(ctx, cfg)
@@ -217,12 +219,12 @@ func setup(ctx context.Context) (_ *harness, err error) {
 		err = h.admin.Ping(ctx)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s (%s): %s", redactURL(withSSL), src, scrub(err.Error(), withSSL))
+		return nil, fmt.Errorf("connect to %s (%s): %s", redact.URL(withSSL), src, redact.Scrub(err.Error(), withSSL))
 	}
 
 	tmpl := "notifier_tmpl_" + randomSuffix()
 	if _, err := h.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{tmpl}.Sanitize()); err != nil {
-		return nil, fmt.Errorf("create template database %s on %s: %w", tmpl, redactURL(withSSL), err)
+		return nil, fmt.Errorf("create template database %s on %s: %w", tmpl, redact.URL(withSSL), err)
 	}
 	h.template = tmpl
 	if err := Migrate(ctx, h.urlFor(tmpl)); err != nil {

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/service/redact"
 )
 
 func TestMain(m *testing.M) { os.Exit(Main(m)) }
@@ -164,14 +166,14 @@ func TestRedaction(t *testing.T) {
 		"host=db.example user=app password=s3cr#t-pw dbname=notifier",
 		"host=db.example user=app password='s3cr#t-pw' dbname=notifier",
 	} {
-		got := redactURL(raw)
+		got := redact.URL(raw)
 		is.True(!strings.Contains(got, secret) && !strings.Contains(got, "s3cr%23t-pw")) // password leaked
 		is.True(strings.Contains(got, "xxxxx"))
 		is.True(strings.Contains(got, "db.example")) // redaction keeps the rest
 	}
-	is.Equal(redactURL("postgres://app@h/db"), "postgres://app@h/db")
+	is.Equal(redact.URL("postgres://app@h/db"), "postgres://app@h/db")
 
-	out := scrub(`Error: pq: password authentication failed, url postgres://app:s3cr%23t-pw@h/db, raw s3cr#t-pw`,
+	out := redact.Scrub(`Error: pq: password authentication failed, url postgres://app:s3cr%23t-pw@h/db, raw s3cr#t-pw`,
 		"postgres://app:s3cr%23t-pw@h/db")
 	is.True(!strings.Contains(out, "s3cr")) // free text keeps a password
 }

@@ -71,6 +71,7 @@ const (
 	OutcomeInFlight       Outcome = "IN_FLIGHT"          // 409: the channel is still processing our key
 	OutcomeMalformed      Outcome = "MALFORMED_RESPONSE" // a 2xx we cannot read: it may have been accepted
 	OutcomeHTTP5xx        Outcome = "HTTP_5XX"           // refused before acceptance (the channel's promise)
+	OutcomeGatewayError   Outcome = "GATEWAY_ERROR"      // 502/504, or a 5xx through a forward proxy: may have been passed on and accepted
 	OutcomeThrottled      Outcome = "THROTTLED"          // 429: refused before acceptance, retry later
 	OutcomeRejected       Outcome = "REJECTED"           // 4xx: the channel will never accept this request
 	OutcomeLeaseExpired   Outcome = "LEASE_EXPIRED"      // the holder vanished before recording anything
@@ -154,8 +155,9 @@ type Contract struct {
 	// MaxInFlightAge bounds automatic recovery: once the first uncertain attempt began this long ago,
 	// the task is parked rather than retried again. 0: no bound beyond the attempt budget.
 	MaxInFlightAge time.Duration
-	// ServerErrorsUncertain makes 5xx and 429 count as "may have been accepted", for providers that do
-	// not promise to refuse before accepting.
+	// ServerErrorsUncertain makes the provider's own 5xx and 429 (HTTP_5XX, THROTTLED) count as "may
+	// have been accepted", for providers that do not promise to refuse before accepting. A gateway's
+	// answer (GATEWAY_ERROR: 502, 504, a 5xx through a forward proxy) is uncertain either way.
 	ServerErrorsUncertain bool
 	// ResendWithTopic lets a NONE channel that supports replacement of undelivered messages (Web Push
 	// Topic, RFC 8030 section 5.4) resend after an uncertain attempt (action TOPIC_RESEND) instead of

@@ -71,7 +71,11 @@ func Next(f Facts) Transition {
 		}
 		return Transition{State: StateFailed}
 
-	default: // TIMEOUT, IO_ERROR, QUERY_FAILED, IN_FLIGHT, MALFORMED_RESPONSE, and anything unforeseen
+	default:
+		// TIMEOUT, IO_ERROR, GATEWAY_ERROR, QUERY_FAILED, IN_FLIGHT, MALFORMED_RESPONSE, and anything
+		// unforeseen. GATEWAY_ERROR is here, never with HTTP_5XX: the promise that a 5xx comes before
+		// acceptance is the provider's, and a gateway (a forward proxy, the provider's load balancer)
+		// that may have passed the request on makes none, whatever the Contract says.
 		return uncertain(f)
 	}
 }

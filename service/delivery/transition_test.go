@@ -27,7 +27,7 @@ func TestNextTable(t *testing.T) {
 			for _, o := range []Outcome{OutcomeAccepted, OutcomeAcceptedReplay, OutcomeQueryFound} {
 				want[key{o, u, b}] = sent
 			}
-			for _, o := range []Outcome{OutcomeTimeout, OutcomeIOError, OutcomeQueryFailed, OutcomeInFlight, OutcomeMalformed} {
+			for _, o := range []Outcome{OutcomeTimeout, OutcomeIOError, OutcomeGatewayError, OutcomeQueryFailed, OutcomeInFlight, OutcomeMalformed} {
 				want[key{o, u, b}] = map[bool]Transition{true: retryUnknown, false: parked}[b]
 			}
 			for _, o := range []Outcome{OutcomeHTTP5xx, OutcomeThrottled, OutcomeConnectFailed} {
@@ -55,14 +55,14 @@ func TestNextTable(t *testing.T) {
 			})
 		}
 	}
-	is.New(t).Equal(len(want), 13*4) // every observation a call can produce is in the table
+	is.New(t).Equal(len(want), 14*4) // every observation a call can produce is in the table
 }
 
 // TestNextNoneModeParksOnUncertainty: a channel with neither key nor query cannot recover an
 // uncertain attempt, so the first uncertain observation parks even with budget left.
 func TestNextNoneModeParksOnUncertainty(t *testing.T) {
 	is := is.New(t)
-	for _, o := range []Outcome{OutcomeTimeout, OutcomeIOError, OutcomeInFlight, OutcomeMalformed} {
+	for _, o := range []Outcome{OutcomeTimeout, OutcomeIOError, OutcomeGatewayError, OutcomeInFlight, OutcomeMalformed} {
 		got := Next(Facts{Outcome: o, BudgetLeft: true, Mode: ModeNone})
 		is.Equal(got, Transition{State: StateUnknown, Uncertain: true, Park: true}) // parked at once
 	}
@@ -75,7 +75,7 @@ func TestNextNeverWritesOffUncertain(t *testing.T) {
 	is := is.New(t)
 	outcomes := []Outcome{OutcomeAccepted, OutcomeAcceptedReplay, OutcomeQueryFound, OutcomeQueryNotFound,
 		OutcomeQueryFailed, OutcomeTimeout, OutcomeIOError, OutcomeConnectFailed, OutcomeInFlight, OutcomeMalformed,
-		OutcomeHTTP5xx, OutcomeThrottled, OutcomeRejected, OutcomeLeaseExpired, "SOMETHING_NEW", ""}
+		OutcomeHTTP5xx, OutcomeGatewayError, OutcomeThrottled, OutcomeRejected, OutcomeLeaseExpired, "SOMETHING_NEW", ""}
 	for _, o := range outcomes {
 		for _, mode := range []Mode{ModeIdempotent, ModeQueryable, ModeNone, ""} {
 			for _, b := range []bool{false, true} {

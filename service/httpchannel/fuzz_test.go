@@ -23,13 +23,14 @@ import (
 	"unicode/utf8"
 
 	"github.com/notifierhq/notifier/service/delivery"
+	"github.com/notifierhq/notifier/service/httpkit"
 )
 
 // sendOutcomes are the observations ClassifySend may produce (all accepted by delivery_attempt.outcome).
 var sendOutcomes = map[delivery.Outcome]bool{
 	delivery.OutcomeAccepted: true, delivery.OutcomeAcceptedReplay: true, delivery.OutcomeMalformed: true,
 	delivery.OutcomeInFlight: true, delivery.OutcomeThrottled: true, delivery.OutcomeHTTP5xx: true,
-	delivery.OutcomeRejected: true,
+	delivery.OutcomeGatewayError: true, delivery.OutcomeRejected: true,
 }
 
 // requirePGText makes checkObservation demand that Detail and ProviderMsgID can be stored in a
@@ -61,7 +62,7 @@ func checkObservation(t *testing.T, obs delivery.Observation, known map[delivery
 }
 
 func FuzzClassifySend(f *testing.F) {
-	for _, status := range []int{200, 201, 202, 204, 299, 301, 400, 404, 409, 429, 500, 503, 599, 600, 0, -1, 199} {
+	for _, status := range []int{200, 201, 202, 204, 299, 301, 400, 404, 409, 429, 500, 502, 503, 504, 599, 600, 0, -1, 199} {
 		f.Add(status, "", []byte(`{"id":"m-1","replayed":false}`))
 		f.Add(status, "120", []byte(`{"id":"m-1","replayed":true}`))
 	}
@@ -106,8 +107,12 @@ func FuzzClassifySend(f *testing.F) {
 		if obs.Outcome == delivery.OutcomeAccepted && len(body) > MaxResponseBytes {
 			t.Fatalf("accepted a body of %d bytes, more than MaxResponseBytes", len(body))
 		}
-		if obs.RetryAfter != 0 && obs.Outcome != delivery.OutcomeThrottled && obs.Outcome != delivery.OutcomeHTTP5xx {
+		if obs.RetryAfter != 0 && obs.Outcome != delivery.OutcomeThrottled && obs.Outcome != delivery.OutcomeHTTP5xx &&
+			obs.Outcome != delivery.OutcomeGatewayError {
 			t.Fatalf("Retry-After honoured for %s", obs.Outcome)
+		}
+		if (status == http.StatusBadGateway || status == http.StatusGatewayTimeout) != (obs.Outcome == delivery.OutcomeGatewayError) {
+			t.Fatalf("HTTP %d classified %s: GATEWAY_ERROR is exactly a gateway's 502 or 504 here", status, obs.Outcome)
 		}
 		if again := ClassifySend(status, h, body); again.Outcome != obs.Outcome || again.ProviderMsgID != obs.ProviderMsgID {
 			t.Fatalf("not deterministic: %+v then %+v", obs, again)
@@ -232,7 +237,11 @@ func FuzzSendResponse(f *testing.F) {
 		f.Fatal(err)
 	}
 	var read atomic.Int64
-	client.http.Transport = countingTransport{inner: client.http.Transport, read: &read}
+	transport, err := httpkit.NewTransport(httpkit.Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	client.kit = httpkit.NewClient(countingTransport{inner: transport, read: &read})
 
 	f.Fuzz(func(t *testing.T, status int, body []byte, pad uint32) {
 		// Any status a server can send as a final answer (net/http refuses others), any body, up to a

@@ -91,8 +91,9 @@ func TestTimeoutIncludesBody(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	obs := c.Send(ctx, msg)
-	is.Equal(obs.Outcome, delivery.OutcomeTimeout) // headers came, the body did not: outcome unknown
-	is.True(time.Since(start) < 5*time.Second)     // bounded by the client timeout, not the server
+	is.Equal(obs.Outcome, delivery.OutcomeMalformed)  // a 2xx came, its provider id did not: outcome unknown
+	is.True(strings.Contains(obs.Detail, "deadline")) // the detail says why the body is missing
+	is.True(time.Since(start) < 5*time.Second)        // bounded by the client timeout, not the server
 }
 
 // Credentials in a channel URL never show in what the client reports.
@@ -106,4 +107,40 @@ func TestCredentialsNotShown(t *testing.T) {
 	is.True(!strings.Contains(obs.Detail, "s3cret"))     // the error text is redacted too
 	_, err = httpchannel.New("http://user:s3cret@host:notaport/", httpchannel.Options{})
 	is.True(err != nil && !strings.Contains(err.Error(), "s3cret")) // a bad URL is refused without echoing it
+}
+
+// TestGatewayAnswers: a 502 or 504 is a gateway's answer that may come after the request was passed
+// on (GATEWAY_ERROR, uncertain); the channel's own 503 is its refusal before acceptance (HTTP_5XX).
+// (A forward proxy's 5xx, GATEWAY_ERROR too, is service/httpkit's TestGatewayAnswers.)
+func TestGatewayAnswers(t *testing.T) {
+	is := is.New(t)
+	for status, want := range map[int]delivery.Outcome{502: delivery.OutcomeGatewayError, 504: delivery.OutcomeGatewayError,
+		503: delivery.OutcomeHTTP5xx, 500: delivery.OutcomeHTTP5xx, 429: delivery.OutcomeThrottled} {
+		is.Equal(httpchannel.ClassifySend(status, http.Header{}, nil).Outcome, want) // mapped as every adapter maps it
+	}
+}
+
+// TestQueryDropped: a query whose connection closes without an answer is QUERY_FAILED, and says
+// what happened; it is sent once.
+func TestQueryDropped(t *testing.T) {
+	is := is.New(t)
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits.Add(1) == 1 {
+			_, _ = w.Write([]byte(`{"found":0}`)) // the first query keeps the connection open
+			return
+		}
+		conn, _, _ := http.NewResponseController(w).Hijack()
+		_ = conn.Close()
+	}))
+	defer srv.Close()
+	c, err := httpchannel.New(srv.URL, httpchannel.Options{})
+	is.NoErr(err)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	is.Equal(c.Query(ctx, "task-1").Outcome, delivery.OutcomeQueryNotFound) // answered
+	obs := c.Query(ctx, "task-1")
+	is.Equal(obs.Outcome, delivery.OutcomeQueryFailed)   // no usable answer
+	is.True(strings.HasPrefix(obs.Detail, "IO_ERROR: ")) // a broken connection
+	is.Equal(hits.Load(), int32(2))                      // and not asked again behind our back
 }

@@ -15,6 +15,10 @@
 // may have accepted the message and only the reply was lost (section 4.5.3.2.6 warns that a resend
 // then delivers twice).
 //
+// One message per attempt: a Send opens one connection and never reconnects, sends one command at a
+// time and waits for its reply (no PIPELINING), issues DATA once and never retries after a reset, so
+// whatever breaks, the relay receives the message at most once per attempt (R3).
+//
 // A relay that drops the connection while the text is being written is usually noticed only once
 // the final "." went into the socket too (the kernel buffers the text): that is IO_ERROR, the
 // conservative reading. A relay that stalls so that writing the text times out is CONNECT_FAILED.
@@ -56,7 +60,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/notifierhq/notifier/service/delivery"
-	"github.com/notifierhq/notifier/service/httpchannel"
+	"github.com/notifierhq/notifier/service/httpkit"
 )
 
 // TLSMode says whether and how STARTTLS is used.
@@ -159,7 +163,7 @@ func New(opt Options) (*Client, error) {
 	if strings.ContainsAny(opt.SubjectPrefix, "\r\n") {
 		return nil, fmt.Errorf("%w: subject prefix contains a line break", delivery.ErrInvalidInput)
 	}
-	tlsConf, err := httpchannel.TLSConfig(opt.CAFile, host)
+	tlsConf, err := httpkit.TLSConfig(opt.CAFile, host)
 	if err != nil {
 		return nil, err
 	}

@@ -42,6 +42,9 @@ type relay struct {
 	rcptErr  error         // returned from RCPT
 	dataErr  error         // returned after the message was read
 	withhold chan struct{} // if set, the reply to the end of data waits for it to close
+	drop     bool          // after recording a message, close the connection instead of replying
+	sessions int           // connections the relay served
+	datas    int           // DATA transactions whose text reached the end
 	user     string
 	pass     string
 }
@@ -60,6 +63,9 @@ type relaySession struct {
 }
 
 func (r *relay) NewSession(c *smtp.Conn) (smtp.Session, error) {
+	r.mu.Lock()
+	r.sessions++
+	r.mu.Unlock()
 	return &relaySession{r: r, conn: c}, nil
 }
 
@@ -104,14 +110,19 @@ func (s *relaySession) Data(rd io.Reader) error {
 	}
 	_, isTLS := s.conn.TLSConnectionState()
 	s.r.mu.Lock()
+	s.r.datas++
 	if s.r.dataErr != nil {
 		err := s.r.dataErr
 		s.r.mu.Unlock()
 		return err
 	}
 	s.r.received = append(s.r.received, received{from: s.from, to: s.to, data: data, tls: isTLS})
-	hold := s.r.withhold
+	hold, drop := s.r.withhold, s.r.drop
 	s.r.mu.Unlock()
+	if drop {
+		_ = s.conn.Conn().Close() // the message is complete and recorded; no reply ever comes
+		return nil
+	}
 	if hold != nil {
 		<-hold // the message is complete and recorded; the 250 is withheld
 	}
@@ -312,6 +323,30 @@ func TestChannelSMTPWithheldReply(t *testing.T) {
 	is.True(strings.Contains(obs.Detail, "outcome unknown")) // says so
 	is.True(time.Since(start) < 3*time.Second)               // bounded by the context
 	is.Equal(len(r.messages()), 1)                           // the relay has the complete message
+}
+
+// TestChannelSMTPOneMessagePerAttempt: the relay takes the whole message (the final "." included),
+// records it, and drops the connection instead of replying. The attempt is uncertain (IO_ERROR) and
+// the relay received exactly one message on one connection: nothing in the client sends DATA again.
+// Why nothing can: the client (this package) opens one connection per Send and never reconnects,
+// sends its commands one at a time and waits for each reply (no PIPELINING, even when offered),
+// issues DATA once and never RSETs to try again; net/textproto, crypto/tls and net.Dialer do not
+// retry a write (a dialer may try several addresses, but only to connect, before any command).
+func TestChannelSMTPOneMessagePerAttempt(t *testing.T) {
+	is := is.New(t)
+	r := startRelay(t, nil)
+	r.set(func(r *relay) { r.drop = true })
+	c := newClient(t, smtpchannel.Options{Addr: r.addr})
+
+	obs := send(c, 5*time.Second)
+	is.Equal(obs.Outcome, delivery.OutcomeIOError)           // uncertain: the relay may have taken it
+	is.True(strings.Contains(obs.Detail, "outcome unknown")) // says so
+	r.mu.Lock()
+	sessions, datas := r.sessions, r.datas
+	r.mu.Unlock()
+	is.Equal(sessions, 1)          // one connection
+	is.Equal(datas, 1)             // one DATA
+	is.Equal(len(r.messages()), 1) // one message received
 }
 
 // rawRelay is a hand-scripted SMTP peer for failures go-smtp will not produce.

@@ -7,40 +7,39 @@
 // follows the specification. Receivers do not tell a replay from a first delivery, so a resend that
 // the receiver deduplicated is reported as ACCEPTED, not ACCEPTED_REPLAY.
 //
-// Response mapping: 2xx -> ACCEPTED (ProviderMsgID = webhook-id); 429 -> THROTTLED (Retry-After
-// honoured); 5xx -> HTTP_5XX; 3xx (redirects are never followed) and other 4xx -> REJECTED; client
-// timeout -> TIMEOUT; a broken connection -> IO_ERROR; no connection -> CONNECT_FAILED. Standard
-// Webhooks does not promise that a 5xx or 429 comes before the receiver acted on the message; the
-// resend carries the same webhook-id, so that only matters once the attempt budget is used up. Set
-// server_errors_uncertain in the channel configuration to count them as uncertain.
+// Response mapping: 2xx -> ACCEPTED (ProviderMsgID = webhook-id), from the status line alone: the
+// specification makes any 2xx the acceptance, so a body that breaks off after it changes nothing
+// (service/httpkit, Response.Unreadable); 429 -> THROTTLED (Retry-After honoured); 502, 504, and a
+// 5xx that a forward proxy gave a plain-http request -> GATEWAY_ERROR (uncertain: the gateway may have
+// passed the webhook on); other 5xx -> HTTP_5XX; 3xx (redirects are never followed) and other 4xx ->
+// REJECTED; no connection or nothing of the request written -> CONNECT_FAILED; client timeout after
+// that -> TIMEOUT; a broken connection -> IO_ERROR. Each attempt puts at most one request on the wire
+// (service/httpkit). Standard Webhooks does not promise that a 5xx or 429 comes before the receiver
+// acted on the message; the resend carries the same webhook-id, so that only matters once the attempt
+// budget is used up. Set server_errors_uncertain in the channel configuration to count them as
+// uncertain.
 package webhook
 
 import (
-	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/notifierhq/notifier/service/delivery"
-	"github.com/notifierhq/notifier/service/httpchannel"
+	"github.com/notifierhq/notifier/service/httpkit"
+	"github.com/notifierhq/notifier/service/redact"
 )
 
 // MaxResponseBytes bounds how much of a response body is read.
-const MaxResponseBytes = 64 << 10
+const MaxResponseBytes = httpkit.MaxResponseBytes
 
 // SecretPrefix starts every Standard Webhooks signing secret; base64 of the key bytes follows it.
 const SecretPrefix = "whsec_"
@@ -60,9 +59,9 @@ type Options struct {
 
 // Client sends Standard Webhooks. Safe for concurrent use.
 type Client struct {
-	key  []byte
-	now  func() time.Time
-	http *http.Client
+	key []byte
+	now func() time.Time
+	kit *httpkit.Client
 }
 
 // New checks the signing secret ("whsec_" + base64 of 24 to 64 bytes) and builds a client.
@@ -72,31 +71,15 @@ func New(secret string, opt Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12}
-	if opt.CAFile != "" {
-		pool, err := loadRoots(opt.CAFile)
-		if err != nil {
-			return nil, err
-		}
-		tlsConf.RootCAs = pool
-	}
-	transport := &http.Transport{
-		Proxy:               http.ProxyFromEnvironment,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig:     tlsConf,
-		TLSHandshakeTimeout: 5 * time.Second,
-		MaxIdleConnsPerHost: 16,
-		IdleConnTimeout:     90 * time.Second,
+	kit, err := httpkit.New(httpkit.Options{CAFile: opt.CAFile, MaxIdleConnsPerHost: 16})
+	if err != nil {
+		return nil, err
 	}
 	now := opt.Now
 	if now == nil {
 		now = time.Now
 	}
-	return &Client{key: key, now: now, http: &http.Client{
-		Transport:     transport,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		Timeout:       5 * time.Minute, // backstop only; the caller's context has the real timeout
-	}}, nil
+	return &Client{key: key, now: now, kit: kit}, nil
 }
 
 // ParseSecret decodes a "whsec_<base64>" secret into the HMAC key.
@@ -113,21 +96,6 @@ func ParseSecret(secret string) ([]byte, error) {
 		return nil, fmt.Errorf("%w: webhook secret: %d bytes, want %d to %d", delivery.ErrInvalidInput, len(key), MinSecretBytes, MaxSecretBytes)
 	}
 	return key, nil
-}
-
-func loadRoots(file string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("read CA file: %w", err)
-	}
-	pool, err := x509.SystemCertPool()
-	if err != nil {
-		pool = x509.NewCertPool()
-	}
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("%w: CA file %s holds no PEM certificate", delivery.ErrInvalidInput, file)
-	}
-	return pool, nil
 }
 
 // String names the channel kind for logs (there is no fixed URL: each user has their own).
@@ -169,45 +137,37 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 	if err != nil {
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "encode payload: " + err.Error()}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target.String(), bytes.NewReader(body))
-	if err != nil {
-		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "build request: " + redactErr(err)}
-	}
 	ts := now.Unix()
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("webhook-id", msg.IdempotencyKey)
-	req.Header.Set("webhook-timestamp", strconv.FormatInt(ts, 10))
-	req.Header.Set("webhook-signature", Sign(c.key, msg.IdempotencyKey, ts, body))
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return httpchannel.TransportObservation(ctx, err, redactErr)
+	resp, failed := c.kit.Do(ctx, httpkit.Request{Method: http.MethodPost, URL: target.String(), Body: body, Header: http.Header{
+		"Content-Type":      {"application/json"},
+		"Webhook-Id":        {msg.IdempotencyKey},
+		"Webhook-Timestamp": {strconv.FormatInt(ts, 10)},
+		"Webhook-Signature": {Sign(c.key, msg.IdempotencyKey, ts, body)},
+	}})
+	if resp == nil {
+		return failed
 	}
-	defer resp.Body.Close()
-	respBody, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
-	if err != nil && resp.StatusCode >= 200 && resp.StatusCode < 300 {
-		// The status line said accepted; a body we could not read does not change that.
-		err = nil
-	}
-	if err != nil {
-		return httpchannel.TransportObservation(ctx, err, redactErr)
-	}
-	return Classify(resp.StatusCode, resp.Header, respBody, msg.IdempotencyKey)
+	// Any 2xx is the acceptance: a body that could not be read does not change it (Unreadable(false)).
+	return classify(resp, msg.IdempotencyKey)
 }
 
-// Classify maps a receiver's response to an observation.
+// Classify maps a receiver's response to an observation, for a request that went to it directly.
 func Classify(status int, header http.Header, body []byte, webhookID string) delivery.Observation {
-	switch {
-	case status >= 200 && status < 300:
+	return classify(&httpkit.Response{Status: status, Header: header, Body: body}, webhookID)
+}
+
+func classify(resp *httpkit.Response, webhookID string) delivery.Observation {
+	status := resp.Status
+	if resp.Success() {
 		return delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: webhookID}
-	case status == http.StatusTooManyRequests:
-		return delivery.Observation{Outcome: delivery.OutcomeThrottled, RetryAfter: httpchannel.RetryAfter(header), Detail: "HTTP 429"}
-	case status >= 500:
-		return delivery.Observation{Outcome: delivery.OutcomeHTTP5xx, RetryAfter: httpchannel.RetryAfter(header), Detail: "HTTP " + strconv.Itoa(status)}
-	case status >= 300 && status < 400:
-		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + ": redirects are not followed"}
-	default:
-		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + httpchannel.Snippet(body)}
 	}
+	if obs, ok := resp.ServerAnswer(); ok { // 429, 5xx, gateways
+		return obs
+	}
+	if status >= 300 && status < 400 {
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + ": redirects are not followed"}
+	}
+	return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + httpkit.Snippet(resp.Body)}
 }
 
 // Query is not offered: Standard Webhooks has no way to ask a receiver what it got.
@@ -215,29 +175,19 @@ func (c *Client) Query(context.Context, string) delivery.Observation {
 	return delivery.Observation{Outcome: delivery.OutcomeQueryFailed, Detail: "not supported"}
 }
 
-// checkURL accepts an absolute http(s) URL without a fragment. Its error shows no credentials.
+// checkURL accepts an absolute http(s) URL without a fragment, read the same way by net/url and by the
+// conservative reading of redaction (a password with an unescaped '/' would send the webhook to a
+// host made of the password). Its error shows the URL's origin only: a path often carries a token.
 func checkURL(raw string) (*url.URL, error) {
-	u, err := url.Parse(strings.TrimSpace(raw))
+	raw = strings.TrimSpace(raw)
+	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Fragment != "" {
-		return nil, fmt.Errorf("subscriber address is not an http(s) URL: %q", redactURL(raw))
+		return nil, fmt.Errorf("subscriber address is not an http(s) URL: %q", redact.Origin(raw))
+	}
+	if pw, ok := redact.URLPassword(raw); ok {
+		if got, _ := u.User.Password(); got != pw {
+			return nil, fmt.Errorf("subscriber address %q: its password holds a character a URL needs percent-encoded", redact.Origin(raw))
+		}
 	}
 	return u, nil
-}
-
-// redactURL keeps only scheme and host of a subscriber URL: its path and query often carry a token.
-func redactURL(raw string) string {
-	u, err := url.Parse(strings.TrimSpace(raw))
-	if err != nil || u.Host == "" {
-		return "(unparsable URL)"
-	}
-	return u.Scheme + "://" + u.Host + "/..."
-}
-
-// redactErr is err's text with any URL reduced to scheme and host.
-func redactErr(err error) string {
-	var uerr *url.Error
-	if errors.As(err, &uerr) {
-		return uerr.Op + " " + redactURL(uerr.URL) + ": " + redactErr(uerr.Err)
-	}
-	return err.Error()
 }

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -46,14 +47,17 @@ type pushService struct {
 	devices    map[string]*device
 	nextMsg    int
 	requests   int
+	conns      int
 	lastHeader http.Header
 	script     []step // consumed one per request; empty: store and answer 201 at once
 }
 
-// step scripts one request: refuse with status before storing, or store and delay the 201.
+// step scripts one request: refuse with status before storing, or store and delay the 201, or store
+// and drop the connection without an answer.
 type step struct {
 	status int
 	delay  time.Duration
+	drop   bool
 }
 
 type device struct {
@@ -74,7 +78,15 @@ type storedMsg struct {
 func newPushService(t *testing.T, appKey *ecdsa.PublicKey) *pushService {
 	t.Helper()
 	p := &pushService{appKey: appKey, devices: map[string]*device{}}
-	p.srv = httptest.NewTLSServer(http.HandlerFunc(p.serve))
+	p.srv = httptest.NewUnstartedServer(http.HandlerFunc(p.serve))
+	p.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			p.mu.Lock()
+			p.conns++
+			p.mu.Unlock()
+		}
+	}
+	p.srv.StartTLS()
 	t.Cleanup(p.srv.Close)
 	p.audience = p.srv.URL // https://127.0.0.1:port
 	p.caFile = filepath.Join(t.TempDir(), "ca.pem")
@@ -139,6 +151,14 @@ func (p *pushService) serve(w http.ResponseWriter, r *http.Request) {
 	p.mu.Unlock()
 	if code != http.StatusCreated {
 		http.Error(w, msg, code)
+		return
+	}
+	if st.drop { // stored, and the connection breaks before the answer
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			panic(http.ErrAbortHandler)
+		}
+		_ = conn.Close()
 		return
 	}
 	if st.delay > 0 { // stored: the message is accepted, only the answer is late
@@ -236,6 +256,12 @@ func (p *pushService) header() http.Header {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.lastHeader.Clone()
+}
+
+func (p *pushService) connCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.conns
 }
 
 func (p *pushService) requestCount() int {

@@ -17,14 +17,17 @@
 // notification already expired is not sent (REJECTED, "expired").
 //
 // Response mapping: 201 (any 2xx) -> ACCEPTED, ProviderMsgID = the Location header (the push
-// service's message resource); 404 and 410 -> REJECTED (the subscription is gone: the browser must
-// subscribe again); 413 -> REJECTED (payload too large); 429 -> THROTTLED (Retry-After honoured);
-// 5xx -> HTTP_5XX; 3xx (redirects are never followed) and other 4xx -> REJECTED; client timeout ->
-// TIMEOUT; broken connection -> IO_ERROR; no connection -> CONNECT_FAILED.
+// service's message resource), from the status line and headers alone: a body that breaks off after
+// them changes nothing (service/httpkit, Response.Unreadable); 404 and 410 -> REJECTED (the
+// subscription is gone: the browser must subscribe again); 413 -> REJECTED (payload too large); 429 ->
+// THROTTLED (Retry-After honoured); 502, 504, and a 5xx a forward proxy gave -> GATEWAY_ERROR
+// (uncertain); other 5xx -> HTTP_5XX; 3xx (redirects are never followed) and other 4xx -> REJECTED; no
+// connection or nothing of the request written -> CONNECT_FAILED; client timeout after that ->
+// TIMEOUT; broken connection -> IO_ERROR. Each attempt puts at most one request on the wire
+// (service/httpkit): HTTP/2, which push services speak, would otherwise resend after some stream resets.
 package webpush
 
 import (
-	"bytes"
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
@@ -41,7 +44,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -50,7 +52,7 @@ import (
 	"time"
 
 	"github.com/notifierhq/notifier/service/delivery"
-	"github.com/notifierhq/notifier/service/httpchannel"
+	"github.com/notifierhq/notifier/service/httpkit"
 )
 
 const (
@@ -68,7 +70,7 @@ const (
 	// TopicLength is the length of the Topic header (RFC 8030 section 5.4 allows at most 32).
 	TopicLength = 32
 	// MaxResponseBytes bounds how much of a response body is read.
-	MaxResponseBytes = 64 << 10
+	MaxResponseBytes = httpkit.MaxResponseBytes
 	// vapidLifetime is the JWT's validity; RFC 8292 section 2 allows at most 24 hours.
 	vapidLifetime = 12 * time.Hour
 )
@@ -110,7 +112,7 @@ type Client struct {
 	subject  string
 	urgency  Urgency
 	now      func() time.Time
-	http     *http.Client
+	kit      *httpkit.Client
 	randSalt func([]byte) error
 }
 
@@ -131,7 +133,7 @@ func New(opt Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	tlsConf, err := httpchannel.TLSConfig(opt.CAFile, "")
+	kit, err := httpkit.New(httpkit.Options{CAFile: opt.CAFile})
 	if err != nil {
 		return nil, err
 	}
@@ -139,23 +141,10 @@ func New(opt Options) (*Client, error) {
 	if now == nil {
 		now = time.Now
 	}
-	transport := &http.Transport{
-		Proxy:               http.ProxyFromEnvironment,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig:     tlsConf,
-		TLSHandshakeTimeout: 5 * time.Second,
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
-		ForceAttemptHTTP2:   true,
-	}
 	return &Client{
 		key: opt.VAPIDKey, pub: base64.RawURLEncoding.EncodeToString(pub), subject: opt.Subject,
 		urgency: urgency, now: now, randSalt: func(b []byte) error { _, err := rand.Read(b); return err },
-		http: &http.Client{
-			Transport:     transport,
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-			Timeout:       5 * time.Minute, // backstop only; the caller's context has the real timeout
-		},
+		kit: kit,
 	}, nil
 }
 
@@ -310,34 +299,34 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 	if err != nil {
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "VAPID: " + err.Error()}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, sub.endpoint.String(), bytes.NewReader(body))
-	if err != nil {
-		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "build request: " + redactErr(err)}
+	resp, failed := c.kit.Do(ctx, httpkit.Request{Method: http.MethodPost, URL: sub.endpoint.String(), Body: body, Header: http.Header{
+		"Ttl":              {strconv.FormatInt(ttl, 10)},
+		"Urgency":          {string(c.urgency)},
+		"Topic":            {Topic(msg.Ref)},
+		"Authorization":    {auth},
+		"Content-Encoding": {"aes128gcm"},
+		"Content-Type":     {"application/octet-stream"},
+	}})
+	if resp == nil {
+		return failed
 	}
-	req.Header.Set("TTL", strconv.FormatInt(ttl, 10))
-	req.Header.Set("Urgency", string(c.urgency))
-	req.Header.Set("Topic", Topic(msg.Ref))
-	req.Header.Set("Authorization", auth)
-	req.Header.Set("Content-Encoding", "aes128gcm")
-	req.Header.Set("Content-Type", "application/octet-stream")
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return httpchannel.TransportObservation(ctx, err, redactErr)
-	}
-	defer resp.Body.Close()
-	respBody, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
-	if err != nil && (resp.StatusCode < 200 || resp.StatusCode >= 300) {
-		return httpchannel.TransportObservation(ctx, err, redactErr)
-	}
-	return Classify(resp.StatusCode, resp.Header, respBody)
+	// The acceptance is the status and Location: a body that could not be read changes nothing
+	// (Unreadable(false)).
+	return classify(resp)
 }
 
-// Classify maps a push service's response to an observation (see the package comment).
+// Classify maps a push service's response to an observation (see the package comment), for a
+// request that went to it directly.
 func Classify(status int, header http.Header, body []byte) delivery.Observation {
+	return classify(&httpkit.Response{Status: status, Header: header, Body: body})
+}
+
+func classify(resp *httpkit.Response) delivery.Observation {
+	status := resp.Status
 	code := "HTTP " + strconv.Itoa(status)
 	switch {
-	case status >= 200 && status < 300:
-		loc := header.Get("Location")
+	case resp.Success():
+		loc := resp.Header.Get("Location")
 		if len(loc) > 500 {
 			loc = loc[:500]
 		}
@@ -346,15 +335,13 @@ func Classify(status int, header http.Header, body []byte) delivery.Observation 
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: code + ": subscription gone"}
 	case status == http.StatusRequestEntityTooLarge:
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: code + ": payload too large"}
-	case status == http.StatusTooManyRequests:
-		return delivery.Observation{Outcome: delivery.OutcomeThrottled, RetryAfter: httpchannel.RetryAfter(header), Detail: code}
-	case status >= 500:
-		return delivery.Observation{Outcome: delivery.OutcomeHTTP5xx, RetryAfter: httpchannel.RetryAfter(header), Detail: code}
 	case status >= 300 && status < 400:
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: code + ": redirects are not followed"}
-	default:
-		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: code + httpchannel.Snippet(body)}
 	}
+	if obs, ok := resp.ServerAnswer(); ok { // 429, 5xx, gateways
+		return obs
+	}
+	return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: code + httpkit.Snippet(resp.Body)}
 }
 
 // Query is not offered: a push service cannot be asked whether it holds a message.
@@ -441,18 +428,4 @@ func origin(u *url.URL) string {
 		}
 	}
 	return "https://" + host
-}
-
-// redactErr is err's text with any URL reduced to scheme and host: an endpoint path identifies a
-// browser.
-func redactErr(err error) string {
-	var uerr *url.Error
-	if errors.As(err, &uerr) {
-		host := "(endpoint)"
-		if u, perr := url.Parse(uerr.URL); perr == nil && u.Host != "" {
-			host = u.Scheme + "://" + u.Host + "/..."
-		}
-		return uerr.Op + " " + host + ": " + redactErr(uerr.Err)
-	}
-	return err.Error()
 }

@@ -118,7 +118,7 @@ func TestChannelWebPushReject(t *testing.T) {
 	is.NoErr(err) // a client without the test CA
 	obs = send(untrusting, message(sub2, time.Hour), 5*time.Second)
 	is.Equal(obs.Outcome, delivery.OutcomeConnectFailed) // certificate not verified: nothing was sent
-	is.True(strings.HasPrefix(obs.Detail, "TLS: "))      // says so
+	is.True(strings.HasPrefix(obs.Detail, "TLS"))        // says so
 
 	other := newClient(t, p, vapidKey(t), nil)
 	obs = send(other, message(sub2, time.Hour), 5*time.Second)
@@ -298,4 +298,32 @@ func TestChannelWebPushVAPIDKey(t *testing.T) {
 	is.True(errors.Is(err, delivery.ErrInvalidInput)) // subject must be mailto: or https:
 	_, err = webpush.New(webpush.Options{VAPIDKey: key, Subject: "mailto:ops@example.com", Urgency: "urgent"})
 	is.True(errors.Is(err, delivery.ErrInvalidInput)) // unknown urgency
+}
+
+// TestChannelWebPushDropOnKeptAliveConnection: the push service stores the message and drops the
+// kept-alive connection without answering: one request for the attempt, uncertain (IO_ERROR).
+func TestChannelWebPushDropOnKeptAliveConnection(t *testing.T) {
+	is := is.New(t)
+	key := vapidKey(t)
+	p := newPushService(t, &key.PublicKey)
+	c := newClient(t, p, key, nil)
+	sub := p.subscribe(t, "phone")
+	is.Equal(send(c, message(sub, time.Hour), 5*time.Second).Outcome, delivery.OutcomeAccepted) // the connection stays open
+	is.Equal(p.deliver("phone"), 1)                                                             // delivered
+
+	p.setScript(step{drop: true})
+	obs := send(c, message(sub, time.Hour), 5*time.Second)
+	is.Equal(p.requestCount(), 2)                  // one request for this attempt, not a resend behind our back
+	is.Equal(p.connCount(), 1)                     // on the kept-alive connection
+	is.Equal(obs.Outcome, delivery.OutcomeIOError) // uncertain
+	is.Equal(p.deliver("phone"), 1)                // and indeed the push service had stored it
+}
+
+// TestChannelWebPushGateway: 502 and 504 may come after the push service's gateway passed the message
+// on: GATEWAY_ERROR, uncertain; a 503 is the push service's refusal.
+func TestChannelWebPushGateway(t *testing.T) {
+	is := is.New(t)
+	is.Equal(webpush.Classify(502, http.Header{}, nil).Outcome, delivery.OutcomeGatewayError)
+	is.Equal(webpush.Classify(504, http.Header{}, nil).Outcome, delivery.OutcomeGatewayError)
+	is.Equal(webpush.Classify(503, http.Header{}, nil).Outcome, delivery.OutcomeHTTP5xx)
 }
