@@ -65,7 +65,9 @@ type Options struct {
 	CAFile string // extra PEM roots for a private channel; verification stays on
 	// Proxy chooses the proxy of a request, as http.Transport.Proxy; default http.ProxyFromEnvironment.
 	Proxy func(*http.Request) (*url.URL, error)
-	// MaxIdleConnsPerHost is the keep-alive pool per host; default 64.
+	// MaxIdleConnsPerHost is the keep-alive pool per host; default 1024. Over HTTP/1.1 a worker holds one
+	// connection per call in flight to a provider (its window, 256 by default): a smaller pool would
+	// close most of them after each answer and dial, and shake hands, again for the next call.
 	MaxIdleConnsPerHost int
 }
 
@@ -105,7 +107,7 @@ func NewTransport(opt Options) (*http.Transport, error) {
 	}
 	idle := opt.MaxIdleConnsPerHost
 	if idle <= 0 {
-		idle = 64
+		idle = 1024
 	}
 	return &http.Transport{
 		Proxy:               recordProxy(proxy),
