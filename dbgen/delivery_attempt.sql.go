@@ -74,36 +74,6 @@ func (q *Queries) AttemptMarkLeaseExpired(ctx context.Context, attemptTokens []s
 	return result.RowsAffected(), nil
 }
 
-const AttemptRecordManual = `-- name: AttemptRecordManual :exec
-INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome,
-                              provider_msg_id, note)
-VALUES ($1, $2, gen_random_uuid(), 'MANUAL', $3::text, now(), $4::text,
-        $5, $6::text)
-`
-
-type AttemptRecordManualParams struct {
-	TaskID        int64
-	AttemptNo     int32
-	Operator      string
-	Outcome       string
-	ProviderMsgID *string
-	Note          string
-}
-
-// The MANUAL_SENT / MANUAL_FAILED row of a resolution, in the transaction whose TaskResolveManually
-// matched: who decided, when, and why.
-func (q *Queries) AttemptRecordManual(ctx context.Context, arg AttemptRecordManualParams) error {
-	_, err := q.db.Exec(ctx, AttemptRecordManual,
-		arg.TaskID,
-		arg.AttemptNo,
-		arg.Operator,
-		arg.Outcome,
-		arg.ProviderMsgID,
-		arg.Note,
-	)
-	return err
-}
-
 const AttemptRecordSkip = `-- name: AttemptRecordSkip :exec
 INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome, error)
 VALUES ($1, $2, gen_random_uuid(), 'SKIP', $3::text, now(), $4::text, $5::text)
@@ -117,7 +87,9 @@ type AttemptRecordSkipParams struct {
 	Error     string
 }
 
-// Records a claim-time decision not to call (PREF_DISABLED, TTL_EXPIRED and their _UNCERTAIN variants).
+// Records a claim-time decision not to call (PREF_DISABLED, TTL_EXPIRED and their _UNCERTAIN variants),
+// right after TaskSettleWithoutCall counted it, in the same transaction: attempt_no is the count it
+// returned, and the outcome matches the state it wrote (delivery_attempt_follows_task, schema/010).
 func (q *Queries) AttemptRecordSkip(ctx context.Context, arg AttemptRecordSkipParams) error {
 	_, err := q.db.Exec(ctx, AttemptRecordSkip,
 		arg.TaskID,

@@ -11,17 +11,11 @@ WHERE attempt_token = ANY ((@attempt_tokens::text[])::uuid[])
   AND outcome IS NULL;
 
 -- name: AttemptRecordSkip :exec
--- Records a claim-time decision not to call (PREF_DISABLED, TTL_EXPIRED and their _UNCERTAIN variants).
+-- Records a claim-time decision not to call (PREF_DISABLED, TTL_EXPIRED and their _UNCERTAIN variants),
+-- right after TaskSettleWithoutCall counted it, in the same transaction: attempt_no is the count it
+-- returned, and the outcome matches the state it wrote (delivery_attempt_follows_task, schema/010).
 INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome, error)
 VALUES (@task_id, @attempt_no, gen_random_uuid(), 'SKIP', @worker::text, now(), @outcome::text, @error::text);
-
--- name: AttemptRecordManual :exec
--- The MANUAL_SENT / MANUAL_FAILED row of a resolution, in the transaction whose TaskResolveManually
--- matched: who decided, when, and why.
-INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome,
-                              provider_msg_id, note)
-VALUES (@task_id, @attempt_no, gen_random_uuid(), 'MANUAL', @operator::text, now(), @outcome::text,
-        sqlc.narg('provider_msg_id'), @note::text);
 
 -- name: AttemptListByTask :many
 -- A task's whole history in order: what every attempt observed, and what arrived late.

@@ -25,9 +25,11 @@ func TestClaimTxWritesNothingWhenTheStatementBeforeCommitFails(t *testing.T) {
 
 	err := inClaimTx(ctx, pool, nil, func(q *dbgen.Queries, tx *claimTx) error {
 		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channels: channels, MaxTasks: 2})
-		is.NoErr(err)                                                                                                  // claim
-		is.Equal(len(rows), 2)                                                                                         // both tasks are locked
-		is.NoErr(q.TaskPark(ctx, dbgen.TaskParkParams{ID: rows[1].ID, LastError: "written inside the failing claim"})) // a write the rollback must undo
+		is.NoErr(err)          // claim
+		is.Equal(len(rows), 2) // both tasks are locked
+		parked, err := q.TaskPark(ctx, dbgen.TaskParkParams{ID: rows[1].ID, LastError: "written inside the failing claim"})
+		is.NoErr(err)              // a write the rollback must undo
+		is.Equal(parked, int64(1)) // of the locked task
 		tx.commitWithNext()
 		_, err = q.TaskStartAttempts(ctx, dbgen.TaskStartAttemptsParams{
 			Ids: []int64{rows[0].ID}, OutcomeUncertain: []bool{false}, Actions: []string{"NOT-AN-ACTION"},
@@ -90,7 +92,8 @@ func TestPreludeCommitsAloneWhenTheClaimFails(t *testing.T) {
 	is := is.New(t)
 	ctx, n, pool, ids := twoTasks(t)
 	park := recordedPrelude(ctx, func(q *dbgen.Queries) error {
-		return q.TaskPark(ctx, dbgen.TaskParkParams{ID: ids[1], LastError: "parked by the prelude"})
+		_, err := q.TaskPark(ctx, dbgen.TaskParkParams{ID: ids[1], LastError: "parked by the prelude"})
+		return err
 	})
 	err := inClaimTx(ctx, pool, park, func(q *dbgen.Queries, tx *claimTx) error {
 		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channels: []string{"push"}, MaxTasks: 1})
@@ -131,7 +134,8 @@ func TestFailedPreludeDoesNotStopTheClaim(t *testing.T) {
 		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channels: []string{"push", "sms"}, MaxTasks: 2})
 		is.NoErr(err)          // claim, behind the failed prelude
 		is.Equal(len(rows), 2) // both tasks are locked: the prelude's attempt did not happen
-		return q.TaskPark(ctx, dbgen.TaskParkParams{ID: ids[1], LastError: "parked by the claim"})
+		_, err = q.TaskPark(ctx, dbgen.TaskParkParams{ID: ids[1], LastError: "parked by the claim"})
+		return err
 	})
 	is.NoErr(err)                                                  // the claim committed
 	is.True(bad.sent)                                              // the prelude went

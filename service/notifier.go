@@ -139,35 +139,25 @@ func ValidateCreate(userID, eventKey, body string, ttl time.Duration, maxAttempt
 // MANUAL_FAILED attempt and reports true; on any other task, including one already resolved, it changes
 // nothing and reports false. Concurrent calls on one task: exactly one reports true.
 func (n *Notifier) ResolveManually(ctx context.Context, taskID int64, final State, note, operator string) (bool, error) {
-	outcome := OutcomeManualSent
 	switch final {
-	case StateSent:
-	case StateFailed:
-		outcome = OutcomeManualFailed
+	case StateSent, StateFailed:
 	default:
 		return false, &InputError{Field: "state", Reason: fmt.Sprintf("%q: a parked task resolves to SENT or FAILED", final)}
 	}
 	if err := firstError(checkText("note", note, MaxNoteLength), checkText("operator", operator, MaxIDLength)); err != nil {
 		return false, err
 	}
-	changed := false
-	err := inTx(ctx, n.pool, func(q *dbgen.Queries) error {
-		attemptNo, err := q.TaskResolveManually(ctx, dbgen.TaskResolveManuallyParams{FinalState: string(final), ID: taskID})
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		changed = true
-		return q.AttemptRecordManual(ctx, dbgen.AttemptRecordManualParams{
-			TaskID: taskID, AttemptNo: attemptNo, Operator: operator, Outcome: string(outcome), Note: note,
-		})
+	// One statement: notifier_resolve writes the task and its MANUAL attempt together, or neither.
+	_, err := n.q.TaskResolveManually(ctx, dbgen.TaskResolveManuallyParams{
+		ID: taskID, FinalState: string(final), Note: note, Operator: operator,
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
 		return false, fmt.Errorf("resolve task %d: %w", taskID, err)
 	}
-	return changed, nil
+	return true, nil
 }
 
 func inTx(ctx context.Context, pool *pgxpool.Pool, fn func(q *dbgen.Queries) error) error {
