@@ -11,7 +11,6 @@ import (
 
 const RoleCapabilities = `-- name: RoleCapabilities :one
 SELECT current_user::text AS user_name,
-       (r.rolsuper OR pg_has_role(current_user, c.relowner, 'USAGE'))::bool AS owns_tables,
        (r.rolsuper OR r.rolbypassrls OR pg_has_role(current_user, c.relowner, 'USAGE')
         OR pg_has_role(current_user, 'notifier_worker', 'USAGE'))::bool AS can_work,
        (r.rolsuper OR r.rolbypassrls OR pg_has_role(current_user, c.relowner, 'USAGE')
@@ -25,7 +24,6 @@ WHERE r.rolname = current_user
 
 type RoleCapabilitiesRow struct {
 	UserName   string
-	OwnsTables bool
 	CanWork    bool
 	CanCreate  bool
 	CanResolve bool
@@ -43,7 +41,6 @@ func (q *Queries) RoleCapabilities(ctx context.Context) (RoleCapabilitiesRow, er
 	var i RoleCapabilitiesRow
 	err := row.Scan(
 		&i.UserName,
-		&i.OwnsTables,
 		&i.CanWork,
 		&i.CanCreate,
 		&i.CanResolve,

@@ -84,8 +84,9 @@ LEFT JOIN LATERAL (
 -- 0 rows, R2), a lease on the database clock, the action the claimer decided, and the uncertainty the
 -- attempt starts with (true when an earlier attempt may have been accepted, including a lease that
 -- expired: then it began when the lost attempt was claimed, the row's updated_at). The state condition
--- repeats the claim's, so no other row can be started; an attempt row is opened exactly for each task
--- started, with that task's new token and attempt number.
+-- repeats the claim's (due and waiting, or SENDING with an expired lease, on the same transaction's
+-- clock), so no other row can be started; an attempt row is opened exactly for each task started, with
+-- that task's new token and attempt number (schema/010 checks both at commit).
 WITH started AS (
     UPDATE delivery_task t
     SET state             = 'SENDING',
@@ -101,7 +102,8 @@ WITH started AS (
                  unnest(@outcome_uncertain::bool[]) AS outcome_uncertain,
                  unnest(@actions::text[]) AS action) AS u
     WHERE t.id = u.id
-      AND (t.state = 'SENDING' OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review))
+      AND ((t.state = 'SENDING' AND t.lease_until < now())
+           OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review AND t.next_attempt_at <= now()))
     RETURNING t.id, t.attempt_token, t.attempt_count, t.lease_until, u.action
 ), opened AS (
     INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)

@@ -34,8 +34,9 @@
 -- Across every move: notification_id, channel, max_attempts, created_at and id never change;
 -- attempt_count never decreases and grows by one exactly when an attempt (or a resolution) begins;
 -- attempt_token changes only at a claim; outcome_uncertain becomes false only by a finish that was
--- accepted (SENT) or found nothing (QUERY_NOT_FOUND), or by the resolve; while it stays true,
--- uncertain_since stays; a task taken over from an expired lease is uncertain; FAILED and SUPPRESSED are
+-- accepted (SENT) or found nothing (QUERY_NOT_FOUND), or by the resolve; when it becomes true,
+-- uncertain_since is no later than the row's updated_at (a holder's: when its attempt began), and while
+-- it stays true, uncertain_since stays; a task taken over from an expired lease is uncertain; FAILED and SUPPRESSED are
 -- certain unless a human resolved them; needs_review becomes false only by the resolve; provider_msg_id
 -- is written only by a finish or the resolve, and never erased. A no-op update (the row unchanged) passes.
 --
@@ -77,6 +78,8 @@ DECLARE
     col     text;
     why     text;
     rule    text;
+    msg     text;
+    hint    constant text := 'see the moves in schema/010_state_machine.sql; a parked task is settled with notifier_resolve()';
     old_desc text := OLD.state || CASE WHEN OLD.needs_review THEN ' (parked)' ELSE '' END;
     new_desc text := NEW.state || CASE WHEN NEW.needs_review THEN ' (parked)' ELSE '' END;
 BEGIN
@@ -90,21 +93,21 @@ BEGIN
     END;
     IF col IS NOT NULL THEN
         rule := 'delivery_task_fixed';
-        why := 'is fixed when the task is created';
+        why := col || ' is fixed when the task is created';
     ELSIF OLD.state IN ('SENT', 'FAILED', 'SUPPRESSED') THEN
         rule := 'delivery_task_final';
         SELECT n.key INTO col
         FROM jsonb_each(to_jsonb(NEW)) n JOIN jsonb_each(to_jsonb(OLD)) o USING (key)
         WHERE n.value IS DISTINCT FROM o.value ORDER BY n.key = 'state' DESC, n.key LIMIT 1;
-        why := format('changes, but %s is final', OLD.state);
+        why := format('%s changes, but %s is final', col, OLD.state);
     ELSIF NEW.attempt_count < OLD.attempt_count THEN
         rule := 'delivery_task_attempt_count';
         col := 'attempt_count';
-        why := format('goes down from %s to %s; attempts are never uncounted', OLD.attempt_count, NEW.attempt_count);
+        why := format('attempt_count goes down from %s to %s; attempts are never uncounted', OLD.attempt_count, NEW.attempt_count);
     ELSIF NEW.attempt_count > OLD.attempt_count + 1 THEN
         rule := 'delivery_task_attempt_count';
         col := 'attempt_count';
-        why := format('jumps from %s to %s; it grows by one per attempt', OLD.attempt_count, NEW.attempt_count);
+        why := format('attempt_count jumps from %s to %s; it grows by one per attempt', OLD.attempt_count, NEW.attempt_count);
     END IF;
 
     IF rule IS NULL THEN
@@ -129,7 +132,7 @@ BEGIN
             why := CASE
                 WHEN parked THEN 'a parked task changes only by its resolution (notifier_resolve)'
                 WHEN NEW.attempt_token IS DISTINCT FROM OLD.attempt_token THEN 'the attempt token changes only at a claim'
-                ELSE 'is not a move of the delivery protocol'
+                ELSE 'not a move of the delivery protocol'
             END;
             IF NEW.attempt_token IS DISTINCT FROM OLD.attempt_token AND NOT parked THEN
                 col := 'attempt_token';
@@ -167,8 +170,8 @@ BEGIN
             IF counted <> (move IN ('claim', 'settle', 'resolve')) THEN
                 rule := 'delivery_task_attempt_count';
                 col := 'attempt_count';
-                why := CASE WHEN counted THEN format('is counted up by a %s, which starts no attempt', move)
-                            ELSE format('is not counted up by a %s, which starts an attempt', move) END;
+                why := CASE WHEN counted THEN format('attempt_count is counted up by a %s, which starts no attempt', move)
+                            ELSE format('attempt_count is not counted up by a %s, which starts an attempt', move) END;
             ELSIF OLD.outcome_uncertain AND NOT NEW.outcome_uncertain
                   AND NOT (move = 'finish' AND NEW.state IN ('SENT', 'PENDING', 'FAILED')) AND move <> 'resolve' THEN
                 rule := 'delivery_task_uncertainty';
@@ -187,24 +190,43 @@ BEGIN
                 rule := 'delivery_task_uncertainty';
                 col := 'outcome_uncertain';
                 why := 'writes off a task that may have been accepted (R6); park it for review instead';
+            ELSIF NOT OLD.outcome_uncertain AND NEW.outcome_uncertain AND NEW.uncertain_since > OLD.updated_at THEN
+                rule := 'delivery_task_uncertainty';
+                col := 'uncertain_since';
+                why := 'starts an uncertainty after the attempt that caused it began (the row''s updated_at): '
+                       'channel contracts would be measured from too late';
             ELSIF NEW.provider_msg_id IS DISTINCT FROM OLD.provider_msg_id
                   AND (move NOT IN ('finish', 'resolve') OR NEW.provider_msg_id IS NULL) THEN
                 rule := 'delivery_task_transition';
                 col := 'provider_msg_id';
-                why := 'is written only by a finish or a resolution, and never erased';
+                why := 'provider_msg_id is written only by a finish or a resolution, and never erased';
             END IF;
         END IF;
     END IF;
 
-    IF rule IS NOT NULL THEN
-        RAISE EXCEPTION 'delivery_task %: % -> %: % %', OLD.id, old_desc, new_desc, coalesce(col, 'the row'), why
-            USING ERRCODE = 'integrity_constraint_violation',
-                  TABLE = 'delivery_task',
-                  COLUMN = coalesce(col, ''),
-                  CONSTRAINT = rule,
-                  HINT = 'see the moves in schema/010_state_machine.sql; a parked task is settled with notifier_resolve()';
+    IF rule IS NULL THEN
+        RETURN NULL; -- AFTER trigger: the return value is ignored
     END IF;
-    RETURN NULL; -- AFTER trigger: the return value is ignored
+    msg := format('delivery_task %s: %s -> %s: %s', OLD.id, old_desc, new_desc, why);
+    col := coalesce(col, '');
+    -- One RAISE per rule, so that each constraint name this function can raise is written out here.
+    CASE rule
+    WHEN 'delivery_task_fixed' THEN
+        RAISE EXCEPTION USING MESSAGE = msg, ERRCODE = 'integrity_constraint_violation', TABLE = 'delivery_task',
+            COLUMN = col, CONSTRAINT = 'delivery_task_fixed', HINT = hint;
+    WHEN 'delivery_task_final' THEN
+        RAISE EXCEPTION USING MESSAGE = msg, ERRCODE = 'integrity_constraint_violation', TABLE = 'delivery_task',
+            COLUMN = col, CONSTRAINT = 'delivery_task_final', HINT = hint;
+    WHEN 'delivery_task_attempt_count' THEN
+        RAISE EXCEPTION USING MESSAGE = msg, ERRCODE = 'integrity_constraint_violation', TABLE = 'delivery_task',
+            COLUMN = col, CONSTRAINT = 'delivery_task_attempt_count', HINT = hint;
+    WHEN 'delivery_task_uncertainty' THEN
+        RAISE EXCEPTION USING MESSAGE = msg, ERRCODE = 'integrity_constraint_violation', TABLE = 'delivery_task',
+            COLUMN = col, CONSTRAINT = 'delivery_task_uncertainty', HINT = hint;
+    ELSE
+        RAISE EXCEPTION USING MESSAGE = msg, ERRCODE = 'integrity_constraint_violation', TABLE = 'delivery_task',
+            COLUMN = col, CONSTRAINT = 'delivery_task_transition', HINT = hint;
+    END CASE;
 END
 $$;
 
@@ -312,6 +334,8 @@ COMMENT ON TRIGGER delivery_task_evidence ON delivery_task IS
 --                       (schema/011), or LEASE_EXPIRED; QUERY: QUERY_FOUND, QUERY_NOT_FOUND, QUERY_FAILED
 --                       or LEASE_EXPIRED; SKIP: PREF_DISABLED, TTL_EXPIRED and their _UNCERTAIN forms;
 --                       MANUAL: MANUAL_SENT, MANUAL_FAILED. late_outcome: a call's outcome, of a call.
+--   LEASE_EXPIRED       closes an attempt only when its holder is gone: the task's token changed, or the
+--                       lease expired on the database clock (a live holder records its own outcome).
 --   a new attempt       attempt_no is the task's attempt_count (the move that counted it ran first, in
 --                       this statement or transaction); a call (SEND, QUERY, TOPIC_RESEND) is inserted
 --                       open, with the token of the task's current holder; SKIP and MANUAL are inserted
@@ -359,12 +383,25 @@ BEGIN
                   CONSTRAINT = 'delivery_attempt_outcome_fits_action',
                   HINT = 'see the outcomes by action in schema/010_state_machine.sql';
     END IF;
-    IF TG_OP <> 'INSERT' THEN
+    IF TG_OP <> 'INSERT' AND NOT (NEW.outcome = 'LEASE_EXPIRED' AND OLD.outcome IS NULL) THEN
         RETURN NULL;
     END IF;
 
-    SELECT dt.state, dt.needs_review, dt.attempt_count, dt.attempt_token INTO t
+    SELECT dt.state, dt.needs_review, dt.attempt_count, dt.attempt_token, dt.lease_until < now() AS expired INTO t
     FROM delivery_task dt WHERE dt.id = NEW.task_id;
+    IF TG_OP <> 'INSERT' THEN
+        -- LEASE_EXPIRED closes the attempt of a holder that is gone: superseded, or its lease ran out.
+        IF t.state = 'SENDING' AND t.attempt_token = NEW.attempt_token AND NOT t.expired THEN
+            RAISE EXCEPTION 'delivery_attempt % (task %, attempt %): LEASE_EXPIRED, but its holder''s lease has not expired',
+                    NEW.id, NEW.task_id, NEW.attempt_no
+                USING ERRCODE = 'integrity_constraint_violation',
+                      TABLE = 'delivery_attempt',
+                      COLUMN = 'outcome',
+                      CONSTRAINT = 'delivery_attempt_follows_task',
+                      HINT = 'a live holder records its own outcome when its call ends';
+        END IF;
+        RETURN NULL;
+    END IF;
     IF t.state IS NULL THEN
         col := 'task_id';
         why := 'its task is not visible';

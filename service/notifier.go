@@ -62,7 +62,7 @@ func (n *Notifier) SetPreference(ctx context.Context, userID, channel, address s
 	}
 	row, err := n.q.PrefUpsert(ctx, dbgen.PrefUpsertParams{UserID: userID, Channel: channel, Address: address, Enabled: enabled})
 	if err != nil {
-		return Preference{}, fmt.Errorf("set preference: %w", err)
+		return Preference{}, needsRole("set preference", RoleCreator, fmt.Errorf("set preference: %w", err))
 	}
 	return Preference(row), nil
 }
@@ -118,7 +118,7 @@ func (n *Notifier) Create(ctx context.Context, userID, eventKey, body string, tt
 		}
 	})
 	if err != nil {
-		return 0, false, nil, fmt.Errorf("create: %w", err)
+		return 0, false, nil, needsRole("create", RoleCreator, fmt.Errorf("create: %w", err))
 	}
 	return id, created, tasks, nil
 }
@@ -137,7 +137,8 @@ func ValidateCreate(userID, eventKey, body string, ttl time.Duration, maxAttempt
 // ResolveManually is a human's final word on a parked task (state UNKNOWN with needs_review), after
 // checking with the channel: SENT or FAILED, with a note saying why. It appends a MANUAL_SENT or
 // MANUAL_FAILED attempt and reports true; on any other task, including one already resolved, it changes
-// nothing and reports false. Concurrent calls on one task: exactly one reports true.
+// nothing and reports false. Concurrent calls on one task: exactly one reports true. A database user
+// without the operator role gets a *PermissionError (ErrPermission).
 func (n *Notifier) ResolveManually(ctx context.Context, taskID int64, final State, note, operator string) (bool, error) {
 	switch final {
 	case StateSent, StateFailed:
@@ -155,7 +156,7 @@ func (n *Notifier) ResolveManually(ctx context.Context, taskID int64, final Stat
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil
 	case err != nil:
-		return false, fmt.Errorf("resolve task %d: %w", taskID, err)
+		return false, needsRole("resolve", RoleOperator, fmt.Errorf("resolve task %d: %w", taskID, err))
 	}
 	return true, nil
 }

@@ -214,7 +214,7 @@ var schemaViolations = []schemaViolation{
 		code: schemaErrIntegrity, constraint: "delivery_task_attempt_count", column: "attempt_count"},
 	{name: "task/state machine: claim writes uncertainty off",
 		setup: `WITH a AS (UPDATE delivery_attempt SET outcome = 'TIMEOUT', finished_at = now() RETURNING task_id)
-			UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true, uncertain_since = now(), lease_owner = NULL,
+			UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true, uncertain_since = updated_at, lease_owner = NULL,
 			       lease_until = NULL, next_attempt_at = now() WHERE id IN (SELECT task_id FROM a)`,
 		sql: `UPDATE delivery_task SET state = 'SENDING', attempt_token = gen_random_uuid(), lease_owner = 'w2',
 			lease_until = now() + interval '30 seconds', next_attempt_at = NULL, attempt_count = 2,
@@ -333,7 +333,7 @@ func TestSchemaBaselineAndBoundariesAreValid(t *testing.T) {
 		// longest values an attempt keeps; UNKNOWN, waiting for a retry.
 		`UPDATE delivery_attempt SET outcome = 'TIMEOUT', finished_at = now(), late_outcome = 'ACCEPTED', late_at = now(),
 		 provider_msg_id = repeat('m', 500), error = repeat('e', 2000), note = repeat('n', 2000) WHERE task_id = ` + schemaBaseTask,
-		`UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true, uncertain_since = now(), next_attempt_at = now(),
+		`UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true, uncertain_since = updated_at, next_attempt_at = now(),
 		 lease_owner = NULL, lease_until = NULL WHERE channel = 'push'`,
 		// Claimed again to query (the longest lease owner and worker); the query fails: parked.
 		`WITH c AS (
@@ -349,7 +349,7 @@ func TestSchemaBaselineAndBoundariesAreValid(t *testing.T) {
 		// other: claimed, timed out, then expired before the next call: parked with its SKIP attempt.
 		schemaClaim("other", "gen_random_uuid()", "SEND"),
 		`UPDATE delivery_attempt SET outcome = 'TIMEOUT', finished_at = now() WHERE outcome IS NULL`,
-		`UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true, uncertain_since = now(), next_attempt_at = now(),
+		`UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true, uncertain_since = updated_at, next_attempt_at = now(),
 		 lease_owner = NULL, lease_until = NULL WHERE channel = 'other'`,
 		`WITH s AS (
 		   UPDATE delivery_task SET needs_review = true, next_attempt_at = NULL, attempt_count = attempt_count + 1
