@@ -24,6 +24,7 @@ type PermissionError struct {
 	Op     string // what was refused: "resolve", "create", "work", ...
 	Role   string // the group role to grant
 	Reason string // the database's words, or why the user does not qualify
+	Err    error  // the database's error, when it refused the operation
 }
 
 func (e *PermissionError) Error() string {
@@ -32,12 +33,14 @@ func (e *PermissionError) Error() string {
 
 func (e *PermissionError) Is(target error) bool { return target == ErrPermission }
 
+func (e *PermissionError) Unwrap() error { return e.Err }
+
 // needsRole turns the database's insufficient_privilege (no grant, or a row-level security policy that
 // refused the row) into a *PermissionError naming the role op needs; any other error passes unchanged.
 func needsRole(op, role string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-		return &PermissionError{Op: op, Role: role, Reason: pgErr.Message}
+		return &PermissionError{Op: op, Role: role, Reason: pgErr.Message, Err: err}
 	}
 	return err
 }

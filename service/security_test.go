@@ -441,9 +441,10 @@ func TestWorkerRoleCannotResolve(t *testing.T) {
 	before := e.task(id)
 
 	changed, err := service.NewNotifier(worker).ResolveManually(e.ctx, id, service.StateSent, "I think it went out", "w-1")
-	is.True(err != nil)                           // resolving is the operator's: notifier_resolve (schema/010)
-	is.Equal(secPgErr(err).Code, sqlInsufficient) // permission denied for function notifier_resolve
-	is.True(!changed)                             // so nothing is resolved
+	is.True(errors.Is(err, service.ErrPermission)) // resolving is the operator's: notifier_resolve (schema/010)
+	is.True(secPgErr(err) != nil)                  // the database refused it
+	is.Equal(secPgErr(err).Code, sqlInsufficient)  // permission denied for function notifier_resolve
+	is.True(!changed)                              // so nothing is resolved
 	task := e.task(id)
 	is.Equal(task.State, service.StateUnknown) // still UNKNOWN
 	is.True(task.NeedsReview)                  // still parked
