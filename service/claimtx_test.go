@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -147,4 +148,43 @@ func TestFailedPreludeDoesNotStopTheClaim(t *testing.T) {
 	push, err := n.Task(ctx, ids[0])
 	is.NoErr(err)
 	is.Equal(push.AttemptCount, 0) // the prelude's write was rolled back
+}
+
+// TaskPark and TaskSettleWithoutCall guard on the row's state, not on the caller's care: a task this
+// claim may not settle (here one held under a live lease) matches 0 rows, and settle reports that as an
+// error naming the task instead of writing it.
+func TestSettleGuardsOnTheRowsState(t *testing.T) {
+	is := is.New(t)
+	ctx, n, pool, _ := twoTasks(t)
+	d, err := NewDispatcher(pool, DispatcherConfig{Worker: "w-test", Routes: map[string]Route{"push": {Mode: ModeIdempotent, Client: nilChannel{}}}})
+	is.NoErr(err)
+	held, _, err := d.Claim(ctx)
+	is.NoErr(err)
+	is.True(held != nil) // the push task is held under a live lease
+	for _, dec := range []ClaimDecision{
+		{Kind: ClaimPark, Uncertain: true, Reason: "parked by mistake"},
+		{Kind: ClaimSettle, State: StateSuppressed, Outcome: OutcomePrefDisabled, Reason: "suppressed by mistake"},
+	} {
+		err = inClaimTx(ctx, pool, nil, func(q *dbgen.Queries, tx *claimTx) error {
+			_, err := d.settle(ctx, q, dbgen.TaskClaimRow{ID: held.TaskID, Channel: "push"}, dec)
+			return err
+		})
+		is.True(err != nil)                                                                 // refused
+		is.True(strings.Contains(err.Error(), fmt.Sprintf("task %d: 0 rows", held.TaskID))) // naming the task
+		task, err := n.Task(ctx, held.TaskID)
+		is.NoErr(err)
+		is.Equal(task.State, StateSending) // still held
+		is.Equal(task.AttemptCount, 1)     // nothing counted
+		is.True(!task.NeedsReview)         // nor parked
+	}
+}
+
+// nilChannel is never called: the test only claims.
+type nilChannel struct{}
+
+func (nilChannel) Send(context.Context, Message) Observation {
+	return Observation{Outcome: OutcomeTimeout}
+}
+func (nilChannel) Query(context.Context, string) Observation {
+	return Observation{Outcome: OutcomeQueryFailed}
 }
