@@ -1,6 +1,6 @@
 -- name: TaskInsertForEnabledPrefs :many
 -- Creates one PENDING task per channel the user has enabled, in the same transaction that created the
--- notification, due at once (next_attempt_at's default, now(): the creator role may not set it). Guards
+-- notification, due at once (next_attempt_at's default, now(); the creator role may set no other). Guards
 -- R2: UNIQUE (notification_id, channel) allows one task per channel; it runs only for the submitter
 -- whose NotificationInsert returned a row (for the creator role, row-level security also requires that
 -- this transaction inserted the notification and that the channel is enabled: schema/010).

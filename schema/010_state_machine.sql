@@ -522,8 +522,9 @@ REVOKE INSERT ON delivery_attempt FROM notifier_operator;
 -- else's notification, or to an old one) and a channel its user has enabled. xmin is the inserting
 -- transaction's id; the comparison holds for a notification inserted at the top level of the
 -- transaction (not in a savepoint), as NotificationInsert and TaskInsertForEnabledPrefs run.
--- next_attempt_at is no longer the creator's to set (column grant revoked; its default is now()).
-REVOKE INSERT (next_attempt_at) ON delivery_task FROM notifier_creator;
+-- next_attempt_at must be now() (its default): a task dated back would jump the queue. The column grant
+-- stays, so that a creator still running the previous TaskInsertForEnabledPrefs (which sets it to now())
+-- keeps working during an upgrade.
 ALTER POLICY delivery_task_creator_insert ON delivery_task
     WITH CHECK (state = 'PENDING' AND attempt_count = 0 AND next_attempt_at = now()
                 AND EXISTS (SELECT FROM notification n
@@ -535,7 +536,6 @@ ALTER POLICY delivery_task_creator_insert ON delivery_task
 -- migrate:down
 ALTER POLICY delivery_task_creator_insert ON delivery_task
     WITH CHECK (state = 'PENDING' AND attempt_count = 0);
-GRANT INSERT (next_attempt_at) ON delivery_task TO notifier_creator;
 GRANT INSERT (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome, provider_msg_id, note)
     ON delivery_attempt TO notifier_operator;
 GRANT UPDATE (state, needs_review, attempt_count, provider_msg_id, last_error, updated_at)

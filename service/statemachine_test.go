@@ -337,9 +337,9 @@ type smCall struct {
 }
 
 const (
-	smResolveSent  = `SELECT * FROM notifier_resolve($1, 'SENT', 'seen in the channel console', 'ops', NULL)`
-	smCreatorTask  = `INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES ($1, 'push', 3)`
-	smGrantNextDue = `GRANT INSERT (next_attempt_at) ON delivery_task TO notifier_creator`
+	smResolveSent = `SELECT * FROM notifier_resolve($1, 'SENT', 'seen in the channel console', 'ops', NULL)`
+	smCreatorTask = `INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES ($1, 'push', 3)`
+	smGrantState  = `GRANT INSERT (state, attempt_count) ON delivery_task TO notifier_creator`
 )
 
 var smCalls = []smCall{
@@ -369,9 +369,12 @@ var smCalls = []smCall{
 		want: smWant{code: sqlInsufficient, policy: "delivery_task_creator_insert"}},
 	{role: smCreator, name: "task dated ten years back", fixture: "own-notification",
 		sql:  `INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at) VALUES ($1, 'push', 3, now() - interval '10 years')`,
-		want: smDenied},
-	{role: smCreator, name: "task dated back, column granted", fixture: "own-notification", setup: smGrantNextDue,
-		sql:  `INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at) VALUES ($1, 'push', 3, now() - interval '10 years')`,
+		want: smWant{code: sqlInsufficient, policy: "delivery_task_creator_insert"}},
+	{role: smCreator, name: "task due now, as the previous TaskInsertForEnabledPrefs wrote it", fixture: "own-notification",
+		sql:  `INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at) VALUES ($1, 'push', 3, now())`,
+		want: smOne},
+	{role: smCreator, name: "task for an existing notification, state granted", fixture: "notification", setup: smGrantState,
+		sql:  `INSERT INTO delivery_task (notification_id, channel, max_attempts, state, attempt_count) VALUES ($1, 'push', 3, 'PENDING', 0)`,
 		want: smWant{code: sqlInsufficient, policy: "delivery_task_creator_insert"}},
 	{role: smCreator, name: "creator updates a task", fixture: "pending", sql: `UPDATE delivery_task SET last_error = 'x' WHERE id = $1`, want: smDenied},
 }
