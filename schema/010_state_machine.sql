@@ -18,7 +18,9 @@
 --   waiting due/expired  UNKNOWN parked           settle with uncertain history       +1             SKIP PREF_DISABLED_UNCERTAIN or
 --                                                 (same)                                            TTL_EXPIRED_UNCERTAIN
 --   waiting due/expired  UNKNOWN parked           park at claim (TaskPark)            =              -
---   SENDING              SENT                     finish (TaskFinish)                 =              -
+--   SENDING              SENT                     finish (TaskFinish)                 =              - (after an uncertain history: this
+--                                                                                                   attempt's ACCEPTED, ACCEPTED_REPLAY
+--                                                                                                   or QUERY_FOUND)
 --   SENDING              PENDING, FAILED          finish, not accepted                =              this attempt: REJECTED, HTTP_5XX,
 --                                                                                                   THROTTLED, CONNECT_FAILED or
 --                                                                                                   QUERY_NOT_FOUND (only QUERY_NOT_FOUND
@@ -26,9 +28,12 @@
 --   SENDING              UNKNOWN (retry, parked)  finish, outcome unknown             =              -
 --   parked               SENT, FAILED             resolve (notifier_resolve below)    +1             MANUAL MANUAL_SENT / MANUAL_FAILED
 --   waiting, due         itself, later            set aside: next_attempt_at later,   =              -
---                        next_attempt_at          last_error set, nothing else
+--                        next_attempt_at          last_error set, updated_at may
+--                                                 change, nothing else
 --   expired              itself, later lease      set aside: lease_until later,       =              -
---                                                 last_error set, nothing else
+--                                                 last_error set, nothing else (not
+--                                                 updated_at: when the lost attempt
+--                                                 began, uncertain_since's source)
 --   SENT/FAILED/SUPPRESSED  -                     final: nothing changes, ever
 --
 -- Across every move: notification_id, channel, max_attempts, created_at and id never change;
@@ -36,9 +41,10 @@
 -- attempt_token changes only at a claim; outcome_uncertain becomes false only by a finish that was
 -- accepted (SENT) or found nothing (QUERY_NOT_FOUND), or by the resolve; when it becomes true,
 -- uncertain_since is no later than the row's updated_at (a holder's: when its attempt began), and while
--- it stays true, uncertain_since stays; a task taken over from an expired lease is uncertain; FAILED and SUPPRESSED are
--- certain unless a human resolved them; needs_review becomes false only by the resolve; provider_msg_id
--- is written only by a finish or the resolve, and never erased. A no-op update (the row unchanged) passes.
+-- it stays true, uncertain_since stays; a task taken over from an expired lease is uncertain; FAILED
+-- and SUPPRESSED are certain unless a human resolved them; needs_review becomes false only by the
+-- resolve; a task nobody holds has no lease; provider_msg_id is written only by a finish or the
+-- resolve, and never erased. A no-op update (the row unchanged) passes.
 --
 -- Where: delivery_task_state_machine (AFTER UPDATE, each row, at the end of the statement) checks the
 -- move itself; delivery_task_evidence (a constraint trigger, DEFERRABLE INITIALLY DEFERRED: at commit)
