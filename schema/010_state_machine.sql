@@ -69,26 +69,61 @@ ALTER TABLE delivery_task ADD CONSTRAINT delivery_task_unknown_is_uncertain
 -- Guards UPDATE of delivery_task: exactly the moves of the table above (R2, R6).
 CREATE FUNCTION delivery_task_state_machine() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path = pg_catalog, public, pg_temp
 AS $$
 DECLARE
-    waiting constant boolean := OLD.state IN ('PENDING', 'UNKNOWN') AND NOT OLD.needs_review;
-    due     constant boolean := waiting AND OLD.next_attempt_at <= now();
-    expired constant boolean := OLD.state = 'SENDING' AND OLD.lease_until < now();
-    parked  constant boolean := OLD.state = 'UNKNOWN' AND OLD.needs_review;
-    counted constant boolean := NEW.attempt_count = OLD.attempt_count + 1;
-    -- what a set-aside may change: the time it moves, why, and (for a waiting task) when
-    set_aside_columns constant text[] := CASE WHEN OLD.state = 'SENDING'
-                                              THEN ARRAY['lease_until', 'last_error']
-                                              ELSE ARRAY['next_attempt_at', 'last_error', 'updated_at'] END;
-    move    text; -- the protocol's move this update makes, NULL when it makes none
-    col     text;
-    why     text;
-    rule    text;
-    msg     text;
-    hint    constant text := 'see the moves in schema/010_state_machine.sql; a parked task is settled with notifier_resolve()';
-    old_desc text := OLD.state || CASE WHEN OLD.needs_review THEN ' (parked)' ELSE '' END;
-    new_desc text := NEW.state || CASE WHEN NEW.needs_review THEN ' (parked)' ELSE '' END;
+    waiting  boolean; -- PENDING, or UNKNOWN not parked
+    due      boolean; -- waiting, and next_attempt_at has come
+    expired  boolean; -- SENDING, and the lease ran out
+    parked   boolean; -- UNKNOWN, needs_review
+    counted  boolean; -- attempt_count up by one
+    set_aside_columns text[]; -- what a set-aside may change: the time it moves, why, (waiting) when
+    move     text;    -- the protocol's move this update makes, NULL when it makes none
+    col      text;
+    why      text;
+    rule     text;
+    msg      text;
+    hint     constant text := 'see the moves in schema/010_state_machine.sql; a parked task is settled with notifier_resolve()';
+    old_desc text;
+    new_desc text;
 BEGIN
+    -- The two moves every delivery makes, recognised first, in one expression (PL/pgSQL keeps its plan
+    -- for the session): a claim of a due waiting task or a takeover of an expired hold (counted, a new
+    -- token, a lease in the future, uncertain if taken over), and a finish (the holder's token stays, its
+    -- lease goes, nothing counted, FAILED only when certain, a message id written or kept, never
+    -- erased); for both, what the task is for stays and no uncertainty is written off, moved, or
+    -- started after its attempt. Every condition here is also checked below; any other update, every
+    -- refused one included, takes the long way. coalesce: an unknown comparison never lets one pass.
+    IF coalesce(
+        NEW.id = OLD.id AND NEW.notification_id = OLD.notification_id AND NEW.channel = OLD.channel
+        AND NEW.max_attempts = OLD.max_attempts AND NEW.created_at = OLD.created_at
+        AND (NEW.outcome_uncertain OR NOT OLD.outcome_uncertain)
+        AND (NOT OLD.outcome_uncertain OR NEW.uncertain_since = OLD.uncertain_since)
+        AND (OLD.outcome_uncertain OR NOT NEW.outcome_uncertain OR NEW.uncertain_since <= OLD.updated_at)
+        AND ((NEW.state = 'SENDING' AND NEW.attempt_count = OLD.attempt_count + 1
+              AND NEW.attempt_token IS DISTINCT FROM OLD.attempt_token AND NEW.lease_until > now()
+              AND NEW.provider_msg_id IS NOT DISTINCT FROM OLD.provider_msg_id
+              AND ((OLD.state IN ('PENDING', 'UNKNOWN') AND NOT OLD.needs_review AND OLD.next_attempt_at <= now())
+                   OR (OLD.state = 'SENDING' AND OLD.lease_until < now() AND NEW.outcome_uncertain)))
+             OR (OLD.state = 'SENDING' AND NEW.state IN ('SENT', 'PENDING', 'UNKNOWN', 'FAILED')
+                 AND NEW.attempt_count = OLD.attempt_count AND NEW.attempt_token IS NOT DISTINCT FROM OLD.attempt_token
+                 AND NEW.lease_until IS NULL AND NEW.lease_owner IS NULL
+                 AND NOT (NEW.state = 'FAILED' AND NEW.outcome_uncertain)
+                 AND (NEW.provider_msg_id IS NOT NULL OR OLD.provider_msg_id IS NULL))),
+        false) THEN
+        RETURN NULL; -- AFTER trigger: the return value is ignored
+    END IF;
+
+    waiting := OLD.state IN ('PENDING', 'UNKNOWN') AND NOT OLD.needs_review;
+    due := waiting AND OLD.next_attempt_at <= now();
+    expired := OLD.state = 'SENDING' AND OLD.lease_until < now();
+    parked := OLD.state = 'UNKNOWN' AND OLD.needs_review;
+    counted := NEW.attempt_count = OLD.attempt_count + 1;
+    set_aside_columns := CASE WHEN OLD.state = 'SENDING' THEN ARRAY['lease_until', 'last_error']
+                              ELSE ARRAY['next_attempt_at', 'last_error', 'updated_at'] END;
+    old_desc := OLD.state || CASE WHEN OLD.needs_review THEN ' (parked)' ELSE '' END;
+    new_desc := NEW.state || CASE WHEN NEW.needs_review THEN ' (parked)' ELSE '' END;
+
     -- What a task is for never changes.
     col := CASE
         WHEN NEW.id IS DISTINCT FROM OLD.id THEN 'id'
@@ -240,6 +275,8 @@ COMMENT ON FUNCTION delivery_task_state_machine() IS
     'R2, R6: an update of delivery_task must be one of the protocol''s moves (schema/010_state_machine.sql)';
 
 -- Guards UPDATE of delivery_task with delivery_task_state_machine(). A row left as it was is no move.
+-- The WHEN stays small on purpose: a trigger's WHEN is read back from the catalog and prepared again
+-- for every statement, which for a long one costs more than the function's own fast path.
 CREATE TRIGGER delivery_task_state_machine
     AFTER UPDATE ON delivery_task
     FOR EACH ROW
@@ -254,11 +291,16 @@ COMMENT ON TRIGGER delivery_task_state_machine ON delivery_task IS
 -- uncertain history: at a query that found nothing); an uncertainty written off by an acceptance points
 -- at it. Deferred because the protocol writes the row in the same statement as the task (TaskStartAttempts,
 -- TaskFinish, notifier_resolve) or right after it in the same transaction (TaskSettleWithoutCall, then
--- AttemptRecordSkip). Runs as the committing user (every role that updates tasks may read attempts);
--- search_path pinned as in 005.
+-- AttemptRecordSkip). Runs as the committing user (every role that updates tasks may read attempts).
+-- search_path pinned with pg_temp last and the table named with its schema, so that a caller's
+-- temporary table or function cannot stand in for ours (the same in every function of this file).
+-- enable_seqscan off: PL/pgSQL keeps a statement's plan for the session, and one made while the table
+-- was small (a new database) would scan the whole table on every call ever after; the lookup is by a
+-- unique index (here (task_id, attempt_no); delivery_attempt_fits: the task's primary key) at any size.
 CREATE FUNCTION delivery_task_evidence() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path FROM CURRENT
+    SET search_path = pg_catalog, public, pg_temp
+    SET enable_seqscan = off
 AS $$
 DECLARE
     a    record;
@@ -266,7 +308,7 @@ DECLARE
     want text;
 BEGIN
     SELECT at.action, at.outcome, at.attempt_token INTO a
-    FROM delivery_attempt at
+    FROM public.delivery_attempt at
     WHERE at.task_id = NEW.id AND at.attempt_no = NEW.attempt_count;
 
     IF NEW.attempt_count <> OLD.attempt_count THEN
@@ -349,12 +391,14 @@ COMMENT ON TRIGGER delivery_task_evidence ON delivery_task IS
 --                       as its outcome says; MANUAL: SENT or FAILED as its outcome says).
 -- AFTER the row is written, at the end of the statement: in TaskStartAttempts the task's update and the
 -- attempt's insert are sibling CTEs, and by then both have run. The task is read as the inserting user
--- (a caller who may not read it cannot attach an attempt to it); search_path pinned as in 005.
+-- (a caller who may not read it cannot attach an attempt to it).
 CREATE FUNCTION delivery_attempt_fits() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path FROM CURRENT
+    SET search_path = pg_catalog, public, pg_temp
+    SET enable_seqscan = off
 AS $$
 DECLARE
+    -- the outcomes of a call, by action
     call_outcomes constant text[] := CASE NEW.action
         WHEN 'SEND' THEN ARRAY['ACCEPTED', 'ACCEPTED_REPLAY', 'TIMEOUT', 'IO_ERROR', 'IN_FLIGHT', 'MALFORMED_RESPONSE',
                                'HTTP_5XX', 'THROTTLED', 'CONNECT_FAILED', 'REJECTED', 'GATEWAY_ERROR']
@@ -372,6 +416,14 @@ DECLARE
     col text;
     why text;
 BEGIN
+    -- What every finish writes, a call's outcome or late observation that fits it, passes at once.
+    IF TG_OP = 'UPDATE' AND coalesce(
+           (NEW.outcome IS NOT DISTINCT FROM OLD.outcome
+            OR NEW.outcome = ANY (call_outcomes))
+           AND (NEW.late_outcome IS NOT DISTINCT FROM OLD.late_outcome OR NEW.late_outcome = ANY (call_outcomes)),
+           false) THEN
+        RETURN NULL;
+    END IF;
     IF NEW.outcome IS NOT NULL AND (TG_OP = 'INSERT' OR NEW.outcome IS DISTINCT FROM OLD.outcome)
        AND NOT NEW.outcome = ANY (outcomes) THEN
         col := 'outcome';
@@ -394,7 +446,7 @@ BEGIN
     END IF;
 
     SELECT dt.state, dt.needs_review, dt.attempt_count, dt.attempt_token, dt.lease_until < now() AS expired INTO t
-    FROM delivery_task dt WHERE dt.id = NEW.task_id;
+    FROM public.delivery_task dt WHERE dt.id = NEW.task_id;
     IF TG_OP <> 'INSERT' THEN
         -- LEASE_EXPIRED closes the attempt of a holder that is gone: superseded, or its lease ran out.
         IF t.state = 'SENDING' AND t.attempt_token = NEW.attempt_token AND NOT t.expired THEN
@@ -456,7 +508,8 @@ COMMENT ON TRIGGER delivery_attempt_fits_insert ON delivery_attempt IS
     'R3: refuses an attempt whose outcome does not fit its action or which its task did not just count';
 
 -- Guards UPDATE of delivery_attempt with delivery_attempt_fits(): an outcome or late outcome recorded
--- later fits the action too (005 already makes each written once).
+-- later fits the action too (005 already makes each written once), and LEASE_EXPIRED closes only a
+-- holder that is gone.
 CREATE TRIGGER delivery_attempt_fits_update
     AFTER UPDATE ON delivery_attempt
     FOR EACH ROW
@@ -477,7 +530,7 @@ CREATE FUNCTION notifier_resolve(task_id bigint, final_state text, note text, op
     RETURNS TABLE (attempt_no integer)
     LANGUAGE plpgsql
     SECURITY DEFINER
-    SET search_path = public, pg_temp
+    SET search_path = pg_catalog, public, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
