@@ -32,9 +32,9 @@ type env struct {
 	secret    string // the database password, scrubbed from error lines
 }
 
-const exitCodesHelp = `Exit codes: 0 ok; 1 runtime error (database unreachable, query failed, ...);
-2 usage or bad input (unknown command or flag, missing or bad value, input the service refuses);
-3 nothing changed.`
+const exitCodesHelp = `Exit codes: 0 ok; 1 runtime error (database unreachable, query failed, the database user
+lacks the command's role, ...); 2 usage or bad input (unknown command or flag, missing or bad value,
+input the service refuses); 3 nothing changed.`
 
 const rootDescription = `Submits notification events, runs delivery workers and lets an operator review and resolve
 deliveries whose outcome is unknown. Every command that talks to PostgreSQL needs --database-url

@@ -294,6 +294,9 @@ func work(c *cli.Context, e *env) error {
 	}
 	ctx, cancel := e.dbContext(c.Context)
 	err = pool.Ping(ctx)
+	if err == nil { // a role that may not claim would see no task under row-level security, forever
+		err = service.NewNotifier(pool).RequireRole(ctx, "work", service.RoleWorker)
+	}
 	if err == nil {
 		err = service.CheckPoolShare(ctx, pool)
 	}

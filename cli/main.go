@@ -32,7 +32,7 @@ func main() {
 // Exit codes of every command.
 const (
 	exitOK        = 0
-	exitRuntime   = 1 // the database is unreachable, a query failed, ...
+	exitRuntime   = 1 // the database is unreachable, a query failed, the user lacks the command's role, ...
 	exitUsage     = 2 // unknown command or flag, missing or bad value, input the service refuses
 	exitUnchanged = 3 // the command was valid but changed nothing (e.g. resolve of a task not parked)
 )

@@ -11,28 +11,39 @@ import (
 
 // pruneHistory fills a database with (test-only SQL): 5 old notifications with two SENT tasks and one
 // attempt each, one old notification whose tasks are a FAILED one and a parked UNKNOWN one, one old
-// PENDING task, and one notification without tasks.
+// PENDING task, and one notification without tasks. The finished tasks are made as workers would have
+// made them two days ago (the state machine of schema/010 accepts no other history): claimed with an
+// open attempt, the attempt's outcome, the finish.
 func pruneHistory(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
 	for _, stmt := range []string{
 		`INSERT INTO notification (user_id, event_key, body, created_at, expires_at)
 		 SELECT 'u1', 'old-' || g, 'b', now() - interval '3 days', now() + interval '1 day' FROM generate_series(1, 8) AS g`,
-		`INSERT INTO delivery_task (notification_id, channel, state, attempt_count, max_attempts, next_attempt_at, updated_at)
-		 SELECT n.id, c, 'SENT', 1, 3, NULL, now() - interval '2 days'
-		 FROM notification n CROSS JOIN (VALUES ('push'), ('sms')) AS ch (c)
-		 WHERE n.event_key IN ('old-1', 'old-2', 'old-3', 'old-4', 'old-5')`,
 		`INSERT INTO delivery_task (notification_id, channel, state, attempt_count, max_attempts, next_attempt_at,
-		                            needs_review, updated_at)
-		 SELECT n.id, c, s, 1, 3, NULL, s = 'UNKNOWN', now() - interval '2 days'
-		 FROM notification n CROSS JOIN (VALUES ('push', 'FAILED'), ('none', 'UNKNOWN')) AS ch (c, s)
-		 WHERE n.event_key = 'old-6'`,
+		                            attempt_token, lease_owner, lease_until, updated_at)
+		 SELECT n.id, c, 'SENDING', 1, 3, NULL, gen_random_uuid(), 'w', now() + interval '1 hour', now() - interval '2 days'
+		 FROM notification n
+		 CROSS JOIN (VALUES ('push'), ('sms'), ('none')) AS ch (c)
+		 WHERE (n.event_key IN ('old-1', 'old-2', 'old-3', 'old-4', 'old-5') AND c <> 'none')
+		    OR (n.event_key = 'old-6' AND c <> 'sms')`,
 		`INSERT INTO delivery_task (notification_id, channel, max_attempts, updated_at)
 		 SELECT n.id, 'push', 3, now() - interval '2 days' FROM notification n WHERE n.event_key = 'old-7'`,
-		`INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome)
-		 SELECT t.id, 1, gen_random_uuid(), 'SEND', 'w', now() - interval '2 days',
-		        CASE t.state WHEN 'SENT' THEN 'ACCEPTED' WHEN 'FAILED' THEN 'REJECTED' ELSE 'TIMEOUT' END
-		 FROM delivery_task t WHERE t.state <> 'PENDING'`,
+		`INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, started_at)
+		 SELECT t.id, 1, t.attempt_token, 'SEND', 'w', t.updated_at FROM delivery_task t WHERE t.state = 'SENDING'`,
+		// old-6's push task was rejected, its none task timed out; every other one was accepted
+		`UPDATE delivery_attempt a
+		 SET outcome = CASE WHEN t.channel = 'none' THEN 'TIMEOUT' WHEN n.event_key = 'old-6' THEN 'REJECTED' ELSE 'ACCEPTED' END,
+		     finished_at = a.started_at
+		 FROM delivery_task t JOIN notification n ON n.id = t.notification_id
+		 WHERE t.id = a.task_id`,
+		`UPDATE delivery_task t
+		 SET state = CASE a.outcome WHEN 'ACCEPTED' THEN 'SENT' WHEN 'REJECTED' THEN 'FAILED' ELSE 'UNKNOWN' END,
+		     needs_review = a.outcome = 'TIMEOUT', outcome_uncertain = a.outcome = 'TIMEOUT',
+		     uncertain_since = CASE WHEN a.outcome = 'TIMEOUT' THEN t.updated_at END,
+		     lease_owner = NULL, lease_until = NULL
+		 FROM delivery_attempt a
+		 WHERE a.task_id = t.id AND t.state = 'SENDING'`,
 	} {
 		if _, err := pool.Exec(ctx, stmt); err != nil {
 			t.Fatalf("%s: %v", stmt, err)
@@ -79,9 +90,13 @@ func TestPrune(t *testing.T) {
 	is.Equal(again, pruneJSON{}) // nothing left to delete, still exit 0 (a scheduled job is not failing)
 
 	var recent pruneJSON
-	_, err := pool.Exec(context.Background(),
-		`UPDATE delivery_task SET state = 'FAILED', next_attempt_at = NULL, updated_at = now() WHERE state = 'PENDING'`)
-	is.NoErr(err) // the pending task finishes now
+	_, err := pool.Exec(context.Background(), `
+		WITH s AS (
+		    UPDATE delivery_task SET state = 'FAILED', next_attempt_at = NULL, attempt_count = attempt_count + 1, updated_at = now()
+		    WHERE state = 'PENDING' RETURNING id, attempt_count)
+		INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome)
+		SELECT id, attempt_count, gen_random_uuid(), 'SKIP', 'w', now(), 'TTL_EXPIRED' FROM s`)
+	is.NoErr(err) // the pending task finishes now (expired at its claim)
 	decode(t, c.ok("prune", "--older-than", "24h").stdout, &recent)
 	is.Equal(recent, pruneJSON{}) // a task that just finished is inside the period
 }

@@ -54,54 +54,30 @@ func (q *Queries) AttemptListByTask(ctx context.Context, taskID int64) ([]Delive
 }
 
 const AttemptMarkLeaseExpired = `-- name: AttemptMarkLeaseExpired :execrows
-UPDATE delivery_attempt
+UPDATE delivery_attempt a
 SET outcome     = 'LEASE_EXPIRED',
     finished_at = now(),
     error       = 'lease expired before the holder recorded a result; the call may have been accepted'
-WHERE attempt_token = ANY (($1::text[])::uuid[])
-  AND outcome IS NULL
+WHERE a.attempt_token = ANY (($1::text[])::uuid[])
+  AND a.outcome IS NULL
+  AND EXISTS (SELECT 1 FROM delivery_task t
+              WHERE t.id = a.task_id AND t.state = 'SENDING' AND t.attempt_token = a.attempt_token
+                AND t.lease_until < now())
 `
 
 // Closes the open attempt of a holder whose lease ran out, when another claim takes the task over. Its
 // call may or may not have been accepted, so the new attempt counts as uncertain. Only an open attempt is
-// touched: a recorded outcome is never overwritten (R3). Tokens arrive as text[] and are cast here, as in
-// TaskFinish (the worker holds them as strings; the cast is on the parameter, the index still serves).
+// touched: a recorded outcome is never overwritten (R3). Guards on the task's row, not on the caller's
+// care: only the attempt of the task's current holder, and only once that holder's lease has expired on
+// the database clock (a live holder's attempt stays open for its finish). Tokens arrive as text[] and are
+// cast here, as in TaskFinish (the worker holds them as strings; the cast is on the parameter, the index
+// still serves); the task is read by primary key.
 func (q *Queries) AttemptMarkLeaseExpired(ctx context.Context, attemptTokens []string) (int64, error) {
 	result, err := q.db.Exec(ctx, AttemptMarkLeaseExpired, attemptTokens)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
-}
-
-const AttemptRecordManual = `-- name: AttemptRecordManual :exec
-INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome,
-                              provider_msg_id, note)
-VALUES ($1, $2, gen_random_uuid(), 'MANUAL', $3::text, now(), $4::text,
-        $5, $6::text)
-`
-
-type AttemptRecordManualParams struct {
-	TaskID        int64
-	AttemptNo     int32
-	Operator      string
-	Outcome       string
-	ProviderMsgID *string
-	Note          string
-}
-
-// The MANUAL_SENT / MANUAL_FAILED row of a resolution, in the transaction whose TaskResolveManually
-// matched: who decided, when, and why.
-func (q *Queries) AttemptRecordManual(ctx context.Context, arg AttemptRecordManualParams) error {
-	_, err := q.db.Exec(ctx, AttemptRecordManual,
-		arg.TaskID,
-		arg.AttemptNo,
-		arg.Operator,
-		arg.Outcome,
-		arg.ProviderMsgID,
-		arg.Note,
-	)
-	return err
 }
 
 const AttemptRecordSkip = `-- name: AttemptRecordSkip :exec
@@ -117,7 +93,9 @@ type AttemptRecordSkipParams struct {
 	Error     string
 }
 
-// Records a claim-time decision not to call (PREF_DISABLED, TTL_EXPIRED and their _UNCERTAIN variants).
+// Records a claim-time decision not to call (PREF_DISABLED, TTL_EXPIRED and their _UNCERTAIN variants),
+// right after TaskSettleWithoutCall counted it, in the same transaction: attempt_no is the count it
+// returned, and the outcome matches the state it wrote (delivery_attempt_follows_task, schema/010).
 func (q *Queries) AttemptRecordSkip(ctx context.Context, arg AttemptRecordSkipParams) error {
 	_, err := q.db.Exec(ctx, AttemptRecordSkip,
 		arg.TaskID,

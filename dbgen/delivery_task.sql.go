@@ -364,8 +364,8 @@ func (q *Queries) TaskGet(ctx context.Context, id int64) (TaskGetRow, error) {
 }
 
 const TaskInsertForEnabledPrefs = `-- name: TaskInsertForEnabledPrefs :many
-INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
-SELECT $1, p.channel, $2, now()
+INSERT INTO delivery_task (notification_id, channel, max_attempts)
+SELECT $1, p.channel, $2
 FROM channel_pref p
 WHERE p.user_id = $3 AND p.enabled
 ORDER BY p.channel
@@ -384,8 +384,10 @@ type TaskInsertForEnabledPrefsRow struct {
 }
 
 // Creates one PENDING task per channel the user has enabled, in the same transaction that created the
-// notification. Guards R2: UNIQUE (notification_id, channel) allows one task per channel; it runs only
-// for the submitter whose NotificationInsert returned a row.
+// notification, due at once (next_attempt_at's default, now(); the creator role may set no other). Guards
+// R2: UNIQUE (notification_id, channel) allows one task per channel; it runs only for the submitter
+// whose NotificationInsert returned a row (for the creator role, row-level security also requires that
+// this transaction inserted the notification and that the channel is enabled: schema/010).
 func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertForEnabledPrefsParams) ([]TaskInsertForEnabledPrefsRow, error) {
 	rows, err := q.db.Query(ctx, TaskInsertForEnabledPrefs, arg.NotificationID, arg.MaxAttempts, arg.UserID)
 	if err != nil {
@@ -584,7 +586,7 @@ func (q *Queries) TaskOldestReady(ctx context.Context) (float64, error) {
 	return age_seconds, err
 }
 
-const TaskPark = `-- name: TaskPark :exec
+const TaskPark = `-- name: TaskPark :execrows
 UPDATE delivery_task
 SET state             = 'UNKNOWN',
     needs_review      = true,
@@ -596,6 +598,8 @@ SET state             = 'UNKNOWN',
     last_error        = $1::text,
     updated_at        = now()
 WHERE id = $2
+  AND ((state IN ('PENDING', 'UNKNOWN') AND NOT needs_review AND next_attempt_at <= now())
+       OR (state = 'SENDING' AND lease_until < now()))
 `
 
 type TaskParkParams struct {
@@ -605,41 +609,46 @@ type TaskParkParams struct {
 
 // Stops automatic processing of a locked task whose history is uncertain and which may not be called
 // again (a channel with neither idempotency key nor query, or no attempt budget left after a lease
-// expired). No call, no new attempt; a human resolves it (TaskResolveManually).
-func (q *Queries) TaskPark(ctx context.Context, arg TaskParkParams) error {
-	_, err := q.db.Exec(ctx, TaskPark, arg.LastError, arg.ID)
-	return err
+// expired). No call, no new attempt; a human resolves it (notifier_resolve). Guards on the row's state
+// as TaskSettleWithoutCall does: only a due waiting task or an expired SENDING one; 0 rows otherwise.
+func (q *Queries) TaskPark(ctx context.Context, arg TaskParkParams) (int64, error) {
+	result, err := q.db.Exec(ctx, TaskPark, arg.LastError, arg.ID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const TaskResolveManually = `-- name: TaskResolveManually :one
-UPDATE delivery_task
-SET state           = $1,
-    needs_review    = false,
-    attempt_count   = attempt_count + 1,
-    provider_msg_id = coalesce($2, provider_msg_id),
-    last_error      = NULL,
-    updated_at      = now()
-WHERE id = $3
-  AND state = 'UNKNOWN'
-  AND needs_review
-  AND $1::text IN ('SENT', 'FAILED')
-RETURNING attempt_count
+SELECT r.attempt_no::integer AS attempt_no
+FROM notifier_resolve($1::bigint, $2::text, $3::text, $4::text,
+                      $5::text) AS r
 `
 
 type TaskResolveManuallyParams struct {
-	FinalState    string
-	ProviderMsgID *string
 	ID            int64
+	FinalState    string
+	Note          string
+	Operator      string
+	ProviderMsgID *string
 }
 
-// A human's final word on a parked task, after checking with the channel. Only a parked task
-// (UNKNOWN and needs_review) can be resolved, once: a second or concurrent call re-evaluates the WHERE
-// after the first commits and matches 0 rows (pgx.ErrNoRows).
+// A human's final word on a parked task, after checking with the channel: notifier_resolve (schema/010)
+// sets SENT or FAILED and appends the MANUAL_SENT / MANUAL_FAILED attempt with the note and the operator
+// in one statement, or does nothing. Only a parked task (UNKNOWN and needs_review) is resolved, once: a
+// second or concurrent call re-evaluates the function's WHERE after the first commits and returns no row
+// (pgx.ErrNoRows). The operator role may run nothing else that writes (EXECUTE on this function only).
 func (q *Queries) TaskResolveManually(ctx context.Context, arg TaskResolveManuallyParams) (int32, error) {
-	row := q.db.QueryRow(ctx, TaskResolveManually, arg.FinalState, arg.ProviderMsgID, arg.ID)
-	var attempt_count int32
-	err := row.Scan(&attempt_count)
-	return attempt_count, err
+	row := q.db.QueryRow(ctx, TaskResolveManually,
+		arg.ID,
+		arg.FinalState,
+		arg.Note,
+		arg.Operator,
+		arg.ProviderMsgID,
+	)
+	var attempt_no int32
+	err := row.Scan(&attempt_no)
+	return attempt_no, err
 }
 
 const TaskSetAside = `-- name: TaskSetAside :execrows
@@ -650,7 +659,7 @@ SET next_attempt_at = CASE WHEN state = 'SENDING' THEN next_attempt_at
                            ELSE lease_until END,
     last_error      = $2::text
 WHERE id = $3
-  AND ((state IN ('PENDING', 'UNKNOWN') AND NOT needs_review AND next_attempt_at IS NOT NULL)
+  AND ((state IN ('PENDING', 'UNKNOWN') AND NOT needs_review AND next_attempt_at <= now())
        OR (state = 'SENDING' AND lease_until < now()))
 `
 
@@ -689,6 +698,8 @@ SET state             = $1::text,
     last_error        = $4::text,
     updated_at        = now()
 WHERE id = $5
+  AND ((state IN ('PENDING', 'UNKNOWN') AND NOT needs_review AND next_attempt_at <= now())
+       OR (state = 'SENDING' AND lease_until < now()))
   AND $1::text IN ('SUPPRESSED', 'FAILED', 'UNKNOWN')
   AND ($1::text = 'UNKNOWN') = $2::bool
 RETURNING attempt_count
@@ -704,7 +715,11 @@ type TaskSettleWithoutCallParams struct {
 
 // Claim-time decision not to call (preference disabled, notification expired). Guards R5 and R6: the
 // caller passes SUPPRESSED/FAILED only when no earlier attempt may have been accepted; otherwise UNKNOWN
-// with needs_review (parked). Counts as an attempt: the caller records its row with AttemptRecordSkip.
+// with needs_review (parked). Counts as an attempt: the caller records its row with AttemptRecordSkip
+// in the same transaction (delivery_task_evidence checks it at commit). Guards on the row's state, not
+// on the caller's care: only a task a claim may take (due and waiting, or SENDING with an expired lease)
+// is settled; any other row matches nothing (pgx.ErrNoRows). The state machine (schema/010) also
+// refuses SUPPRESSED or FAILED for an uncertain task.
 func (q *Queries) TaskSettleWithoutCall(ctx context.Context, arg TaskSettleWithoutCallParams) (int32, error) {
 	row := q.db.QueryRow(ctx, TaskSettleWithoutCall,
 		arg.State,
@@ -734,7 +749,8 @@ WITH started AS (
                  unnest($4::bool[]) AS outcome_uncertain,
                  unnest($5::text[]) AS action) AS u
     WHERE t.id = u.id
-      AND (t.state = 'SENDING' OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review))
+      AND ((t.state = 'SENDING' AND t.lease_until < now())
+           OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review AND t.next_attempt_at <= now()))
     RETURNING t.id, t.attempt_token, t.attempt_count, t.lease_until, u.action
 ), opened AS (
     INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
@@ -766,8 +782,9 @@ type TaskStartAttemptsRow struct {
 // 0 rows, R2), a lease on the database clock, the action the claimer decided, and the uncertainty the
 // attempt starts with (true when an earlier attempt may have been accepted, including a lease that
 // expired: then it began when the lost attempt was claimed, the row's updated_at). The state condition
-// repeats the claim's, so no other row can be started; an attempt row is opened exactly for each task
-// started, with that task's new token and attempt number.
+// repeats the claim's (due and waiting, or SENDING with an expired lease, on the same transaction's
+// clock), so no other row can be started; an attempt row is opened exactly for each task started, with
+// that task's new token and attempt number (schema/010 checks both at commit).
 func (q *Queries) TaskStartAttempts(ctx context.Context, arg TaskStartAttemptsParams) ([]TaskStartAttemptsRow, error) {
 	rows, err := q.db.Query(ctx, TaskStartAttempts,
 		arg.Worker,

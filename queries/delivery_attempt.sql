@@ -1,27 +1,27 @@
 -- name: AttemptMarkLeaseExpired :execrows
 -- Closes the open attempt of a holder whose lease ran out, when another claim takes the task over. Its
 -- call may or may not have been accepted, so the new attempt counts as uncertain. Only an open attempt is
--- touched: a recorded outcome is never overwritten (R3). Tokens arrive as text[] and are cast here, as in
--- TaskFinish (the worker holds them as strings; the cast is on the parameter, the index still serves).
-UPDATE delivery_attempt
+-- touched: a recorded outcome is never overwritten (R3). Guards on the task's row, not on the caller's
+-- care: only the attempt of the task's current holder, and only once that holder's lease has expired on
+-- the database clock (a live holder's attempt stays open for its finish). Tokens arrive as text[] and are
+-- cast here, as in TaskFinish (the worker holds them as strings; the cast is on the parameter, the index
+-- still serves); the task is read by primary key.
+UPDATE delivery_attempt a
 SET outcome     = 'LEASE_EXPIRED',
     finished_at = now(),
     error       = 'lease expired before the holder recorded a result; the call may have been accepted'
-WHERE attempt_token = ANY ((@attempt_tokens::text[])::uuid[])
-  AND outcome IS NULL;
+WHERE a.attempt_token = ANY ((@attempt_tokens::text[])::uuid[])
+  AND a.outcome IS NULL
+  AND EXISTS (SELECT 1 FROM delivery_task t
+              WHERE t.id = a.task_id AND t.state = 'SENDING' AND t.attempt_token = a.attempt_token
+                AND t.lease_until < now());
 
 -- name: AttemptRecordSkip :exec
--- Records a claim-time decision not to call (PREF_DISABLED, TTL_EXPIRED and their _UNCERTAIN variants).
+-- Records a claim-time decision not to call (PREF_DISABLED, TTL_EXPIRED and their _UNCERTAIN variants),
+-- right after TaskSettleWithoutCall counted it, in the same transaction: attempt_no is the count it
+-- returned, and the outcome matches the state it wrote (delivery_attempt_follows_task, schema/010).
 INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome, error)
 VALUES (@task_id, @attempt_no, gen_random_uuid(), 'SKIP', @worker::text, now(), @outcome::text, @error::text);
-
--- name: AttemptRecordManual :exec
--- The MANUAL_SENT / MANUAL_FAILED row of a resolution, in the transaction whose TaskResolveManually
--- matched: who decided, when, and why.
-INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome,
-                              provider_msg_id, note)
-VALUES (@task_id, @attempt_no, gen_random_uuid(), 'MANUAL', @operator::text, now(), @outcome::text,
-        sqlc.narg('provider_msg_id'), @note::text);
 
 -- name: AttemptListByTask :many
 -- A task's whole history in order: what every attempt observed, and what arrived late.

@@ -1,9 +1,11 @@
 -- name: TaskInsertForEnabledPrefs :many
 -- Creates one PENDING task per channel the user has enabled, in the same transaction that created the
--- notification. Guards R2: UNIQUE (notification_id, channel) allows one task per channel; it runs only
--- for the submitter whose NotificationInsert returned a row.
-INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
-SELECT @notification_id, p.channel, @max_attempts, now()
+-- notification, due at once (next_attempt_at's default, now(); the creator role may set no other). Guards
+-- R2: UNIQUE (notification_id, channel) allows one task per channel; it runs only for the submitter
+-- whose NotificationInsert returned a row (for the creator role, row-level security also requires that
+-- this transaction inserted the notification and that the channel is enabled: schema/010).
+INSERT INTO delivery_task (notification_id, channel, max_attempts)
+SELECT @notification_id, p.channel, @max_attempts
 FROM channel_pref p
 WHERE p.user_id = @user_id AND p.enabled
 ORDER BY p.channel
@@ -82,8 +84,9 @@ LEFT JOIN LATERAL (
 -- 0 rows, R2), a lease on the database clock, the action the claimer decided, and the uncertainty the
 -- attempt starts with (true when an earlier attempt may have been accepted, including a lease that
 -- expired: then it began when the lost attempt was claimed, the row's updated_at). The state condition
--- repeats the claim's, so no other row can be started; an attempt row is opened exactly for each task
--- started, with that task's new token and attempt number.
+-- repeats the claim's (due and waiting, or SENDING with an expired lease, on the same transaction's
+-- clock), so no other row can be started; an attempt row is opened exactly for each task started, with
+-- that task's new token and attempt number (schema/010 checks both at commit).
 WITH started AS (
     UPDATE delivery_task t
     SET state             = 'SENDING',
@@ -99,7 +102,8 @@ WITH started AS (
                  unnest(@outcome_uncertain::bool[]) AS outcome_uncertain,
                  unnest(@actions::text[]) AS action) AS u
     WHERE t.id = u.id
-      AND (t.state = 'SENDING' OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review))
+      AND ((t.state = 'SENDING' AND t.lease_until < now())
+           OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review AND t.next_attempt_at <= now()))
     RETURNING t.id, t.attempt_token, t.attempt_count, t.lease_until, u.action
 ), opened AS (
     INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
@@ -112,7 +116,11 @@ FROM started s;
 -- name: TaskSettleWithoutCall :one
 -- Claim-time decision not to call (preference disabled, notification expired). Guards R5 and R6: the
 -- caller passes SUPPRESSED/FAILED only when no earlier attempt may have been accepted; otherwise UNKNOWN
--- with needs_review (parked). Counts as an attempt: the caller records its row with AttemptRecordSkip.
+-- with needs_review (parked). Counts as an attempt: the caller records its row with AttemptRecordSkip
+-- in the same transaction (delivery_task_evidence checks it at commit). Guards on the row's state, not
+-- on the caller's care: only a task a claim may take (due and waiting, or SENDING with an expired lease)
+-- is settled; any other row matches nothing (pgx.ErrNoRows). The state machine (schema/010) also
+-- refuses SUPPRESSED or FAILED for an uncertain task.
 UPDATE delivery_task
 SET state             = @state::text,
     needs_review      = @needs_review,
@@ -125,6 +133,8 @@ SET state             = @state::text,
     last_error        = @last_error::text,
     updated_at        = now()
 WHERE id = @id
+  AND ((state IN ('PENDING', 'UNKNOWN') AND NOT needs_review AND next_attempt_at <= now())
+       OR (state = 'SENDING' AND lease_until < now()))
   AND @state::text IN ('SUPPRESSED', 'FAILED', 'UNKNOWN')
   AND (@state::text = 'UNKNOWN') = @needs_review::bool
 RETURNING attempt_count;
@@ -145,13 +155,14 @@ SET next_attempt_at = CASE WHEN state = 'SENDING' THEN next_attempt_at
                            ELSE lease_until END,
     last_error      = @last_error::text
 WHERE id = @id
-  AND ((state IN ('PENDING', 'UNKNOWN') AND NOT needs_review AND next_attempt_at IS NOT NULL)
+  AND ((state IN ('PENDING', 'UNKNOWN') AND NOT needs_review AND next_attempt_at <= now())
        OR (state = 'SENDING' AND lease_until < now()));
 
--- name: TaskPark :exec
+-- name: TaskPark :execrows
 -- Stops automatic processing of a locked task whose history is uncertain and which may not be called
 -- again (a channel with neither idempotency key nor query, or no attempt budget left after a lease
--- expired). No call, no new attempt; a human resolves it (TaskResolveManually).
+-- expired). No call, no new attempt; a human resolves it (notifier_resolve). Guards on the row's state
+-- as TaskSettleWithoutCall does: only a due waiting task or an expired SENDING one; 0 rows otherwise.
 UPDATE delivery_task
 SET state             = 'UNKNOWN',
     needs_review      = true,
@@ -162,7 +173,9 @@ SET state             = 'UNKNOWN',
     lease_until       = NULL,
     last_error        = @last_error::text,
     updated_at        = now()
-WHERE id = @id;
+WHERE id = @id
+  AND ((state IN ('PENDING', 'UNKNOWN') AND NOT needs_review AND next_attempt_at <= now())
+       OR (state = 'SENDING' AND lease_until < now()));
 
 -- name: TaskFinish :many
 -- Records what each holder's call observed, one row per attempt, in one statement (autocommit: the whole
@@ -237,21 +250,14 @@ FROM u
 LEFT JOIN finished f ON f.attempt_token = u.attempt_token;
 
 -- name: TaskResolveManually :one
--- A human's final word on a parked task, after checking with the channel. Only a parked task
--- (UNKNOWN and needs_review) can be resolved, once: a second or concurrent call re-evaluates the WHERE
--- after the first commits and matches 0 rows (pgx.ErrNoRows).
-UPDATE delivery_task
-SET state           = @final_state,
-    needs_review    = false,
-    attempt_count   = attempt_count + 1,
-    provider_msg_id = coalesce(sqlc.narg('provider_msg_id'), provider_msg_id),
-    last_error      = NULL,
-    updated_at      = now()
-WHERE id = @id
-  AND state = 'UNKNOWN'
-  AND needs_review
-  AND @final_state::text IN ('SENT', 'FAILED')
-RETURNING attempt_count;
+-- A human's final word on a parked task, after checking with the channel: notifier_resolve (schema/010)
+-- sets SENT or FAILED and appends the MANUAL_SENT / MANUAL_FAILED attempt with the note and the operator
+-- in one statement, or does nothing. Only a parked task (UNKNOWN and needs_review) is resolved, once: a
+-- second or concurrent call re-evaluates the function's WHERE after the first commits and returns no row
+-- (pgx.ErrNoRows). The operator role may run nothing else that writes (EXECUTE on this function only).
+SELECT r.attempt_no::integer AS attempt_no
+FROM notifier_resolve(@id::bigint, @final_state::text, @note::text, @operator::text,
+                      sqlc.narg('provider_msg_id')::text) AS r;
 
 -- name: TaskGet :one
 -- One task as the service knows it.

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -25,9 +26,11 @@ func TestClaimTxWritesNothingWhenTheStatementBeforeCommitFails(t *testing.T) {
 
 	err := inClaimTx(ctx, pool, nil, func(q *dbgen.Queries, tx *claimTx) error {
 		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channels: channels, MaxTasks: 2})
-		is.NoErr(err)                                                                                                  // claim
-		is.Equal(len(rows), 2)                                                                                         // both tasks are locked
-		is.NoErr(q.TaskPark(ctx, dbgen.TaskParkParams{ID: rows[1].ID, LastError: "written inside the failing claim"})) // a write the rollback must undo
+		is.NoErr(err)          // claim
+		is.Equal(len(rows), 2) // both tasks are locked
+		parked, err := q.TaskPark(ctx, dbgen.TaskParkParams{ID: rows[1].ID, LastError: "written inside the failing claim"})
+		is.NoErr(err)              // a write the rollback must undo
+		is.Equal(parked, int64(1)) // of the locked task
 		tx.commitWithNext()
 		_, err = q.TaskStartAttempts(ctx, dbgen.TaskStartAttemptsParams{
 			Ids: []int64{rows[0].ID}, OutcomeUncertain: []bool{false}, Actions: []string{"NOT-AN-ACTION"},
@@ -90,7 +93,8 @@ func TestPreludeCommitsAloneWhenTheClaimFails(t *testing.T) {
 	is := is.New(t)
 	ctx, n, pool, ids := twoTasks(t)
 	park := recordedPrelude(ctx, func(q *dbgen.Queries) error {
-		return q.TaskPark(ctx, dbgen.TaskParkParams{ID: ids[1], LastError: "parked by the prelude"})
+		_, err := q.TaskPark(ctx, dbgen.TaskParkParams{ID: ids[1], LastError: "parked by the prelude"})
+		return err
 	})
 	err := inClaimTx(ctx, pool, park, func(q *dbgen.Queries, tx *claimTx) error {
 		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channels: []string{"push"}, MaxTasks: 1})
@@ -131,7 +135,8 @@ func TestFailedPreludeDoesNotStopTheClaim(t *testing.T) {
 		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channels: []string{"push", "sms"}, MaxTasks: 2})
 		is.NoErr(err)          // claim, behind the failed prelude
 		is.Equal(len(rows), 2) // both tasks are locked: the prelude's attempt did not happen
-		return q.TaskPark(ctx, dbgen.TaskParkParams{ID: ids[1], LastError: "parked by the claim"})
+		_, err = q.TaskPark(ctx, dbgen.TaskParkParams{ID: ids[1], LastError: "parked by the claim"})
+		return err
 	})
 	is.NoErr(err)                                                  // the claim committed
 	is.True(bad.sent)                                              // the prelude went
@@ -143,4 +148,43 @@ func TestFailedPreludeDoesNotStopTheClaim(t *testing.T) {
 	push, err := n.Task(ctx, ids[0])
 	is.NoErr(err)
 	is.Equal(push.AttemptCount, 0) // the prelude's write was rolled back
+}
+
+// TaskPark and TaskSettleWithoutCall guard on the row's state, not on the caller's care: a task this
+// claim may not settle (here one held under a live lease) matches 0 rows, and settle reports that as an
+// error naming the task instead of writing it.
+func TestSettleGuardsOnTheRowsState(t *testing.T) {
+	is := is.New(t)
+	ctx, n, pool, _ := twoTasks(t)
+	d, err := NewDispatcher(pool, DispatcherConfig{Worker: "w-test", Routes: map[string]Route{"push": {Mode: ModeIdempotent, Client: nilChannel{}}}})
+	is.NoErr(err)
+	held, _, err := d.Claim(ctx)
+	is.NoErr(err)
+	is.True(held != nil) // the push task is held under a live lease
+	for _, dec := range []ClaimDecision{
+		{Kind: ClaimPark, Uncertain: true, Reason: "parked by mistake"},
+		{Kind: ClaimSettle, State: StateSuppressed, Outcome: OutcomePrefDisabled, Reason: "suppressed by mistake"},
+	} {
+		err = inClaimTx(ctx, pool, nil, func(q *dbgen.Queries, tx *claimTx) error {
+			_, err := d.settle(ctx, q, dbgen.TaskClaimRow{ID: held.TaskID, Channel: "push"}, dec)
+			return err
+		})
+		is.True(err != nil)                                                                 // refused
+		is.True(strings.Contains(err.Error(), fmt.Sprintf("task %d: 0 rows", held.TaskID))) // naming the task
+		task, err := n.Task(ctx, held.TaskID)
+		is.NoErr(err)
+		is.Equal(task.State, StateSending) // still held
+		is.Equal(task.AttemptCount, 1)     // nothing counted
+		is.True(!task.NeedsReview)         // nor parked
+	}
+}
+
+// nilChannel is never called: the test only claims.
+type nilChannel struct{}
+
+func (nilChannel) Send(context.Context, Message) Observation {
+	return Observation{Outcome: OutcomeTimeout}
+}
+func (nilChannel) Query(context.Context, string) Observation {
+	return Observation{Outcome: OutcomeQueryFailed}
 }

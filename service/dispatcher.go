@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -321,12 +322,22 @@ func (d *Dispatcher) settle(ctx context.Context, q *dbgen.Queries, row dbgen.Tas
 	result := Result{TaskID: row.ID, Channel: row.Channel, Detail: dec.Reason}
 	if dec.Kind == ClaimPark {
 		result.Kind = ResultParked
-		return result, q.TaskPark(ctx, dbgen.TaskParkParams{ID: row.ID, LastError: dec.Reason})
+		parked, err := q.TaskPark(ctx, dbgen.TaskParkParams{ID: row.ID, LastError: dec.Reason})
+		if err == nil && parked != 1 {
+			err = errNotSettleable
+		}
+		if err != nil {
+			return result, fmt.Errorf("park task %d: %w", row.ID, err)
+		}
+		return result, nil
 	}
 	no, err := q.TaskSettleWithoutCall(ctx, dbgen.TaskSettleWithoutCallParams{
 		ID: row.ID, State: string(dec.State), NeedsReview: dec.State == StateUnknown,
 		OutcomeUncertain: dec.Uncertain, LastError: dec.Reason,
 	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = errNotSettleable
+	}
 	if err != nil {
 		return result, fmt.Errorf("settle task %d: %w", row.ID, err)
 	}
@@ -335,6 +346,10 @@ func (d *Dispatcher) settle(ctx context.Context, q *dbgen.Queries, row dbgen.Tas
 		TaskID: row.ID, AttemptNo: no, Worker: d.cfg.Worker, Outcome: string(dec.Outcome), Error: dec.Reason,
 	})
 }
+
+// errNotSettleable: the settle's or park's own guard matched nothing. The claim locked the row, so it can
+// only be a task this claim may not settle (neither due nor held under an expired lease).
+var errNotSettleable = errors.New("0 rows: the task is neither due nor held under an expired lease")
 
 func settledKind(s State) ResultKind {
 	if s == StateUnknown {

@@ -232,4 +232,36 @@ func (e *env) waitDB(cond string, args ...any) {
 
 func outcomes(o ...service.Outcome) []service.Outcome { return o }
 
+// withoutStateMachine runs f with schema/010's state machine switched off on delivery_task (both its
+// triggers), and switches it on again: for negative controls, which show the damage an unsafe statement
+// would do if nothing but the protocol's own guards stood in its way, and for tests that rewrite history
+// as no move would (moving a finished task's updated_at into the past). Test-only, on the test's own
+// database: the tables' owner may ALTER them, which no rule inside the database can prevent.
+func (e *env) withoutStateMachine(f func()) {
+	e.t.Helper()
+	set := func(how string) {
+		if _, err := e.pool.Exec(e.ctx, `ALTER TABLE delivery_task `+how+` TRIGGER USER`); err != nil {
+			e.t.Fatalf("%s the state machine: %v", how, err)
+		}
+	}
+	set("DISABLE")
+	defer set("ENABLE")
+	f()
+}
+
+// finishHistory finishes history made directly (test-only SQL) the way workers would have, keeping its
+// dates: every SENDING task inserted with an attempt_token gets its open SEND attempt (started when the
+// task was claimed), the channel accepted it, and the task is SENT. The state machine (schema/010)
+// accepts only history made by its moves: a call's attempt is opened by its holder, a finish follows.
+var finishHistory = []string{
+	`INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, started_at)
+	 SELECT t.id, t.attempt_count, t.attempt_token, 'SEND', t.lease_owner, t.updated_at
+	 FROM delivery_task t
+	 WHERE t.state = 'SENDING' AND NOT EXISTS (SELECT FROM delivery_attempt a WHERE a.attempt_token = t.attempt_token)`,
+	`UPDATE delivery_attempt a SET outcome = 'ACCEPTED', finished_at = a.started_at, provider_msg_id = 'msg-' || a.task_id
+	 FROM delivery_task t WHERE t.attempt_token = a.attempt_token AND t.state = 'SENDING' AND a.outcome IS NULL`,
+	`UPDATE delivery_task SET state = 'SENT', provider_msg_id = 'msg-' || id, lease_owner = NULL, lease_until = NULL
+	 WHERE state = 'SENDING' AND lease_owner IS NOT NULL`,
+}
+
 var _ = is.New

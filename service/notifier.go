@@ -62,7 +62,7 @@ func (n *Notifier) SetPreference(ctx context.Context, userID, channel, address s
 	}
 	row, err := n.q.PrefUpsert(ctx, dbgen.PrefUpsertParams{UserID: userID, Channel: channel, Address: address, Enabled: enabled})
 	if err != nil {
-		return Preference{}, fmt.Errorf("set preference: %w", err)
+		return Preference{}, needsRole("set preference", RoleCreator, fmt.Errorf("set preference: %w", err))
 	}
 	return Preference(row), nil
 }
@@ -118,7 +118,7 @@ func (n *Notifier) Create(ctx context.Context, userID, eventKey, body string, tt
 		}
 	})
 	if err != nil {
-		return 0, false, nil, fmt.Errorf("create: %w", err)
+		return 0, false, nil, needsRole("create", RoleCreator, fmt.Errorf("create: %w", err))
 	}
 	return id, created, tasks, nil
 }
@@ -137,37 +137,28 @@ func ValidateCreate(userID, eventKey, body string, ttl time.Duration, maxAttempt
 // ResolveManually is a human's final word on a parked task (state UNKNOWN with needs_review), after
 // checking with the channel: SENT or FAILED, with a note saying why. It appends a MANUAL_SENT or
 // MANUAL_FAILED attempt and reports true; on any other task, including one already resolved, it changes
-// nothing and reports false. Concurrent calls on one task: exactly one reports true.
+// nothing and reports false. Concurrent calls on one task: exactly one reports true. A database user
+// without the operator role gets a *PermissionError (ErrPermission).
 func (n *Notifier) ResolveManually(ctx context.Context, taskID int64, final State, note, operator string) (bool, error) {
-	outcome := OutcomeManualSent
 	switch final {
-	case StateSent:
-	case StateFailed:
-		outcome = OutcomeManualFailed
+	case StateSent, StateFailed:
 	default:
 		return false, &InputError{Field: "state", Reason: fmt.Sprintf("%q: a parked task resolves to SENT or FAILED", final)}
 	}
 	if err := firstError(checkText("note", note, MaxNoteLength), checkText("operator", operator, MaxIDLength)); err != nil {
 		return false, err
 	}
-	changed := false
-	err := inTx(ctx, n.pool, func(q *dbgen.Queries) error {
-		attemptNo, err := q.TaskResolveManually(ctx, dbgen.TaskResolveManuallyParams{FinalState: string(final), ID: taskID})
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		changed = true
-		return q.AttemptRecordManual(ctx, dbgen.AttemptRecordManualParams{
-			TaskID: taskID, AttemptNo: attemptNo, Operator: operator, Outcome: string(outcome), Note: note,
-		})
+	// One statement: notifier_resolve writes the task and its MANUAL attempt together, or neither.
+	_, err := n.q.TaskResolveManually(ctx, dbgen.TaskResolveManuallyParams{
+		ID: taskID, FinalState: string(final), Note: note, Operator: operator,
 	})
-	if err != nil {
-		return false, fmt.Errorf("resolve task %d: %w", taskID, err)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, needsRole("resolve", RoleOperator, fmt.Errorf("resolve task %d: %w", taskID, err))
 	}
-	return changed, nil
+	return true, nil
 }
 
 func inTx(ctx context.Context, pool *pgxpool.Pool, fn func(q *dbgen.Queries) error) error {

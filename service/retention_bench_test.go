@@ -82,13 +82,13 @@ func pruneWhileDelivering(b *testing.B, history int) {
 	      SELECT 'u1', 'hist-' || g, 'body ' || g, now() - interval '3 days', now() - interval '2 days'
 	      FROM generate_series(1, $1::int) AS g`, history)
 	exec(`INSERT INTO delivery_task (notification_id, channel, state, attempt_count, max_attempts, next_attempt_at,
-	                                 provider_msg_id, updated_at)
-	      SELECT n.id, 'push', 'SENT', 1, 3, NULL, 'msg-' || n.id, n.created_at + interval '1 day'
+	                                 attempt_token, lease_owner, lease_until, updated_at)
+	      SELECT n.id, 'push', 'SENDING', 1, 3, NULL, gen_random_uuid(), 'w-hist', now() + interval '1 hour',
+	             n.created_at + interval '1 day'
 	      FROM notification n`)
-	exec(`INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, started_at, finished_at,
-	                                    outcome, provider_msg_id)
-	      SELECT t.id, 1, gen_random_uuid(), 'SEND', 'w-hist', t.updated_at, t.updated_at, 'ACCEPTED', t.provider_msg_id
-	      FROM delivery_task t`)
+	for _, stmt := range finishHistory { // the way workers would have: attempt, acceptance, SENT
+		exec(stmt)
+	}
 	for _, table := range []string{"notification", "delivery_task", "delivery_attempt"} {
 		exec(`VACUUM ANALYZE ` + table)
 	}

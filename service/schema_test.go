@@ -2,7 +2,9 @@ package service_test
 
 // The schema's constraints, each proven to bite: every subtest starts from a fresh database holding one
 // valid row per table (schemaBaseline), runs one statement that breaks exactly one constraint, and checks
-// that PostgreSQL rejects it with that constraint's SQLSTATE and name.
+// that PostgreSQL rejects it with that constraint's SQLSTATE and name. The statements run as the tables'
+// owner: the state machine of schema/010 holds for it too, so the baseline reaches its states by the
+// protocol's own moves.
 
 import (
 	"context"
@@ -18,7 +20,7 @@ import (
 )
 
 const (
-	schemaErrIntegrity  = "23000" // raised by the triggers of delivery_attempt (schema/005)
+	schemaErrIntegrity  = "23000" // raised by the triggers of schema/005 and schema/010
 	schemaErrUnique     = "23505"
 	schemaErrCheck      = "23514"
 	schemaErrForeignKey = "23503"
@@ -28,17 +30,42 @@ const (
 // Subqueries naming the baseline rows, so no test depends on identity values.
 const (
 	schemaBaseNotification = "(SELECT id FROM notification WHERE user_id = 'u1' AND event_key = 'ev-1')"
-	schemaBaseTask         = "(SELECT id FROM delivery_task WHERE channel = 'push')"
+	schemaBaseTask         = "(SELECT id FROM delivery_task WHERE channel = 'push')" // SENDING, attempt 1 open
+	schemaBaseWaitingTask  = "(SELECT id FROM delivery_task WHERE channel = 'sms')"  // PENDING, due, no attempt
 	schemaBaseToken        = "'00000000-0000-0000-0000-000000000001'"
 )
 
-// schemaBaseline is one valid row per table; every schemaViolation below differs from it in one respect.
+// schemaClaim is the claim of TaskStartAttempts by hand: the due task on channel ch becomes SENDING with
+// token and opens its attempt, in one statement (the attempt row must exist when the claim commits).
+func schemaClaim(ch, token, action string) string {
+	return `WITH c AS (
+		UPDATE delivery_task SET state = 'SENDING', attempt_token = ` + token + `, lease_owner = 'w1',
+		       lease_until = now() + interval '30 seconds', next_attempt_at = NULL, attempt_count = attempt_count + 1
+		WHERE channel = '` + ch + `' RETURNING id, attempt_count, attempt_token)
+	INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
+	SELECT id, attempt_count, attempt_token, '` + action + `', 'w1' FROM c`
+}
+
+// schemaSettle is TaskSettleWithoutCall and AttemptRecordSkip by hand, in one statement: the due task on
+// channel ch becomes state (SUPPRESSED or FAILED) with its SKIP attempt.
+func schemaSettle(ch, state, outcome string) string {
+	return `WITH s AS (
+		UPDATE delivery_task SET state = '` + state + `', next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL,
+		       attempt_count = attempt_count + 1
+		WHERE channel = '` + ch + `' RETURNING id, attempt_count)
+	INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome)
+	SELECT id, attempt_count, gen_random_uuid(), 'SKIP', 'w1', now(), '` + outcome + `' FROM s`
+}
+
+// schemaBaseline is one valid row per table, and a second task: the push task claimed (SENDING, its
+// attempt open), the sms task waiting (PENDING); every schemaViolation below differs from it in one
+// respect.
 var schemaBaseline = []string{
 	`INSERT INTO channel_pref (user_id, channel, address) VALUES ('u1', 'push', 'u1@push')`,
 	`INSERT INTO notification (user_id, event_key, body, expires_at) VALUES ('u1', 'ev-1', 'hello', now() + interval '1 hour')`,
 	`INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES (` + schemaBaseNotification + `, 'push', 3)`,
-	`INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
-	 VALUES (` + schemaBaseTask + `, 1, ` + schemaBaseToken + `, 'SEND', 'w1')`,
+	`INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES (` + schemaBaseNotification + `, 'sms', 3)`,
+	schemaClaim("push", schemaBaseToken, "SEND"),
 }
 
 func loadSchemaBaseline(t *testing.T, pool *pgxpool.Pool) {
@@ -94,7 +121,7 @@ var schemaViolations = []schemaViolation{
 
 	// delivery_task
 	{"task/duplicate id", `INSERT INTO delivery_task (id, notification_id, channel, max_attempts) OVERRIDING SYSTEM VALUE
-		VALUES (` + schemaBaseTask + `, ` + schemaBaseNotification + `, 'sms', 3)`, schemaErrUnique, "delivery_task_pkey", "", ""},
+		VALUES (` + schemaBaseTask + `, ` + schemaBaseNotification + `, 'other', 3)`, schemaErrUnique, "delivery_task_pkey", "", ""},
 	{"task/unknown notification", `INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES (999999999, 'push', 3)`, schemaErrForeignKey, "delivery_task_notification_id_fkey", "", ""},
 	{"task/second task on a channel", `INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES (` + schemaBaseNotification + `, 'push', 5)`, schemaErrUnique, "delivery_task_notification_channel_key", "", ""},
 	{"task/channel upper case", `INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES (` + schemaBaseNotification + `, 'SMS', 3)`, schemaErrCheck, "delivery_task_channel_check", "", ""},
@@ -120,8 +147,12 @@ var schemaViolations = []schemaViolation{
 	{"task/PENDING parked for review", `UPDATE delivery_task SET next_attempt_at = NULL, needs_review = true`, schemaErrCheck, "delivery_task_review_only_unknown", "", ""},
 	{"task/PENDING without next_attempt_at", `UPDATE delivery_task SET next_attempt_at = NULL`, schemaErrCheck, "delivery_task_scheduled_iff_waiting", "", ""},
 	{"task/SENT with next_attempt_at", `UPDATE delivery_task SET state = 'SENT'`, schemaErrCheck, "delivery_task_scheduled_iff_waiting", "", ""},
-	{"task/UNKNOWN waiting without next_attempt_at", `UPDATE delivery_task SET state = 'UNKNOWN', next_attempt_at = NULL`, schemaErrCheck, "delivery_task_scheduled_iff_waiting", "", ""},
-	{"task/UNKNOWN parked with next_attempt_at", `UPDATE delivery_task SET state = 'UNKNOWN', needs_review = true`, schemaErrCheck, "delivery_task_scheduled_iff_waiting", "", ""},
+	{"task/UNKNOWN waiting without next_attempt_at", `UPDATE delivery_task SET state = 'UNKNOWN', next_attempt_at = NULL,
+		outcome_uncertain = true, uncertain_since = now()`, schemaErrCheck, "delivery_task_scheduled_iff_waiting", "", ""},
+	{"task/UNKNOWN parked with next_attempt_at", `UPDATE delivery_task SET state = 'UNKNOWN', needs_review = true,
+		outcome_uncertain = true, uncertain_since = now()`, schemaErrCheck, "delivery_task_scheduled_iff_waiting", "", ""},
+	{"task/UNKNOWN without uncertainty", `UPDATE delivery_task SET state = 'UNKNOWN' WHERE id = ` + schemaBaseWaitingTask,
+		schemaErrCheck, "delivery_task_unknown_is_uncertain", "", ""},
 	{"task/max_attempts missing", `INSERT INTO delivery_task (notification_id, channel) VALUES (` + schemaBaseNotification + `, 'sms')`, schemaErrNotNull, "", "max_attempts", ""},
 	{"task/state null", `UPDATE delivery_task SET state = NULL`, schemaErrNotNull, "", "state", ""},
 	{"task/delete with an attempt", `DELETE FROM delivery_task`, schemaErrForeignKey, "delivery_attempt_task_id_fkey", "", ""},
@@ -166,10 +197,39 @@ var schemaViolations = []schemaViolation{
 		sql: `UPDATE delivery_attempt SET late_outcome = 'REJECTED'`, code: schemaErrIntegrity, constraint: "delivery_attempt_append_only", column: "late_outcome"},
 	{name: "attempt/retention: delete open attempt", sql: `DELETE FROM delivery_attempt`,
 		code: schemaErrIntegrity, constraint: "delivery_attempt_retention_only"},
-	{name: "attempt/retention: delete history of a waiting task", setup: `UPDATE delivery_attempt SET outcome = 'HTTP_5XX', finished_at = now()`,
+	{name: "attempt/retention: delete history of an unfinished task", setup: `UPDATE delivery_attempt SET outcome = 'HTTP_5XX', finished_at = now()`,
 		sql: `DELETE FROM delivery_attempt`, code: schemaErrIntegrity, constraint: "delivery_attempt_retention_only"},
 	{name: "attempt/retention: truncate", sql: `TRUNCATE delivery_attempt`,
 		code: schemaErrIntegrity, constraint: "delivery_attempt_retention_only"},
+
+	// The state machine (triggers, schema/010), as the owner: each rule once here; every forbidden move,
+	// per role, in statemachine_test.go.
+	{name: "task/state machine: fixed column", sql: `UPDATE delivery_task SET max_attempts = 5 WHERE id = ` + schemaBaseWaitingTask,
+		code: schemaErrIntegrity, constraint: "delivery_task_fixed", column: "max_attempts"},
+	{name: "task/state machine: final state", setup: schemaSettle("sms", "SUPPRESSED", "PREF_DISABLED"),
+		sql:  `UPDATE delivery_task SET state = 'PENDING', next_attempt_at = now() WHERE id = ` + schemaBaseWaitingTask,
+		code: schemaErrIntegrity, constraint: "delivery_task_final", column: "state"},
+	{name: "task/state machine: not a move", sql: `UPDATE delivery_task SET last_error = 'edited by hand' WHERE id = ` + schemaBaseWaitingTask,
+		code: schemaErrIntegrity, constraint: "delivery_task_transition", column: "state"},
+	{name: "task/state machine: attempt_count jumps", sql: `UPDATE delivery_task SET attempt_count = 5 WHERE id = ` + schemaBaseWaitingTask,
+		code: schemaErrIntegrity, constraint: "delivery_task_attempt_count", column: "attempt_count"},
+	{name: "task/state machine: claim writes uncertainty off",
+		setup: `WITH a AS (UPDATE delivery_attempt SET outcome = 'TIMEOUT', finished_at = now() RETURNING task_id)
+			UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true, uncertain_since = updated_at, lease_owner = NULL,
+			       lease_until = NULL, next_attempt_at = now() WHERE id IN (SELECT task_id FROM a)`,
+		sql: `UPDATE delivery_task SET state = 'SENDING', attempt_token = gen_random_uuid(), lease_owner = 'w2',
+			lease_until = now() + interval '30 seconds', next_attempt_at = NULL, attempt_count = 2,
+			outcome_uncertain = false, uncertain_since = NULL WHERE id = ` + schemaBaseTask,
+		code: schemaErrIntegrity, constraint: "delivery_task_uncertainty", column: "outcome_uncertain"},
+	{name: "task/state machine: claim without its attempt row", sql: `UPDATE delivery_task SET state = 'SENDING',
+			attempt_token = gen_random_uuid(), lease_owner = 'w1', lease_until = now() + interval '30 seconds',
+			next_attempt_at = NULL, attempt_count = 1 WHERE id = ` + schemaBaseWaitingTask,
+		code: schemaErrIntegrity, constraint: "delivery_task_evidence", column: "attempt_count"},
+	{name: "attempt/state machine: QUERY_NOT_FOUND under SEND", sql: `UPDATE delivery_attempt SET outcome = 'QUERY_NOT_FOUND', finished_at = now()`,
+		code: schemaErrIntegrity, constraint: "delivery_attempt_outcome_fits_action", column: "outcome"},
+	{name: "attempt/state machine: attempt the task did not count", sql: `INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
+		VALUES (` + schemaBaseWaitingTask + `, 1, gen_random_uuid(), 'SEND', 'w1')`,
+		code: schemaErrIntegrity, constraint: "delivery_attempt_follows_task", column: "attempt_no"},
 }
 
 func TestSchemaConstraints(t *testing.T) {
@@ -267,24 +327,39 @@ func TestSchemaBaselineAndBoundariesAreValid(t *testing.T) {
 		`INSERT INTO notification (user_id, event_key, body, expires_at) VALUES (repeat('u', 200), repeat('k', 200), repeat('x', 65536), now() + interval '1 microsecond')`,
 		`INSERT INTO notification (user_id, event_key, body, expires_at) VALUES ('u1', 'ev-2', repeat('é', 32768), now() + interval '1 hour')`,
 		`INSERT INTO notification (user_id, event_key, body, expires_at) VALUES ('u2', 'ev-1', '', now() + interval '1 hour')`,
-		`INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES (` + schemaBaseNotification + `, 'sms', 1)`,
+		`INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES (` + schemaBaseNotification + `, 'other', 1)`,
 		`INSERT INTO delivery_task (notification_id, channel, max_attempts, lease_owner, provider_msg_id, last_error)
 		 VALUES (` + schemaBaseNotification + `, 'none', 100, repeat('w', 200), repeat('m', 500), repeat('e', 2000))`,
-		`UPDATE delivery_task SET state = 'SENDING', next_attempt_at = NULL, attempt_token = gen_random_uuid(),
-		 lease_owner = 'w1', lease_until = now() + interval '30 seconds', attempt_count = 1 WHERE channel = 'sms'`,
-		`UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true, uncertain_since = now(), next_attempt_at = now() WHERE channel = 'none'`,
-		`UPDATE delivery_task SET state = 'UNKNOWN', needs_review = true, next_attempt_at = NULL WHERE channel = 'none'`,
-		`UPDATE delivery_task SET state = 'SENT', next_attempt_at = NULL WHERE channel = 'push'`,
-		`UPDATE delivery_task SET state = 'FAILED' WHERE channel = 'push'`,
-		`UPDATE delivery_task SET state = 'SUPPRESSED' WHERE channel = 'push'`,
+		// Every state, reached by the protocol's moves. push (SENDING): its call times out, with the
+		// longest values an attempt keeps; UNKNOWN, waiting for a retry.
 		`UPDATE delivery_attempt SET outcome = 'TIMEOUT', finished_at = now(), late_outcome = 'ACCEPTED', late_at = now(),
-		 provider_msg_id = repeat('m', 500), error = repeat('e', 2000), note = repeat('n', 2000)`,
-		`INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
-		 VALUES (` + schemaBaseTask + `, 4, gen_random_uuid(), 'QUERY', repeat('w', 200))`,
-		`INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome, note)
-		 VALUES (` + schemaBaseTask + `, 2, gen_random_uuid(), 'MANUAL', 'op', now(), 'MANUAL_SENT', 'checked with the channel')`,
-		`INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome)
-		 VALUES (` + schemaBaseTask + `, 3, gen_random_uuid(), 'SKIP', 'w1', now(), 'TTL_EXPIRED_UNCERTAIN')`,
+		 provider_msg_id = repeat('m', 500), error = repeat('e', 2000), note = repeat('n', 2000) WHERE task_id = ` + schemaBaseTask,
+		`UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true, uncertain_since = updated_at, next_attempt_at = now(),
+		 lease_owner = NULL, lease_until = NULL WHERE channel = 'push'`,
+		// Claimed again to query (the longest lease owner and worker); the query fails: parked.
+		`WITH c AS (
+		   UPDATE delivery_task SET state = 'SENDING', attempt_token = gen_random_uuid(), lease_owner = repeat('w', 200),
+		          lease_until = now() + interval '30 seconds', next_attempt_at = NULL, attempt_count = attempt_count + 1
+		   WHERE channel = 'push' RETURNING id, attempt_count, attempt_token)
+		 INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
+		 SELECT id, attempt_count, attempt_token, 'QUERY', repeat('w', 200) FROM c`,
+		`UPDATE delivery_attempt SET outcome = 'QUERY_FAILED', finished_at = now() WHERE action = 'QUERY'`,
+		`UPDATE delivery_task SET state = 'UNKNOWN', needs_review = true, lease_owner = NULL, lease_until = NULL WHERE channel = 'push'`,
+		// A human resolves it, with the longest note and message id: SENT.
+		`SELECT * FROM notifier_resolve(` + schemaBaseTask + `, 'SENT', repeat('n', 2000), 'op', repeat('m', 500))`,
+		// other: claimed, timed out, then expired before the next call: parked with its SKIP attempt.
+		schemaClaim("other", "gen_random_uuid()", "SEND"),
+		`UPDATE delivery_attempt SET outcome = 'TIMEOUT', finished_at = now() WHERE outcome IS NULL`,
+		`UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true, uncertain_since = updated_at, next_attempt_at = now(),
+		 lease_owner = NULL, lease_until = NULL WHERE channel = 'other'`,
+		`WITH s AS (
+		   UPDATE delivery_task SET needs_review = true, next_attempt_at = NULL, attempt_count = attempt_count + 1
+		   WHERE channel = 'other' RETURNING id, attempt_count)
+		 INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome)
+		 SELECT id, attempt_count, gen_random_uuid(), 'SKIP', 'w1', now(), 'TTL_EXPIRED_UNCERTAIN' FROM s`,
+		// sms and none: settled at claim time, FAILED (expired) and SUPPRESSED (disabled).
+		schemaSettle("sms", "FAILED", "TTL_EXPIRED"),
+		schemaSettle("none", "SUPPRESSED", "PREF_DISABLED"),
 	}
 	for _, stmt := range valid {
 		tag, err := pool.Exec(ctx, stmt)

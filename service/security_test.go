@@ -113,6 +113,34 @@ func secNoRows(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
 	}
 }
 
+// secCreatorDenied runs a task insert the way Create does, in the transaction that inserted its
+// notification ($1, a fresh one of user u1), and asserts that it fails with insufficient_privilege.
+// Nothing is kept.
+func secCreatorDenied(t *testing.T, pool *pgxpool.Pool, sql string) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var id int64
+	if err := tx.QueryRow(ctx, `INSERT INTO notification (user_id, event_key, body, expires_at)
+		VALUES ('u1', 'denied-' || gen_random_uuid(), 'b', now() + interval '1 hour') RETURNING id`).Scan(&id); err != nil {
+		t.Fatalf("the notification of %s: %v", sql, err)
+	}
+	_, err = tx.Exec(ctx, sql, id)
+	pgErr := secPgErr(err)
+	switch {
+	case pgErr == nil:
+		t.Errorf("%s: %v, want insufficient_privilege", sql, err)
+	case pgErr.Code != sqlInsufficient:
+		t.Errorf("%s: %s (%s), want insufficient_privilege (42501)", sql, pgErr.Message, pgErr.Code)
+	default:
+		t.Logf("denied: %s", pgErr.Message)
+	}
+}
+
 // secRolePool is a pool on e's database whose every connection runs as role (SET ROLE right after
 // connecting, so every statement of the service code is checked against that role's privileges and
 // policies). Closed before the database is dropped.
@@ -413,8 +441,10 @@ func TestWorkerRoleCannotResolve(t *testing.T) {
 	before := e.task(id)
 
 	changed, err := service.NewNotifier(worker).ResolveManually(e.ctx, id, service.StateSent, "I think it went out", "w-1")
-	is.NoErr(err)     // row-level security hides the parked task from the worker's UPDATE
-	is.True(!changed) // so nothing is resolved
+	is.True(errors.Is(err, service.ErrPermission)) // resolving is the operator's: notifier_resolve (schema/010)
+	is.True(secPgErr(err) != nil)                  // the database refused it
+	is.Equal(secPgErr(err).Code, sqlInsufficient)  // permission denied for function notifier_resolve
+	is.True(!changed)                              // so nothing is resolved
 	task := e.task(id)
 	is.Equal(task.State, service.StateUnknown) // still UNKNOWN
 	is.True(task.NeedsReview)                  // still parked
@@ -469,22 +499,29 @@ func TestCreatorRoleCreatesOnly(t *testing.T) {
 	secDenied(t, creator, `UPDATE delivery_task SET state = 'SENT', next_attempt_at = NULL WHERE id = $1`, task)
 	secDenied(t, creator, `UPDATE delivery_task SET max_attempts = 100 WHERE id = $1`, task)
 	secDenied(t, creator, `DELETE FROM delivery_task WHERE id = $1`, task)
-	secDenied(t, creator, `INSERT INTO delivery_task (notification_id, channel, max_attempts, state, next_attempt_at)
-		VALUES ($1, 'none', 3, 'SENT', NULL)`, id)
-	secDenied(t, creator, `INSERT INTO delivery_task (notification_id, channel, max_attempts, attempt_count)
-		VALUES ($1, 'none', 3, 2)`, id)
+	// Each insert below runs, as it must (schema/010), in the transaction that inserted its notification.
+	secCreatorDenied(t, creator, `INSERT INTO delivery_task (notification_id, channel, max_attempts, state, next_attempt_at)
+		VALUES ($1, 'push', 3, 'SENT', NULL)`)
+	secCreatorDenied(t, creator, `INSERT INTO delivery_task (notification_id, channel, max_attempts, attempt_count)
+		VALUES ($1, 'push', 3, 2)`)
 	// Behind the column privileges, row-level security holds on its own: even a creator that was granted
 	// the state and attempt_count columns (in this test database only) creates PENDING tasks only.
 	_, err = e.pool.Exec(e.ctx, `GRANT INSERT (state, attempt_count) ON delivery_task TO notifier_creator`)
 	is.NoErr(err)
-	secDenied(t, creator, `INSERT INTO delivery_task (notification_id, channel, max_attempts, state, next_attempt_at)
-		VALUES ($1, 'none', 3, 'SENT', NULL)`, id)
-	secDenied(t, creator, `INSERT INTO delivery_task (notification_id, channel, max_attempts, attempt_count)
-		VALUES ($1, 'none', 3, 2)`, id)
-	n2, pgErr := secExec(t, creator, `INSERT INTO delivery_task (notification_id, channel, max_attempts, state, attempt_count)
-		VALUES ($1, 'none', 3, 'PENDING', 0)`, id)
-	is.True(pgErr == nil) // a PENDING task with no attempt passes the policy
-	is.Equal(n2, int64(1))
+	secCreatorDenied(t, creator, `INSERT INTO delivery_task (notification_id, channel, max_attempts, state)
+		VALUES ($1, 'push', 3, 'SENT')`)
+	secCreatorDenied(t, creator, `INSERT INTO delivery_task (notification_id, channel, max_attempts, attempt_count)
+		VALUES ($1, 'push', 3, 2)`)
+	tx, err := creator.Begin(e.ctx)
+	is.NoErr(err)
+	var fresh int64
+	is.NoErr(tx.QueryRow(e.ctx, `INSERT INTO notification (user_id, event_key, body, expires_at)
+		VALUES ('u1', 'e-own', 'b', now() + interval '1 hour') RETURNING id`).Scan(&fresh)) // this transaction's notification
+	tag, err := tx.Exec(e.ctx, `INSERT INTO delivery_task (notification_id, channel, max_attempts, state, attempt_count)
+		VALUES ($1, 'push', 3, 'PENDING', 0)`, fresh)
+	is.NoErr(err)                          // a PENDING task with no attempt passes the policy
+	is.Equal(tag.RowsAffected(), int64(1)) // one task
+	is.NoErr(tx.Commit(e.ctx))
 	_, err = e.pool.Exec(e.ctx, `REVOKE INSERT (state, attempt_count) ON delivery_task FROM notifier_creator`)
 	is.NoErr(err)
 
@@ -522,8 +559,8 @@ func TestOperatorRoleResolvesParkedOnly(t *testing.T) {
 	// A task that is not parked is out of reach.
 	changed, err := n.ResolveManually(e.ctx, pending, service.StateFailed, "not mine", "ops")
 	is.NoErr(err)
-	is.True(!changed) // a PENDING task is not resolved
-	secNoRows(t, operator, `UPDATE delivery_task SET state = 'FAILED' WHERE id = $1`, pending)
+	is.True(!changed)                                                                          // a PENDING task is not resolved
+	secDenied(t, operator, `UPDATE delivery_task SET state = 'FAILED' WHERE id = $1`, pending) // no UPDATE at all (schema/010)
 	is.Equal(e.task(pending).State, service.StatePending)
 
 	// A parked task may only be resolved to SENT or FAILED.

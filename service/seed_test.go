@@ -4,10 +4,13 @@ package service_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/fakes"
@@ -155,39 +158,69 @@ func TestC1ConcurrentClaims(t *testing.T) {
 }
 
 // TestNC1ClaimWithoutLock is a negative control: the claim without FOR UPDATE SKIP LOCKED (a plain
-// SELECT, then UPDATE by id) lets two claimers take the same task, and it goes out twice.
+// SELECT, then UPDATE by id) lets two claimers take the same task, and it goes out twice. The lock is
+// what keeps the second claimer away; the state machine (schema/010) now also refuses its update, which
+// reaches the row the first claimer holds under a live lease. Both are shown: the refusal, and the
+// damage once the state machine is switched off.
 func TestNC1ClaimWithoutLock(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	e.user("u1", "sms")
-	tasks := e.create("u1", "e1", time.Hour, 3)
 	const unsafeSelect = `SELECT id FROM delivery_task WHERE state IN ('PENDING','UNKNOWN') AND next_attempt_at <= now() ORDER BY id LIMIT 1`
 	const unsafeUpdate = `UPDATE delivery_task SET state = 'SENDING', attempt_token = gen_random_uuid(), lease_owner = $2,
 		lease_until = now() + interval '30 seconds', next_attempt_at = NULL, attempt_count = attempt_count + 1 WHERE id = $1`
-	tx1, err := e.pool.Begin(e.ctx)
-	is.NoErr(err)
-	defer tx1.Rollback(e.ctx)
-	tx2, err := e.pool.Begin(e.ctx)
-	is.NoErr(err)
-	defer tx2.Rollback(e.ctx)
-	var id1, id2 int64
-	is.NoErr(tx1.QueryRow(e.ctx, unsafeSelect).Scan(&id1))
-	is.NoErr(tx2.QueryRow(e.ctx, unsafeSelect).Scan(&id2))
-	is.Equal(id1, id2) // both claimers read the same task
-	tag1, err := tx1.Exec(e.ctx, unsafeUpdate, id1, "w1")
-	is.NoErr(err)
-	is.NoErr(tx1.Commit(e.ctx))
-	tag2, err := tx2.Exec(e.ctx, unsafeUpdate, id2, "w2")
-	is.NoErr(err)
-	is.NoErr(tx2.Commit(e.ctx))
-	is.Equal(tag1.RowsAffected()+tag2.RowsAffected(), int64(2)) // damage: 2 rows updated, both think they hold it
+	// Each claimer runs the unsafe claim in its own transaction; the second reads before the first commits.
+	race := func(openAttempt bool) (ids [2]int64, tags [2]int64, errs [2]error) {
+		t.Helper()
+		txs := [2]pgx.Tx{}
+		for i := range txs {
+			tx, err := e.pool.Begin(e.ctx)
+			is.NoErr(err)
+			defer tx.Rollback(e.ctx)
+			txs[i] = tx
+			is.NoErr(tx.QueryRow(e.ctx, unsafeSelect).Scan(&ids[i]))
+		}
+		for i, tx := range txs {
+			tag, err := tx.Exec(e.ctx, unsafeUpdate, ids[i], fmt.Sprintf("w%d", i+1))
+			if err == nil && openAttempt { // the attempt row the database wants with every counted attempt
+				_, err = tx.Exec(e.ctx, `INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
+					SELECT id, attempt_count, attempt_token, 'SEND', lease_owner FROM delivery_task WHERE id = $1`, ids[i])
+			}
+			if err == nil {
+				err = tx.Commit(e.ctx)
+			}
+			tags[i], errs[i] = tag.RowsAffected(), err
+		}
+		return ids, tags, errs
+	}
+
+	guarded := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	ids, tags, errs := race(true)
+	is.Equal(ids, [2]int64{guarded, guarded}) // both claimers read the same task
+	is.NoErr(errs[0])                         // the first claims it
+	is.Equal(tags[0], int64(1))
+	pgErr := secPgErr(errs[1])
+	is.True(pgErr != nil)                                                                       // the second claimer's update reaches the held row ...
+	is.Equal(pgErr.Code, sqlIntegrity)                                                          // and the database refuses it
+	is.Equal(pgErr.ConstraintName, "delivery_task_transition")                                  // a live lease is never taken over
+	is.True(strings.Contains(pgErr.Message, fmt.Sprintf("delivery_task %d: SENDING", guarded))) // naming the row it matched
+	is.Equal(e.task(guarded).LeaseOwner, "w1")                                                  // the first claimer holds it
+
+	unguarded := e.create("u1", "e2", time.Hour, 3)[0].TaskID
+	e.withoutStateMachine(func() {
+		ids, tags, errs = race(false)
+	})
+	is.Equal(ids, [2]int64{unguarded, unguarded}) // both claimers read the same task
+	is.NoErr(errs[0])
+	is.NoErr(errs[1])
+	is.Equal(tags[0]+tags[1], int64(2)) // damage: 2 rows updated, both think they hold it
 	client, err := httpchannel.New(e.sms.URL(), httpchannel.Options{})
 	is.NoErr(err)
 	for range 2 { // each claimer calls the channel
-		msg := service.Message{Ref: service.Ref(tasks[0].TaskID), IdempotencyKey: service.IdempotencyKey(tasks[0].TaskID), To: "x", Body: "b"}
+		msg := service.Message{Ref: service.Ref(unguarded), IdempotencyKey: service.IdempotencyKey(unguarded), To: "x", Body: "b"}
 		is.Equal(client.Send(e.ctx, msg).Outcome, service.OutcomeAccepted)
 	}
-	is.Equal(e.sms.Outbound(service.Ref(tasks[0].TaskID)), 2) // damage: the task went out twice
+	is.Equal(e.sms.Outbound(service.Ref(unguarded)), 2) // damage: the task went out twice
 }
 
 func TestT1IdempotentResendAfterTimeout(t *testing.T) {
@@ -431,10 +464,22 @@ func TestNC3LateFinish(t *testing.T) {
 	is.Equal(history[0].Outcome, service.OutcomeLeaseExpired) // A's attempt keeps its outcome
 	is.Equal(history[0].LateOutcome, service.OutcomeTimeout)  // and the late observation is kept beside it
 
-	tag, err := e.pool.Exec(e.ctx, `UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true, uncertain_since = now(),
-		next_attempt_at = now() WHERE id = $1`, id) // the unsafe finish: by id only
-	is.NoErr(err)
-	is.Equal(tag.RowsAffected(), int64(1))           // damage: 1 row
+	// The unsafe finish, by id only: the token guard is what keeps it off the task. The state machine
+	// (schema/010) refuses it too, SENT being final; the refusal names the row the UPDATE matched.
+	const unsafeFinish = `UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true, uncertain_since = now(),
+		next_attempt_at = now() WHERE id = $1`
+	_, err = e.pool.Exec(e.ctx, unsafeFinish, id)
+	pgErr := secPgErr(err)
+	is.True(pgErr != nil)                                                               // the id-only UPDATE matches the row ...
+	is.True(strings.Contains(pgErr.Message, fmt.Sprintf("delivery_task %d: SENT", id))) // (the refusal names it)
+	is.Equal(pgErr.ConstraintName, "delivery_task_final")                               // and the database refuses it
+	is.Equal(e.task(id).State, service.StateSent)                                       // the task stays SENT
+
+	e.withoutStateMachine(func() { // with the token guard alone in the way, and the guard left out
+		tag, err := e.pool.Exec(e.ctx, unsafeFinish, id)
+		is.NoErr(err)
+		is.Equal(tag.RowsAffected(), int64(1)) // damage: 1 row
+	})
 	is.Equal(e.task(id).State, service.StateUnknown) // damage: SENT -> UNKNOWN
 }
 

@@ -154,6 +154,9 @@ func (b *bench) historyRun(ctx context.Context, before *probeReport) (*historyRe
 		n := min(historyChunk, notifications-first)
 		// A chunk of a million rows takes a while on a small machine: bounded by --timeout, not --db-timeout.
 		inserted, err := b.q.BenchFillHistory(ctx, dbgen.BenchFillHistoryParams{Tag: b.run + "-history", First: int64(first), Notifications: int64(n)})
+		if err == nil {
+			_, err = b.q.BenchFinishHistory(ctx)
+		}
 		if err != nil {
 			bar.Done()
 			return nil, fmt.Errorf("fill history: %w", err)

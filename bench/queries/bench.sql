@@ -44,12 +44,13 @@ SELECT t.id, t.state, t.channel, t.attempt_count, t.outcome_uncertain,
 SELECT set_config('enable_bitmapscan', 'off', true);
 
 -- name: BenchFillHistory :execrows
--- Inserts finished history fast, in one statement: @notifications notifications (event keys
--- @tag-<g> for g from @first on, created a day ago), each with a SENT task on push and on sms, and one
--- ACCEPTED attempt per task. Finished tasks carry no next_attempt_at (CHECK
--- delivery_task_scheduled_iff_waiting), so they are in none of the claim indexes. Returns the number of
--- attempts (= tasks) inserted. The parameters sit in their own CTE (arg): sqlc v1.31 mis-edits named
--- parameters inside a data-modifying CTE.
+-- Inserts history fast, in one statement: @notifications notifications (event keys @tag-<g> for g from
+-- @first on, created a day ago), each with a task on push and on sms claimed then (SENDING, held by
+-- 'bench-history', its lease far away so that no worker takes it over) and its open SEND attempt.
+-- BenchFinishHistory then finishes them: the state machine (schema/010) accepts history only as the
+-- protocol's moves make it (a call's attempt is opened by its holder, then recorded and finished).
+-- Returns the number of attempts (= tasks) inserted. The parameters sit in their own CTE (arg): sqlc
+-- v1.31 mis-edits named parameters inside a data-modifying CTE.
 WITH arg AS (
     SELECT @tag::text AS tag, @first::bigint AS first, @notifications::bigint AS notifications
 ), n AS (
@@ -60,16 +61,36 @@ WITH arg AS (
     RETURNING id, created_at
 ), t AS (
     INSERT INTO delivery_task (notification_id, channel, state, attempt_count, max_attempts, attempt_token,
-                               next_attempt_at, provider_msg_id, created_at, updated_at)
-    SELECT n.id, c.channel, 'SENT', 1, 3, gen_random_uuid(), NULL, c.channel || '-history-' || n.id,
-           n.created_at, n.created_at + interval '1 second'
+                               lease_owner, lease_until, next_attempt_at, created_at, updated_at)
+    SELECT n.id, c.channel, 'SENDING', 1, 3, gen_random_uuid(), 'bench-history', now() + interval '1 day', NULL,
+           n.created_at, n.created_at
     FROM n CROSS JOIN (VALUES ('push'), ('sms')) AS c (channel)
-    RETURNING id, attempt_token, provider_msg_id, created_at, updated_at
+    RETURNING id, attempt_token, created_at
 )
-INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, started_at, finished_at,
-                              outcome, provider_msg_id)
-SELECT t.id, 1, t.attempt_token, 'SEND', 'bench-history', t.created_at, t.updated_at, 'ACCEPTED', t.provider_msg_id
+INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, started_at)
+SELECT t.id, 1, t.attempt_token, 'SEND', 'bench-history', t.created_at
 FROM t;
+
+-- name: BenchFinishHistory :execrows
+-- Finishes the history BenchFillHistory inserted, as workers would have a second after each claim: the
+-- attempt ACCEPTED with a message id, the task SENT. Finished tasks carry no next_attempt_at nor lease
+-- (CHECK delivery_task_scheduled_iff_waiting), so they end in none of the claim indexes; the held ones
+-- are found through delivery_task_leased_idx (only held tasks have a lease). Returns the tasks finished.
+WITH held AS (
+    SELECT t.id, t.attempt_token, t.channel || '-history-' || t.notification_id AS provider_msg_id
+    FROM delivery_task t
+    WHERE t.lease_until IS NOT NULL AND t.lease_owner = 'bench-history' AND t.state = 'SENDING'
+), recorded AS (
+    UPDATE delivery_attempt a
+    SET outcome = 'ACCEPTED', finished_at = a.started_at + interval '1 second', provider_msg_id = h.provider_msg_id
+    FROM held h
+    WHERE a.attempt_token = h.attempt_token AND a.outcome IS NULL
+)
+UPDATE delivery_task t
+SET state = 'SENT', provider_msg_id = h.provider_msg_id, lease_owner = NULL, lease_until = NULL,
+    updated_at = t.created_at + interval '1 second'
+FROM held h
+WHERE t.id = h.id;
 
 -- name: BenchAnalyze :exec
 -- Between the create and the deliver phase: fresh planner statistics, as bench/pgbench/setup.sql takes
