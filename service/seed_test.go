@@ -523,9 +523,12 @@ func TestNC3LateFinishWhileNewHolderSends(t *testing.T) {
 				is.Equal(e.task(id).State, service.StateSent)
 				return
 			}
-			// The finish without its token: the state check alone, as River fences its finish.
+			// The finish without its token: the state check alone, as River fences its finish, writing A's
+			// TIMEOUT as TaskFinish would. The database's state machine (schema/010) lets it pass: SENDING ->
+			// UNKNOWN is a finish, and nothing in the row says which holder speaks. Only the token can.
 			tag, err := e.pool.Exec(e.ctx, `UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true,
-				uncertain_since = updated_at, next_attempt_at = now() + interval '1 hour', lease_owner = NULL, lease_until = NULL
+				uncertain_since = coalesce(uncertain_since, updated_at), next_attempt_at = now() + interval '1 hour',
+				lease_owner = NULL, lease_until = NULL
 				WHERE id = $1 AND state = 'SENDING'`, id)
 			is.NoErr(err)
 			is.Equal(tag.RowsAffected(), int64(1))           // damage: A's stale observation matches B's row
