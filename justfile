@@ -34,11 +34,11 @@ demo *args: _pgtmp
     @if [ -n "${DATABASE_URL:-}" ]; then exec go run ./cli demo "$@"; fi; \
     exec "{{ pgtmp }}" -migrate -- go run ./cli demo "$@"
 
-# Run the load bench (`go run ./bench/cmd/bench`, see README "bench": the product's worker loop against fakes with a latency model, beside pgbench) on a throwaway migrated PostgreSQL; args go to it, e.g. `just bench --call-latency 100ms,0.8 --max-in-flight 1024`
+# Run the load bench (`go run ./bench/cmd/bench`, see docs/benchmarks.md#notifier-bench: the product's worker loop against fakes with a latency model, beside pgbench) on a throwaway migrated PostgreSQL; args go to it, e.g. `just bench --call-latency 100ms,0.8 --max-in-flight 1024`
 bench *args: _pgtmp
     "{{ pgtmp }}" -migrate -- go run ./bench/cmd/bench "$@"
 
-# Run the River peer of the load bench (bench/river, its own Go module; README "The River peer") on a throwaway migrated PostgreSQL; args go to it, e.g. `just bench-river --notifications 20000 --workers 1000 --fetch-cooldown 1ms --call-latency 100ms,0.8`
+# Run the River peer of the load bench (bench/river, its own Go module; docs/benchmarks.md#the-river-peer) on a throwaway migrated PostgreSQL; args go to it, e.g. `just bench-river --notifications 20000 --workers 1000 --fetch-cooldown 1ms --call-latency 100ms,0.8`
 bench-river *args: _pgtmp
     "{{ pgtmp }}" -migrate -- bash -c 'cd bench/river && go run . "$@"' _ "$@"
 

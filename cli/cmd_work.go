@@ -28,7 +28,7 @@ const maxInFlight = 100_000
 // commit (when the database starts the lease) to the call, the client's own timer slack, and the
 // finish transaction, so that a live holder records its result before anyone may take the task
 // over. 2 s covers a commit on a busy database; half the timeout keeps the margin proportional for
-// slow channels. Shorter leases let two holders call the channel at once (SPEC section 10) and are
+// slow channels. Shorter leases let two holders call the channel at once (docs/protocol.md#known-boundaries) and are
 // refused unless --allow-lease-overlap.
 func leaseMargin(timeout time.Duration) time.Duration {
 	return max(2*time.Second, timeout/2)
@@ -65,7 +65,7 @@ secret_env/secret_file, vapid_private_key_env/vapid_private_key_file). The whole
 at start: an unknown key, a mode the kind cannot honour (smtp with mode idempotent, ...), an
 inline secret or a channel defined both in the file and by --channel exits 2 with one line naming
 the channel and the key. --ca-file applies to --channel only; the file has ca_file per channel.
-See README, "Real channels".
+See docs/channels.md#real-channels.
 
 --lease must be longer than --timeout plus a margin of max(2s, timeout/2) (claim commit, timer
 slack and the finish transaction), or two workers could call the channel for one task at once;
@@ -90,7 +90,7 @@ When to tune (the defaults suit channels answering in 50-500 ms and channels ans
 
 Its database connections start with plan_cache_mode=force_generic_plan (its statements are prepared
 once and planned once), unless the database URL or PGOPTIONS sets plan_cache_mode; behind PgBouncer
-see README "Running against your own database". When answers are waiting and the window has room, the
+see docs/operations.md#pgbouncer-and-prepared-statements. When answers are waiting and the window has room, the
 finish travels with the next claim in one round trip, committed on its own before the claim begins.
 
 With --once: runs one claim-call-finish cycle and prints one JSON object on stdout:

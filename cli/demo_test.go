@@ -8,7 +8,7 @@ import (
 	"github.com/matryer/is"
 )
 
-// TestDemo runs the demo as the README's first command does (on a fresh database) and checks that its
+// TestDemo runs the demo as the Quick start does (README.md#quick-start) (on a fresh database) and checks that its
 // report shows what it is meant to: a recognised resend, a successful query, a parked task.
 func TestDemo(t *testing.T) {
 	is := is.New(t)

@@ -42,7 +42,7 @@ func waitLeaseExpired(t *testing.T, pool *pgxpool.Pool, taskID int64) {
 	})
 }
 
-// TestP1KilledWorkerLeaseExpires (SPEC P1): a worker process is SIGKILLed while its call hangs after
+// TestP1KilledWorkerLeaseExpires (P1, docs/testing.md#seed-cases): a worker process is SIGKILLed while its call hangs after
 // the channel accepted. The task stays SENDING; a probe during the lease claims nothing; after the
 // lease a second process takes over, and counts the lost call as uncertain: on push (idempotent) it
 // resends with the same key (ACCEPTED_REPLAY), on sms (queryable) it asks first (QUERY_FOUND) and sends
@@ -110,7 +110,7 @@ func TestP1KilledWorkerLeaseExpires(t *testing.T) {
 	}
 }
 
-// TestP2StoppedWorkerIsStale (SPEC P2): lease 1 s, client timeout 1.5 s, so holders can overlap on
+// TestP2StoppedWorkerIsStale (P2, docs/testing.md#seed-cases): lease 1 s, client timeout 1.5 s, so holders can overlap on
 // purpose. Worker A is SIGSTOPped after the channel accepted; after the lease worker B takes over and
 // completes (ACCEPTED_REPLAY, SENT); A resumes, times out and finishes with its old token: 0 rows,
 // STALE, the observation kept as attempt 1's late_outcome; the task stays SENT.

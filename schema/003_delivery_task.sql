@@ -35,7 +35,7 @@ CREATE TABLE delivery_task (
 );
 
 -- The claim path. Both indexes are partial: finished and parked tasks are not in them, so a claim's cost
--- does not grow with history (SPEC section 10).
+-- does not grow with history (docs/protocol.md#known-boundaries).
 CREATE INDEX delivery_task_ready_idx ON delivery_task (next_attempt_at, id) WHERE next_attempt_at IS NOT NULL;
 CREATE INDEX delivery_task_leased_idx ON delivery_task (lease_until, id) WHERE state = 'SENDING';
 -- Operators list parked tasks (notifier review).

@@ -1,6 +1,6 @@
 package service_test
 
-// SPEC section 10: the seed's claim walked finished rows, so its cost grew with history. The claim queries
+// docs/protocol.md#known-boundaries: the seed's claim walked finished rows, so its cost grew with history. The claim queries
 // of this project must read only waiting (or leased) tasks, through their partial indexes, however many
 // finished tasks the table holds. This test runs the exact SQL of queries/delivery_task.sql under
 // EXPLAIN ANALYZE against 100,000 finished tasks.

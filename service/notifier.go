@@ -67,7 +67,7 @@ func (n *Notifier) SetPreference(ctx context.Context, userID, channel, address s
 	return Preference(row), nil
 }
 
-// Create submits one event for a user: SPEC section 4, in one Read Committed transaction. The first
+// Create submits one event for a user: docs/protocol.md#create, in one Read Committed transaction. The first
 // submission of (userID, eventKey) creates the notification and one PENDING task per enabled channel and
 // reports created=true; every other submission, concurrent or later, gets the same id, the existing
 // tasks and created=false, and writes nothing. The first body wins.

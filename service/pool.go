@@ -16,7 +16,7 @@ import (
 // reads only waiting tasks and looks every row up by key (TestClaimGenericPlanLooksUpByKey). Left to
 // itself (plan_cache_mode = auto), PostgreSQL planned TaskStartAttempts and TaskFinish again on every
 // call, because their generic plans guess 10 elements per array parameter where a custom plan sees one:
-// with the planning, the server spent twice the CPU per delivery (README "What limits throughput here").
+// with the planning, the server spent twice the CPU per delivery (docs/benchmarks.md#what-limits-throughput-here).
 const WorkerPlanCacheMode = "force_generic_plan"
 
 // ConfigureWorkerConn sets WorkerPlanCacheMode on the connections of a worker's pool, unless the

@@ -63,8 +63,7 @@ func countedDispatcher(t *testing.T, e *env, mode pgx.QueryExecMode) (*service.D
 // Per delivery a worker waits on the database twice: TaskFinish of the previous batch with BEGIN and
 // TaskClaim (FinishBatchThenClaim), then TaskStartAttempts with COMMIT. Alone, a claim costs two
 // round trips (BEGIN with TaskClaim, TaskStartAttempts with COMMIT) and a finish one; an idle claim
-// two. Round trips are what a worker's throughput pays for on a busy machine (README "What limits
-// throughput here").
+// two. Round trips are what a worker's throughput pays for on a busy machine (docs/benchmarks.md#what-limits-throughput-here).
 func TestDeliveryRoundTrips(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)

@@ -1,6 +1,6 @@
 package service_test
 
-// The seed's cases (SPEC section 9), each named after its id: go test ./service -run 'N1|T2'.
+// The seed's cases (docs/testing.md#seed-cases), each named after its id: go test ./service -run 'N1|T2'.
 
 import (
 	"context"

@@ -197,9 +197,9 @@ type BenchSeedClaimRow struct {
 // seed's claim as a baseline, and the checks after a load run. Compiled by sqlc's second target into
 // bench/dbgen, apart from the product's dbgen: no worker, create or operator command can call them.
 // The bench writes test data: run it on a throwaway database only.
-// The SEED's unindexed claim (SPEC section 5), verbatim: one OR over states and ORDER BY t.id, written for
+// The SEED's unindexed claim (docs/protocol.md#claim), verbatim: one OR over states and ORDER BY t.id, written for
 // a table with no claim index, so its cost grows with the finished history in front of the first due
-// task (SPEC section 10). Kept ONLY as a benchmark baseline, run by the bench in a transaction it
+// task (docs/protocol.md#known-boundaries). Kept ONLY as a benchmark baseline, run by the bench in a transaction it
 // rolls back (it claims nothing); NEVER used by workers, which run TaskClaim. On this schema the planner may still serve its OR with a BitmapOr over the partial
 // claim indexes and sort every due task; BenchSeedClaimOnSeedIndexes measures it without that rescue.
 func (q *Queries) BenchSeedClaim(ctx context.Context) (BenchSeedClaimRow, error) {

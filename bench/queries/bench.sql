@@ -4,9 +4,9 @@
 -- The bench writes test data: run it on a throwaway database only.
 
 -- name: BenchSeedClaim :one
--- The SEED's unindexed claim (SPEC section 5), verbatim: one OR over states and ORDER BY t.id, written for
+-- The SEED's unindexed claim (docs/protocol.md#claim), verbatim: one OR over states and ORDER BY t.id, written for
 -- a table with no claim index, so its cost grows with the finished history in front of the first due
--- task (SPEC section 10). Kept ONLY as a benchmark baseline, run by the bench in a transaction it
+-- task (docs/protocol.md#known-boundaries). Kept ONLY as a benchmark baseline, run by the bench in a transaction it
 -- rolls back (it claims nothing); NEVER used by workers, which run TaskClaim. On this schema the planner may still serve its OR with a BitmapOr over the partial
 -- claim indexes and sort every due task; BenchSeedClaimOnSeedIndexes measures it without that rescue.
 SELECT t.id, t.state, t.channel, t.attempt_count, t.outcome_uncertain,

@@ -26,7 +26,7 @@ func recoverable(m Mode, c Contract) bool {
 	return m.Recoverable() || (m == ModeNone && c.ResendWithTopic)
 }
 
-// Next maps one observation to the task's next state: SPEC section 7, plus two rules of this project:
+// Next maps one observation to the task's next state: docs/protocol.md#finish, plus two rules of this project:
 // a channel that cannot recover from uncertainty (ModeNone) parks at the first uncertain observation,
 // and an outcome it does not know is treated as uncertain. The invariant it keeps (R6): with an
 // uncertain history the only way to FAILED is a query that found nothing.
@@ -119,7 +119,7 @@ type ClaimDecision struct {
 	Reason    string  // ClaimSettle, ClaimPark: for last_error
 }
 
-// Decide is the claim-time half of the protocol (SPEC sections 5 and 6). A "not sent" state is chosen
+// Decide is the claim-time half of the protocol (docs/protocol.md#claim-time-decisions, docs/protocol.md#action-choice). A "not sent" state is chosen
 // only without uncertain history (R6); a channel that can neither dedupe nor be queried is never
 // called again once uncertain.
 func Decide(f ClaimFacts) ClaimDecision {

@@ -9,7 +9,7 @@ import (
 )
 
 // TestNextTable checks every observation x {certain, uncertain history} x {budget left, used up} on a
-// recoverable channel against SPEC section 7, written out by hand.
+// recoverable channel against docs/protocol.md#finish, written out by hand.
 func TestNextTable(t *testing.T) {
 	type key struct {
 		outcome   Outcome
@@ -51,7 +51,7 @@ func TestNextTable(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/uncertain=%v/budget=%v/%s", k.outcome, k.uncertain, k.budget, mode), func(t *testing.T) {
 				is := is.New(t)
 				got := Next(Facts{Outcome: k.outcome, PriorUncertain: k.uncertain, BudgetLeft: k.budget, Mode: mode})
-				is.Equal(got, w) // SPEC section 7
+				is.Equal(got, w) // docs/protocol.md#finish
 			})
 		}
 	}

@@ -25,7 +25,7 @@ func BenchmarkSend(b *testing.B) {
 		b.Fatal(err)
 	}
 	var seq atomic.Int64
-	b.SetParallelism(4) // 4 x GOMAXPROCS callers: 8 on the 2-core machine of the README's figures
+	b.SetParallelism(4) // 4 x GOMAXPROCS callers: 8 on the 2-core machine of docs/benchmarks.md#the-machine
 	b.ReportAllocs()
 	start := cputime.Process()
 	b.ResetTimer()

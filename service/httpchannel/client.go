@@ -1,5 +1,5 @@
-// Package httpchannel is the adapter for notifier's generic HTTP channel protocol (README, "Channel
-// protocol"): POST {base}/send with an Idempotency-Key, GET {base}/messages?ref= to query. It turns every
+// Package httpchannel is the adapter for notifier's generic HTTP channel protocol
+// (docs/channels.md#channel-protocol): POST {base}/send with an Idempotency-Key, GET {base}/messages?ref= to query. It turns every
 // response, error and silence into a delivery.Observation; deciding what that means is the service's job.
 //
 // The HTTP side (transport, one request on the wire per call, what a failure proves, the statuses all
