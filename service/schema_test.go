@@ -9,6 +9,7 @@ package service_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -384,14 +385,20 @@ func TestSchemaAcceptsEveryCallOutcome(t *testing.T) {
 		service.OutcomeInFlight, service.OutcomeMalformed, service.OutcomeHTTP5xx, service.OutcomeGatewayError,
 		service.OutcomeThrottled, service.OutcomeRejected,
 	}
+	// Only the columns' CHECKs are under test here: the state machine (schema/010), which would refuse
+	// these rows for following no move, is off for the statement.
 	for i, o := range outcomes {
-		tag, err := pool.Exec(ctx, `INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker,
+		_, err := pool.Exec(ctx, `ALTER TABLE delivery_attempt DISABLE TRIGGER delivery_attempt_fits_insert;
+			INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker,
 			finished_at, outcome, late_outcome, late_at)
-			VALUES (`+schemaBaseTask+`, $1, gen_random_uuid(), 'SEND', 'w1', now(), $2, $2, now())`, i+2, string(o))
+			VALUES (`+schemaBaseTask+`, `+strconv.Itoa(i+2)+`, gen_random_uuid(), 'SEND', 'w1', now(), '`+string(o)+`', '`+string(o)+`', now());
+			ALTER TABLE delivery_attempt ENABLE TRIGGER delivery_attempt_fits_insert`)
 		if err != nil {
 			t.Logf("outcome %s", o)
 		}
-		is.NoErr(err)                          // the outcome is accepted as outcome and as late_outcome
-		is.Equal(tag.RowsAffected(), int64(1)) // one attempt row
+		is.NoErr(err) // the outcome is accepted as outcome and as late_outcome
 	}
+	var rows int
+	is.NoErr(pool.QueryRow(ctx, `SELECT count(*) FROM delivery_attempt`).Scan(&rows))
+	is.Equal(rows, len(outcomes)+1) // one attempt row each, beside the baseline's
 }
