@@ -15,9 +15,9 @@ WITH lease_expired AS (
     SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
            t.attempt_token, t.uncertain_since, t.updated_at
     FROM delivery_task t
-    WHERE t.state = 'SENDING'
+    WHERE t.channel = $1::text
+      AND t.state = 'SENDING'
       AND t.lease_until < now()
-      AND t.channel = ANY ($1::text[])
     ORDER BY t.lease_until, t.id
     LIMIT $2
     FOR UPDATE OF t SKIP LOCKED
@@ -25,9 +25,9 @@ WITH lease_expired AS (
     SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
            t.attempt_token, t.uncertain_since, t.updated_at
     FROM delivery_task t
-    WHERE t.next_attempt_at IS NOT NULL
+    WHERE t.channel = $1::text
+      AND t.next_attempt_at IS NOT NULL
       AND t.next_attempt_at <= now()
-      AND t.channel = ANY ($1::text[])
     ORDER BY t.next_attempt_at, t.id
     LIMIT $2
     FOR UPDATE OF t SKIP LOCKED
@@ -58,7 +58,7 @@ LEFT JOIN LATERAL (
 `
 
 type TaskClaimParams struct {
-	Channels []string
+	Channel  string
 	MaxTasks int32
 }
 
@@ -80,13 +80,15 @@ type TaskClaimRow struct {
 	UncertainAgeSeconds float64
 }
 
-// Locks up to @max_tasks tasks for this claimer, in one statement: first SENDING tasks whose holder's
-// lease ran out on the database clock (the holder died or stalled; lease_expired = true), then the
-// longest-waiting due tasks (PENDING, or UNKNOWN and not parked). FOR UPDATE OF t SKIP LOCKED: two
-// claimers never lock the same task; the preference switch and the expiry are read in this same
-// transaction. Each branch walks its own partial index (delivery_task_leased_idx holds only SENDING rows,
-// delivery_task_ready_idx only rows with a next_attempt_at), so finished and parked history is never read:
-// parked and finished tasks have no next_attempt_at (CHECK delivery_task_scheduled_iff_waiting). The
+// Locks up to @max_tasks tasks of one channel for this claimer, in one statement: first SENDING tasks
+// whose holder's lease ran out on the database clock (the holder died or stalled; lease_expired = true),
+// then the longest-waiting due tasks (PENDING, or UNKNOWN and not parked). FOR UPDATE OF t SKIP LOCKED:
+// two claimers never lock the same task; the preference switch and the expiry are read in this same
+// transaction. Each branch walks its own partial index from the channel's first entry
+// (delivery_task_leased_idx holds only tasks with a lease, delivery_task_ready_idx only rows with a
+// next_attempt_at, both led by channel), so finished and parked history, and other channels' backlog,
+// are never read: parked and finished tasks have no next_attempt_at (CHECK
+// delivery_task_scheduled_iff_waiting). A worker serving several channels claims them in turn. The
 // branches are CTEs scanned lazily under the outer LIMIT: due tasks are locked only when fewer than
 // @max_tasks leases expired, and never more rows than are returned. The notification and preference of
 // each locked task are read by primary key, one lookup per row, by construction (LATERAL ... OFFSET 0):
@@ -94,7 +96,7 @@ type TaskClaimRow struct {
 // the due backlog and, with a backlog large next to notification, would hash the locked rows and scan
 // all of notification (history) on every claim (TestClaimGenericPlanLooksUpByKey).
 func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]TaskClaimRow, error) {
-	rows, err := q.db.Query(ctx, TaskClaim, arg.Channels, arg.MaxTasks)
+	rows, err := q.db.Query(ctx, TaskClaim, arg.Channel, arg.MaxTasks)
 	if err != nil {
 		return nil, err
 	}

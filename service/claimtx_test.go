@@ -22,10 +22,9 @@ import (
 func TestClaimTxWritesNothingWhenTheStatementBeforeCommitFails(t *testing.T) {
 	is := is.New(t)
 	ctx, n, pool, tasks := twoTasks(t)
-	channels := []string{"push", "sms"}
 
 	err := inClaimTx(ctx, pool, nil, func(q *dbgen.Queries, tx *claimTx) error {
-		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channels: channels, MaxTasks: 2})
+		rows, err := claimChannels(ctx, q, 2, "push", "sms")
 		is.NoErr(err)          // claim
 		is.Equal(len(rows), 2) // both tasks are locked
 		parked, err := q.TaskPark(ctx, dbgen.TaskParkParams{ID: rows[1].ID, LastError: "written inside the failing claim"})
@@ -54,12 +53,25 @@ func TestClaimTxWritesNothingWhenTheStatementBeforeCommitFails(t *testing.T) {
 
 	// The locks went with the transaction: the next claim (on whatever connection) takes the task.
 	err = inClaimTx(ctx, pool, nil, func(q *dbgen.Queries, tx *claimTx) error {
-		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channels: channels, MaxTasks: 2})
+		rows, err := claimChannels(ctx, q, 2, "push", "sms")
 		is.NoErr(err)          // claim again
 		is.Equal(len(rows), 2) // both tasks are free
 		return nil
 	})
 	is.NoErr(err) // the second claim commits
+}
+
+// claimChannels runs TaskClaim for each channel in turn, as Dispatcher.lockDue does, up to limit rows.
+func claimChannels(ctx context.Context, q *dbgen.Queries, limit int, channels ...string) ([]dbgen.TaskClaimRow, error) {
+	var rows []dbgen.TaskClaimRow
+	for _, ch := range channels {
+		got, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channel: ch, MaxTasks: int32(limit - len(rows))})
+		if err != nil {
+			return rows, err
+		}
+		rows = append(rows, got...)
+	}
+	return rows, nil
 }
 
 // twoTasks creates one notification for u1 with a push and an sms task and returns their ids.
@@ -97,7 +109,7 @@ func TestPreludeCommitsAloneWhenTheClaimFails(t *testing.T) {
 		return err
 	})
 	err := inClaimTx(ctx, pool, park, func(q *dbgen.Queries, tx *claimTx) error {
-		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channels: []string{"push"}, MaxTasks: 1})
+		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channel: "push", MaxTasks: 1})
 		is.NoErr(err)          // claim, in the prelude's round trip
 		is.Equal(len(rows), 1) // the push task is locked
 		tx.commitWithNext()
@@ -132,7 +144,7 @@ func TestFailedPreludeDoesNotStopTheClaim(t *testing.T) {
 		return err
 	})
 	err := inClaimTx(ctx, pool, bad, func(q *dbgen.Queries, tx *claimTx) error {
-		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channels: []string{"push", "sms"}, MaxTasks: 2})
+		rows, err := claimChannels(ctx, q, 2, "push", "sms")
 		is.NoErr(err)          // claim, behind the failed prelude
 		is.Equal(len(rows), 2) // both tasks are locked: the prelude's attempt did not happen
 		_, err = q.TaskPark(ctx, dbgen.TaskParkParams{ID: ids[1], LastError: "parked by the claim"})

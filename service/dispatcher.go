@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -48,7 +49,8 @@ type Dispatcher struct {
 	pool      *pgxpool.Pool
 	cfg       DispatcherConfig
 	channels  []string
-	pipelines bool // the pool's connections can carry a finish ahead of a claim (FinishBatchThenClaim)
+	turn      atomic.Uint32 // which channel the next claim starts with
+	pipelines bool          // the pool's connections can carry a finish ahead of a claim (FinishBatchThenClaim)
 }
 
 // NewDispatcher checks the configuration and fills defaults.
@@ -230,9 +232,9 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.DBTimeout)
 	defer cancel()
 	err = inClaimTx(ctx, d.pool, pre, func(q *dbgen.Queries, tx *claimTx) error {
-		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channels: d.channels, MaxTasks: int32(limit)})
+		rows, err := d.lockDue(ctx, q, limit)
 		if err != nil {
-			return fmt.Errorf("lock due tasks: %w", err)
+			return err
 		}
 		if len(rows) == 0 {
 			return nil
@@ -310,6 +312,25 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 		return nil, nil, locked, err
 	}
 	return attempts, settled, locked, nil
+}
+
+// lockDue locks up to limit due tasks of this worker's channels, one channel at a time (TaskClaim walks
+// one channel's part of the claim indexes), starting with the channel after the one the previous claim
+// started with, so that a busy channel does not starve the others.
+func (d *Dispatcher) lockDue(ctx context.Context, q *dbgen.Queries, limit int) ([]dbgen.TaskClaimRow, error) {
+	var rows []dbgen.TaskClaimRow
+	start := int(d.turn.Add(1))
+	for i := range d.channels {
+		ch := d.channels[(start+i)%len(d.channels)]
+		got, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channel: ch, MaxTasks: int32(limit - len(rows))})
+		if err != nil {
+			return rows, fmt.Errorf("lock due tasks of %s: %w", ch, err)
+		}
+		if rows = append(rows, got...); len(rows) == limit {
+			break
+		}
+	}
+	return rows, nil
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

@@ -64,7 +64,7 @@ func TestFinishWaitingOnTakeoverRecordsLate(t *testing.T) {
 	is.NoErr(err)
 	defer func() { _ = tx.Rollback(context.Background()) }()
 	q := dbgen.New(tx)
-	rows, err := q.TaskClaim(e.ctx, dbgen.TaskClaimParams{Channels: []string{"push"}, MaxTasks: 1})
+	rows, err := q.TaskClaim(e.ctx, dbgen.TaskClaimParams{Channel: "push", MaxTasks: 1})
 	is.NoErr(err)
 	is.Equal(len(rows), 1)        // the expired lease is taken over
 	is.True(rows[0].LeaseExpired) // as an expired lease

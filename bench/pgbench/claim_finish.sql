@@ -13,11 +13,11 @@
 --   PGOPTIONS='-c plan_cache_mode=force_generic_plan' \
 --     pgbench -n -M prepared -c 8 -j 2 -t 5000 -f bench/pgbench/claim_finish.sql "$DATABASE_URL"
 --
--- Same statements, not the same round trips: at --max-in-flight 1 the worker sends TaskFinish on its
--- own (with one task in flight, a finish has no room to carry the next claim), then TxBegin with
--- TaskClaim, then TaskStartAttempts with TxCommit (3 round trips per delivery; with a larger window a
--- finish may carry the next claim: 2); pgbench cannot pipeline a statement whose result it \gsets, so
--- here each of the 5 statements waits for its answer.
+-- Same statements, not the same round trips: at --max-in-flight 1 the worker sends TaskFinish of the
+-- previous task with TxBegin and TaskClaim (the finish carries the next claim), then TaskStartAttempts
+-- with TxCommit: 2 round trips per delivery; pgbench cannot pipeline a statement whose result it
+-- \gsets, so here each of the 5 statements waits for its answer. The worker claims one channel per
+-- TaskClaim, its channels in turn; setup.sql makes push tasks only, and the script claims push.
 \set max_tasks 1
 \set lease_seconds 60
 -- TxBegin (queries/tx.sql)
@@ -27,9 +27,9 @@ WITH lease_expired AS (
     SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
            t.attempt_token, t.uncertain_since, t.updated_at
     FROM delivery_task t
-    WHERE t.state = 'SENDING'
+    WHERE t.channel = 'push'::text
+      AND t.state = 'SENDING'
       AND t.lease_until < now()
-      AND t.channel = ANY ('{push,sms}'::text[])
     ORDER BY t.lease_until, t.id
     LIMIT :max_tasks
     FOR UPDATE OF t SKIP LOCKED
@@ -37,9 +37,9 @@ WITH lease_expired AS (
     SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
            t.attempt_token, t.uncertain_since, t.updated_at
     FROM delivery_task t
-    WHERE t.next_attempt_at IS NOT NULL
+    WHERE t.channel = 'push'::text
+      AND t.next_attempt_at IS NOT NULL
       AND t.next_attempt_at <= now()
-      AND t.channel = ANY ('{push,sms}'::text[])
     ORDER BY t.next_attempt_at, t.id
     LIMIT :max_tasks
     FOR UPDATE OF t SKIP LOCKED

@@ -38,7 +38,7 @@ func TestPgbenchScript(t *testing.T) {
 // pgbenchParams maps each sqlc parameter of the replayed queries to what the script passes for one
 // task: a pgbench variable (\set, or \gset from the claim) or the constant the Go worker sends.
 var pgbenchParams = map[string]string{
-	"@channels::text[]":              "'{push,sms}'::text[]",
+	"@channel::text":                 "'push'::text",
 	"@max_tasks":                     ":max_tasks",
 	"@ids::bigint[]":                 "ARRAY[:id]::bigint[]",
 	"@outcome_uncertain::bool[]":     "'{f}'::bool[]",
@@ -78,11 +78,11 @@ func pgbenchScript(t *testing.T) string {
 --   PGOPTIONS='-c plan_cache_mode=force_generic_plan' \
 --     pgbench -n -M prepared -c 8 -j 2 -t 5000 -f bench/pgbench/claim_finish.sql "$DATABASE_URL"
 --
--- Same statements, not the same round trips: at --max-in-flight 1 the worker sends TaskFinish on its
--- own (with one task in flight, a finish has no room to carry the next claim), then TxBegin with
--- TaskClaim, then TaskStartAttempts with TxCommit (3 round trips per delivery; with a larger window a
--- finish may carry the next claim: 2); pgbench cannot pipeline a statement whose result it \gsets, so
--- here each of the 5 statements waits for its answer.
+-- Same statements, not the same round trips: at --max-in-flight 1 the worker sends TaskFinish of the
+-- previous task with TxBegin and TaskClaim (the finish carries the next claim), then TaskStartAttempts
+-- with TxCommit: 2 round trips per delivery; pgbench cannot pipeline a statement whose result it
+-- \gsets, so here each of the 5 statements waits for its answer. The worker claims one channel per
+-- TaskClaim, its channels in turn; setup.sql makes push tasks only, and the script claims push.
 \set max_tasks 1
 \set lease_seconds 60
 `)

@@ -2,8 +2,8 @@
 --
 --   psql "$DATABASE_URL" -X -v ON_ERROR_STOP=1 -v tasks=40000 -f bench/pgbench/setup.sql
 --
--- 1000 users with push and sms enabled, then :tasks notifications with one PENDING task each (push and
--- sms alternately), all due now. Each delivery of claim_finish.sql claims and finishes one of them, so
+-- 1000 users with push and sms enabled, then :tasks notifications with one PENDING push task each, all
+-- due now (a worker claims one channel per statement; the script replays push claims). Each delivery of claim_finish.sql claims and finishes one of them, so
 -- run pgbench for at most :tasks transactions in all (clients x -t): a claim that finds no task makes
 -- its \gset fail. Event keys carry this transaction's id: the script can run again on the same database.
 -- WRITES test data: a throwaway database only.
@@ -22,7 +22,7 @@ WITH n AS (
     RETURNING id
 )
 INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
-SELECT n.id, CASE WHEN n.id % 2 = 0 THEN 'push' ELSE 'sms' END, 3, now()
+SELECT n.id, 'push', 3, now()
 FROM n;
 COMMIT;
 ANALYZE notification, delivery_task, delivery_attempt, channel_pref;
