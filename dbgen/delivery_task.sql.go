@@ -245,12 +245,12 @@ LEFT JOIN finished f ON f.attempt_token = u.attempt_token
 `
 
 type TaskFinishParams struct {
-	Ids               []int64
+	IDs               []int64
 	AttemptTokens     []string
 	States            []string
 	OutcomeUncertain  []bool
 	NeedsReview       []bool
-	ProviderMsgIds    []string
+	ProviderMsgIDs    []string
 	LastErrors        []string
 	RetryAfterSeconds []float64
 	Outcomes          []string
@@ -282,12 +282,12 @@ type TaskFinishRow struct {
 // text on every call. A malformed token fails the whole statement, as before.
 func (q *Queries) TaskFinish(ctx context.Context, arg TaskFinishParams) ([]TaskFinishRow, error) {
 	rows, err := q.db.Query(ctx, TaskFinish,
-		arg.Ids,
+		arg.IDs,
 		arg.AttemptTokens,
 		arg.States,
 		arg.OutcomeUncertain,
 		arg.NeedsReview,
-		arg.ProviderMsgIds,
+		arg.ProviderMsgIDs,
 		arg.LastErrors,
 		arg.RetryAfterSeconds,
 		arg.Outcomes,
@@ -766,7 +766,7 @@ FROM started s
 type TaskStartAttemptsParams struct {
 	Worker           string
 	LeaseSeconds     float64
-	Ids              []int64
+	IDs              []int64
 	OutcomeUncertain []bool
 	Actions          []string
 }
@@ -791,7 +791,7 @@ func (q *Queries) TaskStartAttempts(ctx context.Context, arg TaskStartAttemptsPa
 	rows, err := q.db.Query(ctx, TaskStartAttempts,
 		arg.Worker,
 		arg.LeaseSeconds,
-		arg.Ids,
+		arg.IDs,
 		arg.OutcomeUncertain,
 		arg.Actions,
 	)

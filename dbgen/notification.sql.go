@@ -61,7 +61,7 @@ type NotificationInsertParams struct {
 	UserID     string
 	EventKey   string
 	Body       string
-	TtlSeconds float64
+	TTLSeconds float64
 }
 
 // Creates the logical notification unless (user_id, event_key) exists. Guards R1: the UNIQUE constraint,
@@ -72,7 +72,7 @@ func (q *Queries) NotificationInsert(ctx context.Context, arg NotificationInsert
 		arg.UserID,
 		arg.EventKey,
 		arg.Body,
-		arg.TtlSeconds,
+		arg.TTLSeconds,
 	)
 	var id int64
 	err := row.Scan(&id)

@@ -262,7 +262,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 			})
 			decisions[row.ID], byID[row.ID] = dec, row
 			if dec.Kind == ClaimCall {
-				start.Ids = append(start.Ids, row.ID)
+				start.IDs = append(start.IDs, row.ID)
 				start.OutcomeUncertain = append(start.OutcomeUncertain, dec.Uncertain)
 				start.Actions = append(start.Actions, string(dec.Action))
 			}
@@ -281,7 +281,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 				settled = append(settled, res)
 			}
 		}
-		if len(start.Ids) == 0 {
+		if len(start.IDs) == 0 {
 			return nil
 		}
 		// The COMMIT travels with this statement and runs as soon as it succeeds: an error after this
@@ -291,8 +291,8 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 		if err != nil {
 			return fmt.Errorf("start attempts: %w", err)
 		}
-		if len(started) != len(start.Ids) {
-			return fmt.Errorf("start attempts: %d of %d locked tasks started", len(started), len(start.Ids))
+		if len(started) != len(start.IDs) {
+			return fmt.Errorf("start attempts: %d of %d locked tasks started", len(started), len(start.IDs))
 		}
 		for _, s := range started {
 			row, dec := byID[s.ID], decisions[s.ID]
@@ -491,12 +491,12 @@ func (d *Dispatcher) finishParams(attempts []*Attempt, obs []Observation) (dbgen
 		if t.Retry {
 			retry = max(d.cfg.Backoff.Delay(a.No, o.RetryAfter), t.NotBefore).Seconds()
 		}
-		finish.Ids = append(finish.Ids, a.TaskID)
+		finish.IDs = append(finish.IDs, a.TaskID)
 		finish.AttemptTokens = append(finish.AttemptTokens, a.Token)
 		finish.States = append(finish.States, string(t.State))
 		finish.OutcomeUncertain = append(finish.OutcomeUncertain, t.Uncertain)
 		finish.NeedsReview = append(finish.NeedsReview, t.Park)
-		finish.ProviderMsgIds = append(finish.ProviderMsgIds, truncate(o.ProviderMsgID, 500))
+		finish.ProviderMsgIDs = append(finish.ProviderMsgIDs, truncate(o.ProviderMsgID, 500))
 		finish.LastErrors = append(finish.LastErrors, errorText(o))
 		finish.RetryAfterSeconds = append(finish.RetryAfterSeconds, retry)
 		finish.Outcomes = append(finish.Outcomes, string(o.Outcome))

@@ -40,12 +40,12 @@ func (d *Dispatcher) finishEach(ctx context.Context, attempts []*Attempt, params
 	for i := range attempts {
 		one := i + 1
 		rows, err := q.TaskFinish(ctx, dbgen.TaskFinishParams{
-			Ids:               params.Ids[i:one],
+			IDs:               params.IDs[i:one],
 			AttemptTokens:     params.AttemptTokens[i:one],
 			States:            params.States[i:one],
 			OutcomeUncertain:  params.OutcomeUncertain[i:one],
 			NeedsReview:       params.NeedsReview[i:one],
-			ProviderMsgIds:    params.ProviderMsgIds[i:one],
+			ProviderMsgIDs:    params.ProviderMsgIDs[i:one],
 			LastErrors:        params.LastErrors[i:one],
 			RetryAfterSeconds: params.RetryAfterSeconds[i:one],
 			Outcomes:          params.Outcomes[i:one],

@@ -83,7 +83,7 @@ func (n *Notifier) Create(ctx context.Context, userID, eventKey, body string, tt
 	err := inTx(ctx, n.pool, func(q *dbgen.Queries) error {
 		var err error
 		id, err = q.NotificationInsert(ctx, dbgen.NotificationInsertParams{
-			UserID: userID, EventKey: eventKey, Body: body, TtlSeconds: ttl.Seconds(),
+			UserID: userID, EventKey: eventKey, Body: body, TTLSeconds: ttl.Seconds(),
 		})
 		switch {
 		case err == nil:

@@ -287,8 +287,8 @@ type BenchSentLatencyParams struct {
 
 type BenchSentLatencyRow struct {
 	Sent  int64
-	P50Ms float64
-	P99Ms float64
+	P50MS float64
+	P99MS float64
 }
 
 // Create -> SENT latency of the tasks of notifications @min_id..@max_id: from notification.created_at
@@ -297,7 +297,7 @@ type BenchSentLatencyRow struct {
 func (q *Queries) BenchSentLatency(ctx context.Context, arg BenchSentLatencyParams) (BenchSentLatencyRow, error) {
 	row := q.db.QueryRow(ctx, BenchSentLatency, arg.MinID, arg.MaxID)
 	var i BenchSentLatencyRow
-	err := row.Scan(&i.Sent, &i.P50Ms, &i.P99Ms)
+	err := row.Scan(&i.Sent, &i.P50MS, &i.P99MS)
 	return i, err
 }
 

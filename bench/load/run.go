@@ -352,7 +352,7 @@ func (b *bench) mainRun(ctx context.Context, rep *Report) error {
 	if err != nil {
 		return fmt.Errorf("create -> SENT latency: %w", err)
 	}
-	rep.CreateToSentMS = Latency{P50: round3(lat.P50Ms), P99: round3(lat.P99Ms)}
+	rep.CreateToSentMS = Latency{P50: round3(lat.P50MS), P99: round3(lat.P99MS)}
 	b.notef("created %d (%d calls, %.0f/s), delivered %d (%.0f/s)", cs.created, cs.calls, rep.CreatesPerSec, ds.sent, rep.DeliveriesPerSec)
 	return nil
 }
