@@ -212,7 +212,6 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 	if n := c.Int("finishers"); n < 1 || n > 64 {
 		return workConfig{}, usagef("invalid --finishers %d: want 1 to 64", n)
 	}
-	d.Batch = c.Int("batch")
 	if need := d.CallTimeout + leaseMargin(d.CallTimeout); d.Lease <= need && !c.Bool("allow-lease-overlap") {
 		return workConfig{}, usagef("--lease %s is not longer than --timeout %s plus a margin of %s: two workers could call the channel for one task at once; use a lease over %s, or --allow-lease-overlap",
 			d.Lease, d.CallTimeout, leaseMargin(d.CallTimeout), need)
@@ -264,7 +263,7 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 		d.Routes[spec.Name] = service.Route{Mode: spec.Mode, Client: client}
 		cfg.specs = append(cfg.specs, spec)
 	}
-	cfg.loop = worker.Config{MaxInFlight: c.Int("max-in-flight"), Batch: d.Batch, Finishers: c.Int("finishers"),
+	cfg.loop = worker.Config{MaxInFlight: c.Int("max-in-flight"), Batch: c.Int("batch"), Finishers: c.Int("finishers"),
 		Poll: c.Duration("poll"), Logger: e.log}
 	return cfg, nil
 }

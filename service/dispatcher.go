@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,7 +30,6 @@ type DispatcherConfig struct {
 	CallTimeout time.Duration    // client timeout of one channel call, body included
 	DBTimeout   time.Duration    // bound on one claim or finish transaction
 	Backoff     Backoff
-	Batch       int // tasks claimed per transaction by RunBatch (default 1)
 }
 
 // Defaults for fields left zero.
@@ -79,7 +77,6 @@ func NewDispatcher(pool *pgxpool.Pool, cfg DispatcherConfig) (*Dispatcher, error
 	setDefault(&d.cfg.DBTimeout, DefaultDBTimeout)
 	setDefault(&d.cfg.Backoff.Base, DefaultBackoff)
 	setDefault(&d.cfg.Backoff.Max, DefaultMaxBackoff)
-	d.cfg.Batch = min(MaxBatch, max(1, d.cfg.Batch))
 	return d, nil
 }
 
@@ -138,60 +135,6 @@ type Attempt struct {
 	LeaseUntil     time.Time
 	claimed        time.Time // local monotonic clock at claim, to age UncertainAge at finish
 	Message        Message
-}
-
-// RunOnce claims one due task, calls its channel outside any transaction, and records the result.
-func (d *Dispatcher) RunOnce(ctx context.Context) (Result, error) {
-	a, settled, err := d.Claim(ctx)
-	if err != nil || a == nil {
-		return settled, err
-	}
-	return d.Finish(ctx, a, d.Call(ctx, a))
-}
-
-// RunBatch claims up to the configured batch size of due tasks in one transaction, calls their
-// channels concurrently outside any transaction, and records all observations in one transaction, each
-// still guarded by its own token. It returns the results of claim-time decisions and of calls; none
-// when nothing was due.
-func (d *Dispatcher) RunBatch(ctx context.Context) ([]Result, error) {
-	attempts, settled, err := d.ClaimBatch(ctx, d.cfg.Batch)
-	if err != nil || len(attempts) == 0 {
-		return settled, err
-	}
-	finished, err := d.FinishBatch(ctx, attempts, d.CallAll(ctx, attempts))
-	return append(settled, finished...), err
-}
-
-// CallAll calls the channels of a batch concurrently; the observations are in the order of attempts.
-func (d *Dispatcher) CallAll(ctx context.Context, attempts []*Attempt) []Observation {
-	obs := make([]Observation, len(attempts))
-	var wg sync.WaitGroup
-	for i, a := range attempts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			obs[i] = d.Call(ctx, a)
-		}()
-	}
-	wg.Wait()
-	return obs
-}
-
-// Claim claims one task: ClaimBatch with a batch of one. Without an Attempt, the Result says what was
-// decided without a call (NOTHING, SUPPRESSED, FAILED, PARKED).
-func (d *Dispatcher) Claim(ctx context.Context) (*Attempt, Result, error) {
-	attempts, settled, err := d.ClaimBatch(ctx, 1)
-	switch {
-	case err != nil:
-		return nil, Result{}, err
-	case len(attempts) == 1:
-		a := attempts[0]
-		return a, Result{Kind: ResultKind(StateSending), TaskID: a.TaskID, Channel: a.Channel, Attempt: a.No,
-			Action: a.Action, Token: a.Token}, nil
-	case len(settled) == 1:
-		return nil, settled[0], nil
-	}
-	return nil, Result{Kind: ResultNothing}, nil
 }
 
 // ClaimBatch is the first correctness check. In one transaction it locks up to max due tasks (SENDING
@@ -389,15 +332,6 @@ func (d *Dispatcher) Call(ctx context.Context, a *Attempt) Observation {
 		return client.Query(ctx, a.Message.Ref)
 	}
 	return client.Send(ctx, a.Message)
-}
-
-// Finish records one observation: FinishBatch with a batch of one.
-func (d *Dispatcher) Finish(ctx context.Context, a *Attempt, obs Observation) (Result, error) {
-	results, err := d.FinishBatch(ctx, []*Attempt{a}, []Observation{obs})
-	if err != nil {
-		return Result{}, err
-	}
-	return results[0], nil
 }
 
 // FinishBatch is the second correctness check: it maps each observation to the task's next state

@@ -101,7 +101,7 @@ func (e *env) dispatcher(c dcfg) *dispatcher {
 	}
 	d, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{
 		Worker: c.worker, Routes: routes, Lease: c.lease, CallTimeout: c.timeout,
-		Backoff: service.Backoff{Base: c.backoff, Max: 10 * c.backoff}, Batch: testBatch,
+		Backoff: service.Backoff{Base: c.backoff, Max: 10 * c.backoff},
 	})
 	if err != nil {
 		e.t.Fatal(err)
@@ -180,7 +180,7 @@ func runOnce(t testing.TB, d *dispatcher) service.Result {
 		return res
 	}
 	if len(d.pending) == 0 {
-		results, err := d.RunBatch(context.Background())
+		results, err := d.RunBatch(context.Background(), testBatch)
 		if err != nil {
 			t.Fatal(err)
 		}

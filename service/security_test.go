@@ -199,7 +199,7 @@ func secDispatcher(t *testing.T, e *env, pool *pgxpool.Pool, c dcfg) *dispatcher
 	}
 	d, err := service.NewDispatcher(pool, service.DispatcherConfig{
 		Worker: c.worker, Routes: routes, Lease: c.lease, CallTimeout: c.timeout,
-		Backoff: service.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond}, Batch: testBatch,
+		Backoff: service.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond},
 	})
 	if err != nil {
 		t.Fatal(err)

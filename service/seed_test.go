@@ -137,7 +137,7 @@ func TestC1ConcurrentClaims(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for {
-					results, err := d.RunBatch(context.Background()) // per task, or batched with NOTIFIER_TEST_BATCH
+					results, err := d.RunBatch(context.Background(), testBatch) // per task, or batched with NOTIFIER_TEST_BATCH
 					if err != nil {
 						t.Error(err)
 						return

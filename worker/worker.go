@@ -1,4 +1,4 @@
-// Package worker runs a Dispatcher's claim-call-finish cycle: one cycle (RunOnce, RunBatch, for
+// Package worker runs a Dispatcher's claim-call-finish cycle: one cycle (RunOnce, for
 // `notifier work --once`), or a streaming loop (Run) that keeps a window of calls in flight, records
 // answers as they come, polls when idle, backs off while the database is unreachable, and stops
 // cleanly. It makes no decisions of its own: what a claim or an answer means is the service's.
@@ -17,7 +17,7 @@ import (
 
 // RunOnce performs one cycle on one task and logs its events: CLAIMED, CALLED and RESULT.
 func RunOnce(ctx context.Context, d Dispatcher, log *slog.Logger) (service.Result, error) {
-	results, err := RunBatch(ctx, d, 1, log)
+	results, err := runBatch(ctx, d, 1, log)
 	if len(results) == 0 {
 		return service.Result{Kind: service.ResultNothing}, err
 	}
@@ -30,9 +30,9 @@ func RunOnce(ctx context.Context, d Dispatcher, log *slog.Logger) (service.Resul
 	return results[0], err
 }
 
-// RunBatch performs one cycle on up to batch tasks: one claim transaction, the calls concurrently, one
+// runBatch performs one cycle on up to batch tasks: one claim transaction, the calls concurrently, one
 // finish transaction. It logs CLAIMED, CALLED and RESULT per task. No result means nothing was due.
-func RunBatch(ctx context.Context, d Dispatcher, batch int, log *slog.Logger) ([]service.Result, error) {
+func runBatch(ctx context.Context, d Dispatcher, batch int, log *slog.Logger) ([]service.Result, error) {
 	if log == nil {
 		log = slog.Default()
 	}

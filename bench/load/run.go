@@ -200,7 +200,7 @@ func (b *bench) start(ctx context.Context, rep *Report) error {
 		}
 		if l.d, err = service.NewDispatcher(l.pool, service.DispatcherConfig{
 			Worker: l.name, Routes: routes, Lease: time.Minute, CallTimeout: workload.CallTimeout,
-			DBTimeout: b.cfg.DBTimeout, Backoff: workload.RetryBackoff, Batch: b.cfg.Batch,
+			DBTimeout: b.cfg.DBTimeout, Backoff: workload.RetryBackoff,
 		}); err != nil {
 			return err
 		}
