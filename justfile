@@ -34,7 +34,7 @@ demo *args: _pgtmp
     @if [ -n "${DATABASE_URL:-}" ]; then exec go run ./cli demo "$@"; fi; \
     exec "{{ pgtmp }}" -migrate -- go run ./cli demo "$@"
 
-# Run the load bench (`go run ./bench/cmd/bench`, see docs/benchmarks.md#notifier-bench: the product's worker loop against fakes with a latency model, beside pgbench) on a throwaway migrated PostgreSQL; args go to it, e.g. `just bench --call-latency 100ms,0.8 --max-in-flight 1024`
+# Run the load bench (`go run ./bench/cmd/bench`, see docs/benchmarks.md#the-load-bench: the product's worker loop against fakes with a latency model, beside pgbench) on a throwaway migrated PostgreSQL; args go to it, e.g. `just bench --call-latency 100ms,0.8 --max-in-flight 1024`
 bench *args: _pgtmp
     "{{ pgtmp }}" -migrate -- go run ./bench/cmd/bench "$@"
 

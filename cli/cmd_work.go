@@ -97,8 +97,9 @@ With --once: runs one claim-call-finish cycle and prints one JSON object on stdo
   {"result":"NOTHING"}
   {"result":"SENT","task_id":1,"channel":"push","attempt":1,"action":"SEND","outcome":"ACCEPTED","token":"..."}
 result is one of NOTHING, SENT, PENDING, UNKNOWN, PARKED, FAILED, SUPPRESSED, STALE; exit code 0
-whatever the result. A finish that could not be recorded exits 1 (the task stays SENDING and is
-recovered after its lease, as uncertain).
+whatever the result. Exit 1 when the finish could not be recorded (UNRECORDED: the task stays SENDING
+and is recovered after its lease, as uncertain) or when the database refused to claim the task for
+what its own rows hold (SET_ASIDE: it is due again after the longest backoff; last_error says why).
 
 ` + exitCodesHelp
 

@@ -37,7 +37,7 @@ func newMetrics() *metrics {
 		}, []string{"channel", "action", "outcome"}),
 		finishes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "notifier_finish_total",
-			Help: "Completed cycles by result (SENT, PENDING, UNKNOWN, PARKED, FAILED, SUPPRESSED, STALE; UNRECORDED: the finish of that task failed, it is recovered after its lease; SET_ASIDE: the claim of that task was refused, it is due again later).",
+			Help: "Completed cycles by result (SENT, PENDING, UNKNOWN, PARKED, FAILED, SUPPRESSED, STALE; UNRECORDED: the finish of that task failed, it is recovered after its lease; set-aside tasks are counted in notifier_set_aside_total only).",
 		}, []string{"result"}),
 		parked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "notifier_parked_total",
@@ -63,13 +63,14 @@ func (m *metrics) onResult(r service.Result) {
 	if r.Kind == service.ResultNothing {
 		return
 	}
+	if r.Kind == service.ResultSetAside { // locked by a claim, then left alone: not claimed
+		m.setAside.WithLabelValues(r.Channel).Inc()
+		return
+	}
 	m.claims.WithLabelValues(r.Channel).Inc()
 	m.finishes.WithLabelValues(string(r.Kind)).Inc()
-	switch r.Kind {
-	case service.ResultParked:
+	if r.Kind == service.ResultParked {
 		m.parked.Inc()
-	case service.ResultSetAside:
-		m.setAside.WithLabelValues(r.Channel).Inc()
 	}
 }
 

@@ -6,7 +6,7 @@ package service_test
 //
 //	go test -run '^$' -bench . -benchtime=1x ./service/
 //
-// For figures, give them time (and read docs/benchmarks.md#notifier-bench for the end-to-end numbers):
+// For figures, give them time (and read docs/benchmarks.md#the-load-bench for the end-to-end numbers):
 //
 //	go test -run '^$' -bench . -benchtime=2000x ./service/
 

@@ -50,7 +50,7 @@ var legacyCitations = []struct{ old, now string }{
 	{`"Real channels"`, "docs/channels.md#real-channels"},
 	{`"Running against your own database"`, "docs/operations.md#pgbouncer-and-prepared-statements"},
 	{`"What limits throughput here"`, "docs/benchmarks.md#what-limits-throughput-here"},
-	{`README "bench"`, "docs/benchmarks.md#notifier-bench"},
+	{`README "bench"`, "docs/benchmarks.md#the-load-bench"},
 	{`"Retention and the River peer"`, "docs/benchmarks.md#the-river-peer"},
 	{`README's first command`, "README.md#quick-start"},
 	{`README's figures`, "docs/benchmarks.md#the-machine"},
