@@ -13,7 +13,7 @@ import (
 const TaskClaim = `-- name: TaskClaim :many
 WITH lease_expired AS (
     SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
-           t.attempt_token, t.uncertain_since, t.updated_at
+           t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
     FROM delivery_task t
     WHERE t.channel = $1::text
       AND t.state = 'SENDING'
@@ -23,7 +23,7 @@ WITH lease_expired AS (
     FOR UPDATE OF t SKIP LOCKED
 ), due AS (
     SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
-           t.attempt_token, t.uncertain_since, t.updated_at
+           t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
     FROM delivery_task t
     WHERE t.channel = $1::text
       AND t.next_attempt_at IS NOT NULL
@@ -32,9 +32,9 @@ WITH lease_expired AS (
     LIMIT $2
     FOR UPDATE OF t SKIP LOCKED
 ), locked AS (
-    (SELECT l.id, l.notification_id, l.channel, l.state, l.attempt_count, l.max_attempts, l.outcome_uncertain, l.attempt_token, l.uncertain_since, l.updated_at, true AS lease_expired FROM lease_expired l
+    (SELECT l.id, l.notification_id, l.channel, l.state, l.attempt_count, l.max_attempts, l.outcome_uncertain, l.attempt_token, l.uncertain_since, l.updated_at, l.receipt_at, true AS lease_expired FROM lease_expired l
      UNION ALL
-     SELECT d.id, d.notification_id, d.channel, d.state, d.attempt_count, d.max_attempts, d.outcome_uncertain, d.attempt_token, d.uncertain_since, d.updated_at, false AS lease_expired FROM due d)
+     SELECT d.id, d.notification_id, d.channel, d.state, d.attempt_count, d.max_attempts, d.outcome_uncertain, d.attempt_token, d.uncertain_since, d.updated_at, d.receipt_at, false AS lease_expired FROM due d)
     LIMIT $2
 )
 SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
@@ -45,6 +45,8 @@ SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attem
        n.body,
        n.expires_at,
        (n.expires_at <= now())::bool    AS expired,
+       -- a provider's receipt arrived while the task was held (schema/015): it is settled, not called
+       (t.receipt_at IS NOT NULL)::bool AS receipt_noted,
        -- how long the uncertainty has lasted; for a lease that just expired, since the lost attempt began
        extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
 FROM locked t
@@ -77,6 +79,7 @@ type TaskClaimRow struct {
 	Body                string
 	ExpiresAt           time.Time
 	Expired             bool
+	ReceiptNoted        bool
 	UncertainAgeSeconds float64
 }
 
@@ -119,6 +122,7 @@ func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]TaskCla
 			&i.Body,
 			&i.ExpiresAt,
 			&i.Expired,
+			&i.ReceiptNoted,
 			&i.UncertainAgeSeconds,
 		); err != nil {
 			return nil, err
@@ -174,12 +178,15 @@ func (q *Queries) TaskCountByChannelState(ctx context.Context) ([]TaskCountByCha
 const TaskCountLateAccepted = `-- name: TaskCountLateAccepted :one
 SELECT count(*)::bigint AS tasks
 FROM delivery_task t
-WHERE t.id IN (SELECT a.task_id FROM delivery_attempt a
-               WHERE a.late_outcome IN ('ACCEPTED', 'ACCEPTED_REPLAY', 'QUERY_FOUND'))
+WHERE (t.id IN (SELECT a.task_id FROM delivery_attempt a
+                WHERE a.late_outcome IN ('ACCEPTED', 'ACCEPTED_REPLAY', 'QUERY_FOUND'))
+       OR t.id IN (SELECT r.task_id FROM delivery_receipt r WHERE r.effect = 'CONTRADICTS')
+       OR t.receipt_at IS NOT NULL)
   AND t.state IN ('FAILED', 'SUPPRESSED')
 `
 
-// How many final "not sent" tasks a late answer contradicts (see TaskListLateAccepted), for notifier status.
+// How many final "not sent" tasks later evidence contradicts (see TaskListLateAccepted), for notifier
+// status.
 func (q *Queries) TaskCountLateAccepted(ctx context.Context) (int64, error) {
 	row := q.db.QueryRow(ctx, TaskCountLateAccepted)
 	var tasks int64
@@ -448,8 +455,10 @@ SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attem
        t.last_error, t.updated_at, n.user_id, n.event_key
 FROM delivery_task t
 JOIN notification n ON n.id = t.notification_id
-WHERE t.id IN (SELECT a.task_id FROM delivery_attempt a
-               WHERE a.late_outcome IN ('ACCEPTED', 'ACCEPTED_REPLAY', 'QUERY_FOUND'))
+WHERE (t.id IN (SELECT a.task_id FROM delivery_attempt a
+                WHERE a.late_outcome IN ('ACCEPTED', 'ACCEPTED_REPLAY', 'QUERY_FOUND'))
+       OR t.id IN (SELECT r.task_id FROM delivery_receipt r WHERE r.effect = 'CONTRADICTS')
+       OR t.receipt_at IS NOT NULL)
   AND t.state IN ('FAILED', 'SUPPRESSED')
   AND t.id > $1
 ORDER BY t.id
@@ -475,10 +484,13 @@ type TaskListLateAcceptedRow struct {
 	EventKey       string
 }
 
-// Final "not sent" tasks (FAILED, SUPPRESSED) that a late answer says were accepted after all: a
-// superseded holder recorded ACCEPTED, ACCEPTED_REPLAY or QUERY_FOUND as its attempt's late_outcome. The
-// state stays final (R3: the observation is kept, not applied); notifier review shows these so a human
-// learns that the user may have received the message. Via delivery_attempt_late_accepted_idx.
+// Final "not sent" tasks (FAILED, SUPPRESSED) that later evidence says were accepted after all: a
+// superseded holder recorded ACCEPTED, ACCEPTED_REPLAY or QUERY_FOUND as its attempt's late_outcome, or a
+// provider's receipt arrived (schema/015: after the task was final, or while it was held and its finish
+// then wrote it off). The state stays final (R3: the evidence is kept, not applied); notifier review shows
+// these so a human learns that the user may have received the message. Via the partial indexes
+// delivery_attempt_late_accepted_idx, delivery_receipt_contradicts_idx and
+// delivery_task_receipt_contradicted_idx.
 func (q *Queries) TaskListLateAccepted(ctx context.Context, arg TaskListLateAcceptedParams) ([]TaskListLateAcceptedRow, error) {
 	rows, err := q.db.Query(ctx, TaskListLateAccepted, arg.AfterID, arg.MaxRows)
 	if err != nil {

@@ -20,6 +20,7 @@ WITH prunable AS (
 )
 SELECT (SELECT count(*) FROM prunable)::bigint AS tasks,
        (SELECT count(*) FROM delivery_attempt a JOIN prunable p ON p.id = a.task_id)::bigint AS attempts,
+       (SELECT count(*) FROM delivery_receipt r JOIN prunable p ON p.id = r.task_id)::bigint AS receipts,
        (SELECT count(*)
         FROM notification n
         WHERE n.created_at < now() - make_interval(secs => $1::float8)
@@ -34,17 +35,23 @@ SELECT (SELECT count(*) FROM prunable)::bigint AS tasks,
 type RetentionPreviewRow struct {
 	Tasks         int64
 	Attempts      int64
+	Receipts      int64
 	Notifications int64
 }
 
 // What a prune with this period would delete now, without deleting anything (notifier prune --dry-run):
-// finished tasks older than the period without an open attempt, their attempts, and the notifications
+// finished tasks older than the period without an open attempt, their attempts and receipts, and the notifications
 // older than the period all of whose tasks (possibly none) are among them. Reads whole tables; for an
 // operator's look before the first prune, not for a schedule.
 func (q *Queries) RetentionPreview(ctx context.Context, olderThanSeconds float64) (RetentionPreviewRow, error) {
 	row := q.db.QueryRow(ctx, RetentionPreview, olderThanSeconds)
 	var i RetentionPreviewRow
-	err := row.Scan(&i.Tasks, &i.Attempts, &i.Notifications)
+	err := row.Scan(
+		&i.Tasks,
+		&i.Attempts,
+		&i.Receipts,
+		&i.Notifications,
+	)
 	return i, err
 }
 
@@ -69,11 +76,20 @@ WITH picked AS (
     RETURNING a.id
 ), attempts_deleted AS (
     SELECT count(*) AS n FROM del_attempts
+), del_receipts AS (
+    -- a final task's receipts go with it (delivery_receipt_append_only allows exactly that)
+    DELETE FROM delivery_receipt r
+    USING picked p
+    WHERE r.task_id = p.id
+    RETURNING r.id
+), receipts_deleted AS (
+    SELECT count(*) AS n FROM del_receipts
 ), del_tasks AS (
     DELETE FROM delivery_task t
     USING picked p
     WHERE t.id = p.id
       AND (SELECT n FROM attempts_deleted) >= 0 -- every attempt goes before the first task
+      AND (SELECT n FROM receipts_deleted) >= 0 -- and every receipt
     RETURNING t.id, t.notification_id
 ), deleted_per_notification AS (
     SELECT d.notification_id, count(*) AS tasks FROM del_tasks d GROUP BY d.notification_id
@@ -91,6 +107,7 @@ WITH picked AS (
 SELECT (SELECT count(*) FROM picked)::bigint            AS picked,
        (SELECT count(*) FROM del_tasks)::bigint         AS tasks,
        (SELECT n FROM attempts_deleted)::bigint         AS attempts,
+       (SELECT n FROM receipts_deleted)::bigint         AS receipts,
        (SELECT count(*) FROM del_notifications)::bigint AS notifications,
        coalesce((SELECT l.updated_at FROM last_picked l), $1::timestamptz)::timestamptz AS last_updated_at,
        coalesce((SELECT l.id FROM last_picked l), $2::bigint)::bigint AS last_id
@@ -107,6 +124,7 @@ type RetentionPruneBatchRow struct {
 	Picked        int64
 	Tasks         int64
 	Attempts      int64
+	Receipts      int64
 	Notifications int64
 	LastUpdatedAt time.Time
 	LastID        int64
@@ -118,7 +136,7 @@ type RetentionPruneBatchRow struct {
 //
 // What may go, and only that: a task in a terminal state (SENT, FAILED, SUPPRESSED: final in the
 // protocol, no query in queries/ moves a task out of one) whose last change is older than the retention
-// period, with all its attempts; and a notification once it has no task left. Never a PENDING, SENDING or
+// period, with all its attempts and receipts; and a notification once it has no task left. Never a PENDING, SENDING or
 // UNKNOWN task (parked or not), never an attempt without its task, never a notification that still has a
 // task. Deleting a notification ends its dedupe: the same (user_id, event_key) submitted again afterwards
 // creates a new notification, so the retention period is also the shortest dedupe window.
@@ -152,6 +170,7 @@ func (q *Queries) RetentionPruneBatch(ctx context.Context, arg RetentionPruneBat
 		&i.Picked,
 		&i.Tasks,
 		&i.Attempts,
+		&i.Receipts,
 		&i.Notifications,
 		&i.LastUpdatedAt,
 		&i.LastID,

@@ -15,7 +15,9 @@ SELECT current_user::text AS user_name,
         OR pg_has_role(current_user, 'notifier_worker', 'USAGE'))::bool AS can_work,
        (r.rolsuper OR r.rolbypassrls OR pg_has_role(current_user, c.relowner, 'USAGE')
         OR pg_has_role(current_user, 'notifier_creator', 'USAGE'))::bool AS can_create,
-       has_function_privilege('notifier_resolve(bigint, text, text, text, text)', 'EXECUTE')::bool AS can_resolve
+       has_function_privilege('notifier_resolve(bigint, text, text, text, text)', 'EXECUTE')::bool AS can_resolve,
+       (has_table_privilege('delivery_receipt', 'INSERT')
+        AND has_function_privilege('notifier_apply_receipt(bigint, text, text)', 'EXECUTE'))::bool AS can_receive
 FROM pg_catalog.pg_roles r
 CROSS JOIN pg_catalog.pg_class c
 WHERE r.rolname = current_user
@@ -27,6 +29,7 @@ type RoleCapabilitiesRow struct {
 	CanWork    bool
 	CanCreate  bool
 	CanResolve bool
+	CanReceive bool
 }
 
 // What the connected user may do, so that a command refuses at once and names the role to grant instead
@@ -35,7 +38,8 @@ type RoleCapabilitiesRow struct {
 // privileges (a member with INHERIT), or is exempt from row-level security and privileges on these
 // tables: their owner (RLS is not FORCEd), a superuser, or a BYPASSRLS role that owns or was granted
 // the rest. resolve needs EXECUTE on notifier_resolve (schema/010), which only the operator role and
-// the owner have. Reads the catalogs only.
+// the owner have; receipts needs INSERT on delivery_receipt and EXECUTE on notifier_apply_receipt
+// (schema/015), the receiver role's. Reads the catalogs only.
 func (q *Queries) RoleCapabilities(ctx context.Context) (RoleCapabilitiesRow, error) {
 	row := q.db.QueryRow(ctx, RoleCapabilities)
 	var i RoleCapabilitiesRow
@@ -44,6 +48,7 @@ func (q *Queries) RoleCapabilities(ctx context.Context) (RoleCapabilitiesRow, er
 		&i.CanWork,
 		&i.CanCreate,
 		&i.CanResolve,
+		&i.CanReceive,
 	)
 	return i, err
 }

@@ -36,7 +36,7 @@ ORDER BY channel;
 -- all of notification (history) on every claim (TestClaimGenericPlanLooksUpByKey).
 WITH lease_expired AS (
     SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
-           t.attempt_token, t.uncertain_since, t.updated_at
+           t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
     FROM delivery_task t
     WHERE t.channel = @channel::text
       AND t.state = 'SENDING'
@@ -46,7 +46,7 @@ WITH lease_expired AS (
     FOR UPDATE OF t SKIP LOCKED
 ), due AS (
     SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
-           t.attempt_token, t.uncertain_since, t.updated_at
+           t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
     FROM delivery_task t
     WHERE t.channel = @channel::text
       AND t.next_attempt_at IS NOT NULL
@@ -68,6 +68,8 @@ SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attem
        n.body,
        n.expires_at,
        (n.expires_at <= now())::bool    AS expired,
+       -- a provider's receipt arrived while the task was held (schema/015): it is settled, not called
+       (t.receipt_at IS NOT NULL)::bool AS receipt_noted,
        -- how long the uncertainty has lasted; for a lease that just expired, since the lost attempt began
        extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
 FROM locked t
@@ -281,27 +283,35 @@ ORDER BY t.id
 LIMIT @max_rows;
 
 -- name: TaskListLateAccepted :many
--- Final "not sent" tasks (FAILED, SUPPRESSED) that a late answer says were accepted after all: a
--- superseded holder recorded ACCEPTED, ACCEPTED_REPLAY or QUERY_FOUND as its attempt's late_outcome. The
--- state stays final (R3: the observation is kept, not applied); notifier review shows these so a human
--- learns that the user may have received the message. Via delivery_attempt_late_accepted_idx.
+-- Final "not sent" tasks (FAILED, SUPPRESSED) that later evidence says were accepted after all: a
+-- superseded holder recorded ACCEPTED, ACCEPTED_REPLAY or QUERY_FOUND as its attempt's late_outcome, or a
+-- provider's receipt arrived (schema/015: after the task was final, or while it was held and its finish
+-- then wrote it off). The state stays final (R3: the evidence is kept, not applied); notifier review shows
+-- these so a human learns that the user may have received the message. Via the partial indexes
+-- delivery_attempt_late_accepted_idx, delivery_receipt_contradicts_idx and
+-- delivery_task_receipt_contradicted_idx.
 SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.provider_msg_id,
        t.last_error, t.updated_at, n.user_id, n.event_key
 FROM delivery_task t
 JOIN notification n ON n.id = t.notification_id
-WHERE t.id IN (SELECT a.task_id FROM delivery_attempt a
-               WHERE a.late_outcome IN ('ACCEPTED', 'ACCEPTED_REPLAY', 'QUERY_FOUND'))
+WHERE (t.id IN (SELECT a.task_id FROM delivery_attempt a
+                WHERE a.late_outcome IN ('ACCEPTED', 'ACCEPTED_REPLAY', 'QUERY_FOUND'))
+       OR t.id IN (SELECT r.task_id FROM delivery_receipt r WHERE r.effect = 'CONTRADICTS')
+       OR t.receipt_at IS NOT NULL)
   AND t.state IN ('FAILED', 'SUPPRESSED')
   AND t.id > @after_id
 ORDER BY t.id
 LIMIT @max_rows;
 
 -- name: TaskCountLateAccepted :one
--- How many final "not sent" tasks a late answer contradicts (see TaskListLateAccepted), for notifier status.
+-- How many final "not sent" tasks later evidence contradicts (see TaskListLateAccepted), for notifier
+-- status.
 SELECT count(*)::bigint AS tasks
 FROM delivery_task t
-WHERE t.id IN (SELECT a.task_id FROM delivery_attempt a
-               WHERE a.late_outcome IN ('ACCEPTED', 'ACCEPTED_REPLAY', 'QUERY_FOUND'))
+WHERE (t.id IN (SELECT a.task_id FROM delivery_attempt a
+                WHERE a.late_outcome IN ('ACCEPTED', 'ACCEPTED_REPLAY', 'QUERY_FOUND'))
+       OR t.id IN (SELECT r.task_id FROM delivery_receipt r WHERE r.effect = 'CONTRADICTS')
+       OR t.receipt_at IS NOT NULL)
   AND t.state IN ('FAILED', 'SUPPRESSED');
 
 -- name: TaskCountByChannelState :many

@@ -27,6 +27,10 @@
 --                                                                                                   after an uncertain history)
 --   SENDING              UNKNOWN (retry, parked)  finish, outcome unknown             =              -
 --   parked               SENT, FAILED             resolve (notifier_resolve below)    +1             MANUAL MANUAL_SENT / MANUAL_FAILED
+--   not final            itself, receipt_at set   note a receipt (notifier_apply_      =              -
+--                                                 receipt, schema/015): nothing else
+--   waiting, parked,     SENT                     settle by receipt (same): only      +1             RECEIPT RECEIPT_ACCEPTED
+--   expired              (not parked)             with receipt_at set
 --   waiting, due         itself, later            set aside: next_attempt_at later,   =              -
 --                        next_attempt_at          last_error set, updated_at may
 --                                                 change, nothing else
@@ -43,8 +47,10 @@
 -- uncertain_since is no later than the row's updated_at (a holder's: when its attempt began), and while
 -- it stays true, uncertain_since stays; a task taken over from an expired lease is uncertain; FAILED
 -- and SUPPRESSED are certain unless a human resolved them; needs_review becomes false only by the
--- resolve; a task nobody holds has no lease; provider_msg_id is written only by a finish or the
--- resolve, and never erased. A no-op update (the row unchanged) passes.
+-- resolve or a provider's receipt; a task nobody holds has no lease; provider_msg_id is written only by
+-- a finish, the resolve or a receipt, and never erased. A no-op update (the row unchanged) passes.
+-- receipt_at (the first receipt proving that the provider accepted the message; schema/015) is read
+-- through to_jsonb here, so that these functions do not depend on a column a later migration adds.
 --
 -- Where: delivery_task_state_machine (AFTER UPDATE, each row, at the end of the statement) checks the
 -- move itself; delivery_task_evidence (a constraint trigger, DEFERRABLE INITIALLY DEFERRED: at commit)
@@ -154,6 +160,10 @@ BEGIN
     IF rule IS NULL THEN
         -- Which move is it? Decided by the states and the token; the conditions each move must meet follow.
         move := CASE
+            WHEN (to_jsonb(OLD) ->> 'receipt_at') IS NULL AND (to_jsonb(NEW) ->> 'receipt_at') IS NOT NULL
+                 THEN 'note receipt'
+            WHEN NEW.state = 'SENT' AND counted AND NOT NEW.needs_review AND (waiting OR parked OR expired)
+                 AND (to_jsonb(NEW) ->> 'receipt_at') IS NOT NULL THEN 'receipt'
             WHEN NEW.state = 'SENDING' AND (waiting OR OLD.state = 'SENDING')
                  AND NEW.attempt_token IS DISTINCT FROM OLD.attempt_token THEN 'claim'
             WHEN waiting AND NEW.state = OLD.state AND NOT NEW.needs_review
@@ -178,6 +188,9 @@ BEGIN
             IF NEW.attempt_token IS DISTINCT FROM OLD.attempt_token AND NOT parked THEN
                 col := 'attempt_token';
             END IF;
+        ELSIF move = 'note receipt' AND to_jsonb(NEW) - 'receipt_at' <> to_jsonb(OLD) - 'receipt_at' THEN
+            why := 'notes a receipt and changes something else; a receipt is noted alone (the settle follows)';
+            col := 'receipt_at';
         ELSIF move = 'claim' AND OLD.state = 'SENDING' AND NOT expired THEN
             why := 'takes over a lease that has not expired on the database clock';
             col := 'lease_until';
@@ -208,16 +221,16 @@ BEGIN
         ELSE
             -- The move is one of the protocol's. Now its counting, its uncertainty and its evidence.
             rule := NULL;
-            IF counted <> (move IN ('claim', 'settle', 'resolve')) THEN
+            IF counted <> (move IN ('claim', 'settle', 'resolve', 'receipt')) THEN
                 rule := 'delivery_task_attempt_count';
                 col := 'attempt_count';
                 why := CASE WHEN counted THEN format('attempt_count is counted up by a %s, which starts no attempt', move)
                             ELSE format('attempt_count is not counted up by a %s, which starts an attempt', move) END;
             ELSIF OLD.outcome_uncertain AND NOT NEW.outcome_uncertain
-                  AND NOT (move = 'finish' AND NEW.state IN ('SENT', 'PENDING', 'FAILED')) AND move <> 'resolve' THEN
+                  AND NOT (move = 'finish' AND NEW.state IN ('SENT', 'PENDING', 'FAILED')) AND move NOT IN ('resolve', 'receipt') THEN
                 rule := 'delivery_task_uncertainty';
                 col := 'outcome_uncertain';
-                why := 'writes uncertainty off; only an acceptance, a query that found nothing, or a resolution may';
+                why := 'writes uncertainty off; only an acceptance, a query that found nothing, a receipt or a resolution may';
             ELSIF OLD.outcome_uncertain AND NEW.outcome_uncertain
                   AND NEW.uncertain_since IS DISTINCT FROM OLD.uncertain_since THEN
                 rule := 'delivery_task_uncertainty';
@@ -237,10 +250,10 @@ BEGIN
                 why := 'starts an uncertainty after the attempt that caused it began (the row''s updated_at): '
                        'channel contracts would be measured from too late';
             ELSIF NEW.provider_msg_id IS DISTINCT FROM OLD.provider_msg_id
-                  AND (move NOT IN ('finish', 'resolve') OR NEW.provider_msg_id IS NULL) THEN
+                  AND (move NOT IN ('finish', 'resolve', 'receipt') OR NEW.provider_msg_id IS NULL) THEN
                 rule := 'delivery_task_transition';
                 col := 'provider_msg_id';
-                why := 'provider_msg_id is written only by a finish or a resolution, and never erased';
+                why := 'provider_msg_id is written only by a finish, a resolution or a receipt, and never erased';
             END IF;
         END IF;
     END IF;
@@ -317,7 +330,7 @@ BEGIN
             WHEN 'SUPPRESSED' THEN 'a SKIP attempt PREF_DISABLED'
             WHEN 'FAILED' THEN 'a SKIP attempt TTL_EXPIRED or a MANUAL attempt MANUAL_FAILED'
             WHEN 'UNKNOWN' THEN 'a SKIP attempt PREF_DISABLED_UNCERTAIN or TTL_EXPIRED_UNCERTAIN'
-            WHEN 'SENT' THEN 'a MANUAL attempt MANUAL_SENT'
+            WHEN 'SENT' THEN 'a MANUAL attempt MANUAL_SENT or a RECEIPT attempt RECEIPT_ACCEPTED'
             ELSE 'no attempt (no move counts one into this state)'
         END;
         ok := CASE NEW.state
@@ -326,7 +339,8 @@ BEGIN
             WHEN 'FAILED' THEN (a.action = 'SKIP' AND a.outcome = 'TTL_EXPIRED')
                             OR (a.action = 'MANUAL' AND a.outcome = 'MANUAL_FAILED')
             WHEN 'UNKNOWN' THEN a.action = 'SKIP' AND a.outcome IN ('PREF_DISABLED_UNCERTAIN', 'TTL_EXPIRED_UNCERTAIN')
-            WHEN 'SENT' THEN a.action = 'MANUAL' AND a.outcome = 'MANUAL_SENT'
+            WHEN 'SENT' THEN (a.action = 'MANUAL' AND a.outcome = 'MANUAL_SENT')
+                          OR (a.action = 'RECEIPT' AND a.outcome = 'RECEIPT_ACCEPTED')
             ELSE false
         END;
     ELSIF OLD.state = 'SENDING' AND NEW.state IN ('PENDING', 'FAILED') AND NOT NEW.outcome_uncertain THEN
@@ -381,14 +395,16 @@ COMMENT ON TRIGGER delivery_task_evidence ON delivery_task IS
 --                       MALFORMED_RESPONSE, HTTP_5XX, THROTTLED, CONNECT_FAILED, REJECTED, GATEWAY_ERROR
 --                       (schema/011), or LEASE_EXPIRED; QUERY: QUERY_FOUND, QUERY_NOT_FOUND, QUERY_FAILED
 --                       or LEASE_EXPIRED; SKIP: PREF_DISABLED, TTL_EXPIRED and their _UNCERTAIN forms;
---                       MANUAL: MANUAL_SENT, MANUAL_FAILED. late_outcome: a call's outcome, of a call.
+--                       MANUAL: MANUAL_SENT, MANUAL_FAILED; RECEIPT (schema/015): RECEIPT_ACCEPTED.
+--                       late_outcome: a call's outcome, of a call.
 --   LEASE_EXPIRED       closes an attempt only when its holder is gone: the task's token changed, or the
 --                       lease expired on the database clock (a live holder records its own outcome).
 --   a new attempt       attempt_no is the task's attempt_count (the move that counted it ran first, in
 --                       this statement or transaction); a call (SEND, QUERY, TOPIC_RESEND) is inserted
---                       open, with the token of the task's current holder; SKIP and MANUAL are inserted
---                       closed, for a task their move has just settled (SKIP: SUPPRESSED, FAILED or parked
---                       as its outcome says; MANUAL: SENT or FAILED as its outcome says).
+--                       open, with the token of the task's current holder; SKIP, MANUAL and RECEIPT are
+--                       inserted closed, for a task their move has just settled (SKIP: SUPPRESSED, FAILED
+--                       or parked as its outcome says; MANUAL: SENT or FAILED as its outcome says;
+--                       RECEIPT: SENT).
 -- AFTER the row is written, at the end of the statement: in TaskStartAttempts the task's update and the
 -- attempt's insert are sibling CTEs, and by then both have run. The task is read as the inserting user
 -- (a caller who may not read it cannot attach an attempt to it).
@@ -410,6 +426,7 @@ DECLARE
     outcomes constant text[] := CASE NEW.action
         WHEN 'SKIP' THEN ARRAY['PREF_DISABLED', 'TTL_EXPIRED', 'PREF_DISABLED_UNCERTAIN', 'TTL_EXPIRED_UNCERTAIN']
         WHEN 'MANUAL' THEN ARRAY['MANUAL_SENT', 'MANUAL_FAILED']
+        WHEN 'RECEIPT' THEN ARRAY['RECEIPT_ACCEPTED']
         ELSE call_outcomes || 'LEASE_EXPIRED'::text
     END;
     t   record;
@@ -482,6 +499,9 @@ BEGIN
             (NEW.outcome = 'MANUAL_SENT' AND t.state = 'SENT') OR (NEW.outcome = 'MANUAL_FAILED' AND t.state = 'FAILED')) THEN
         col := 'outcome';
         why := format('a MANUAL %s does not record the task''s resolution (the task is %s)', coalesce(NEW.outcome, 'without outcome'), t.state);
+    ELSIF NEW.action = 'RECEIPT' AND NOT (NEW.outcome = 'RECEIPT_ACCEPTED' AND t.state = 'SENT') THEN
+        col := 'outcome';
+        why := format('a RECEIPT %s does not record the task''s settlement by receipt (the task is %s)', coalesce(NEW.outcome, 'without outcome'), t.state);
     END IF;
     IF col IS NOT NULL THEN
         RAISE EXCEPTION 'delivery_attempt % (task %, attempt %): %', NEW.id, NEW.task_id, NEW.attempt_no, why

@@ -201,7 +201,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 				PrefEnabled: row.PrefEnabled, Expired: row.Expired,
 				AttemptCount: int(row.AttemptCount), MaxAttempts: int(row.MaxAttempts),
 				Mode: d.cfg.Routes[row.Channel].Mode, Contract: d.cfg.Routes[row.Channel].Contract,
-				UncertainAge: seconds(row.UncertainAgeSeconds),
+				UncertainAge: seconds(row.UncertainAgeSeconds), ReceiptNoted: row.ReceiptNoted,
 			})
 			decisions[row.ID], byID[row.ID] = dec, row
 			if dec.Kind == ClaimCall {
@@ -284,6 +284,18 @@ const MaxBatch = 1000
 // settle applies a claim-time decision not to call: park, or a state written with its SKIP attempt.
 func (d *Dispatcher) settle(ctx context.Context, q *dbgen.Queries, row dbgen.TaskClaimRow, dec ClaimDecision) (Result, error) {
 	result := Result{TaskID: row.ID, Channel: row.Channel, Detail: dec.Reason}
+	if dec.Kind == ClaimReceipt {
+		applied, err := q.ReceiptApply(ctx, dbgen.ReceiptApplyParams{TaskID: row.ID,
+			Note: "settled at claim by a receipt noted while the task was held"})
+		if err == nil && ReceiptEffect(applied.Effect) != ReceiptSettled {
+			err = fmt.Errorf("%w: the receipt's effect was %s", errNotSettleable, applied.Effect)
+		}
+		if err != nil {
+			return result, fmt.Errorf("settle task %d by its receipt: %w", row.ID, err)
+		}
+		result.Kind, result.Action, result.Outcome = ResultSent, ActionReceipt, OutcomeReceiptAccepted
+		return result, nil
+	}
 	if dec.Kind == ClaimPark {
 		result.Kind = ResultParked
 		parked, err := q.TaskPark(ctx, dbgen.TaskParkParams{ID: row.ID, LastError: dec.Reason})

@@ -178,10 +178,19 @@ type StateCount struct {
 type Status struct {
 	Counts []StateCount `json:"counts"`
 	Parked int64        `json:"parked"`
-	// LateAccepted counts FAILED or SUPPRESSED tasks that a late answer says were accepted (see
-	// ReviewLateAccepted; notifier review lists them).
+	// LateAccepted counts FAILED or SUPPRESSED tasks that a late answer or a receipt says were accepted
+	// (see ReviewLateAccepted; notifier review lists them).
 	LateAccepted       int64   `json:"late_accepted"`
 	OldestReadySeconds float64 `json:"oldest_ready_seconds"`
+	// Receipts counts providers' receipts (notifier receipts) by kind and what they did to their task.
+	Receipts []ReceiptCount `json:"receipts"`
+}
+
+// ReceiptCount is the number of receipts of one kind that had one effect.
+type ReceiptCount struct {
+	Kind     ReceiptKind   `json:"kind"`
+	Effect   ReceiptEffect `json:"effect"`
+	Receipts int64         `json:"receipts"`
 }
 
 // Status counts tasks by channel and state and measures how long the oldest due task has waited.
@@ -202,6 +211,14 @@ func (n *Notifier) Status(ctx context.Context) (Status, error) {
 	}
 	if s.OldestReadySeconds, err = n.q.TaskOldestReady(ctx); err != nil {
 		return Status{}, fmt.Errorf("oldest ready task: %w", err)
+	}
+	receipts, err := n.q.ReceiptCountByKind(ctx)
+	if err != nil {
+		return Status{}, fmt.Errorf("count receipts: %w", err)
+	}
+	s.Receipts = make([]ReceiptCount, len(receipts))
+	for i, r := range receipts {
+		s.Receipts[i] = ReceiptCount{Kind: ReceiptKind(r.Kind), Effect: ReceiptEffect(r.Effect), Receipts: r.Receipts}
 	}
 	return s, nil
 }

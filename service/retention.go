@@ -26,6 +26,7 @@ const (
 type PruneStats struct {
 	Tasks         int64 `json:"tasks"`
 	Attempts      int64 `json:"attempts"`
+	Receipts      int64 `json:"receipts"`
 	Notifications int64 `json:"notifications"`
 	// Batches is the number of transactions that deleted something (PrunePreview: how many batches of
 	// tasks a prune would take at the given batch size).
@@ -92,6 +93,7 @@ func (n *Notifier) Prune(ctx context.Context, olderThan time.Duration, batchSize
 			break
 		}
 		st.Tasks, st.Attempts, st.Notifications, st.Batches = st.Tasks+r.Tasks, st.Attempts+r.Attempts, st.Notifications+r.Notifications, st.Batches+1
+		st.Receipts += r.Receipts
 		taskCursor.AfterUpdatedAt, taskCursor.AfterID = r.LastUpdatedAt, r.LastID
 	}
 	// Notifications without any task: never had one, or lost their last ones to two concurrent batches.
@@ -131,7 +133,7 @@ func (n *Notifier) PrunePreview(ctx context.Context, olderThan time.Duration, ba
 		return PruneStats{}, fmt.Errorf("prune preview: %w", err)
 	}
 	return PruneStats{
-		Tasks: r.Tasks, Attempts: r.Attempts, Notifications: r.Notifications,
+		Tasks: r.Tasks, Attempts: r.Attempts, Receipts: r.Receipts, Notifications: r.Notifications,
 		Batches: (r.Tasks + int64(batchSize) - 1) / int64(batchSize),
 	}, nil
 }

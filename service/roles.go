@@ -14,6 +14,7 @@ const (
 	RoleCreator  = "notifier_creator"  // create, pref set
 	RoleWorker   = "notifier_worker"   // work
 	RoleOperator = "notifier_operator" // resolve (EXECUTE on notifier_resolve), review, status
+	RoleReceiver = "notifier_receiver" // receipts (schema/015)
 )
 
 // ErrPermission matches a *PermissionError.
@@ -48,13 +49,13 @@ func needsRole(op, role string, err error) error {
 // RequireRole checks, once and before any work, that the connected user may run op, which needs role:
 // a member of it, or the tables' owner (or a superuser or BYPASSRLS role). Without this a worker whose
 // role may read but not claim tasks would see nothing under row-level security and answer NOTHING
-// forever. role is RoleWorker, RoleCreator or RoleOperator.
+// forever. role is RoleWorker, RoleCreator, RoleOperator or RoleReceiver.
 func (n *Notifier) RequireRole(ctx context.Context, op, role string) error {
 	c, err := n.q.RoleCapabilities(ctx)
 	if err != nil {
 		return fmt.Errorf("%s: read the database user's roles: %w", op, err)
 	}
-	may := map[string]bool{RoleWorker: c.CanWork, RoleCreator: c.CanCreate, RoleOperator: c.CanResolve}
+	may := map[string]bool{RoleWorker: c.CanWork, RoleCreator: c.CanCreate, RoleOperator: c.CanResolve, RoleReceiver: c.CanReceive}
 	can, known := may[role]
 	if !known {
 		return fmt.Errorf("%s: unknown role %q", op, role)

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -67,6 +68,14 @@ var schemaBaseline = []string{
 	`INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES (` + schemaBaseNotification + `, 'push', 3)`,
 	`INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES (` + schemaBaseNotification + `, 'sms', 3)`,
 	schemaClaim("push", schemaBaseToken, "SEND"),
+}
+
+// schemaReceipt records one receipt for the baseline's held push task.
+var schemaReceipt = schemaReceiptInsert(schemaBaseTask, "'standard-webhooks'", "'evt-1'", "'DELIVERED'", "false", "'NOTED'")
+
+func schemaReceiptInsert(task, source, event, kind, hardBounce, effect string) string {
+	return `INSERT INTO delivery_receipt (task_id, source, event_id, kind, hard_bounce, effect)
+		VALUES (` + strings.Join([]string{task, source, event, kind, hardBounce, effect}, ", ") + `)`
 }
 
 func loadSchemaBaseline(t *testing.T, pool *pgxpool.Pool) {
@@ -188,6 +197,33 @@ var schemaViolations = []schemaViolation{
 		VALUES (` + schemaBaseTask + `, 2, gen_random_uuid(), 'MANUAL', 'op', now(), 'MANUAL_SENT', '')`, schemaErrCheck, "delivery_attempt_manual_has_note", "", ""},
 	{"attempt/token null", `UPDATE delivery_attempt SET attempt_token = NULL`, schemaErrNotNull, "", "attempt_token", ""},
 	{"attempt/worker null", `UPDATE delivery_attempt SET worker = NULL`, schemaErrNotNull, "", "worker", ""},
+
+	// delivery_receipt (schema/015)
+	{"receipt/duplicate id", `INSERT INTO delivery_receipt (id, task_id, source, event_id, kind, effect) OVERRIDING SYSTEM VALUE
+		SELECT id, task_id, source, 'evt-2', kind, effect FROM delivery_receipt`, schemaErrUnique, "delivery_receipt_pkey", "", schemaReceipt},
+	{"receipt/unknown task", schemaReceiptInsert("999999999", "'twilio'", "'SM1:sent'", "'ACCEPTED'", "false", "'SETTLED'"), schemaErrForeignKey, "delivery_receipt_task_id_fkey", "", ""},
+	{"receipt/the same event twice", schemaReceiptInsert(schemaBaseTask, "'standard-webhooks'", "'evt-1'", "'ACCEPTED'", "false", "'UNCHANGED'"),
+		schemaErrUnique, "delivery_receipt_event_key", "", schemaReceipt},
+	{"receipt/unknown source", schemaReceiptInsert(schemaBaseTask, "'postmark'", "'evt-9'", "'ACCEPTED'", "false", "'NOTED'"), schemaErrCheck, "delivery_receipt_source_check", "", ""},
+	{"receipt/empty event id", schemaReceiptInsert(schemaBaseTask, "'twilio'", "''", "'ACCEPTED'", "false", "'NOTED'"), schemaErrCheck, "delivery_receipt_event_id_check", "", ""},
+	{"receipt/event id of 501 chars", schemaReceiptInsert(schemaBaseTask, "'twilio'", "repeat('e', 501)", "'ACCEPTED'", "false", "'NOTED'"), schemaErrCheck, "delivery_receipt_event_id_check", "", ""},
+	{"receipt/unknown kind", schemaReceiptInsert(schemaBaseTask, "'twilio'", "'evt-9'", "'OPENED'", "false", "'NOTED'"), schemaErrCheck, "delivery_receipt_kind_check", "", ""},
+	{"receipt/unknown effect", schemaReceiptInsert(schemaBaseTask, "'twilio'", "'evt-9'", "'ACCEPTED'", "false", "'IGNORED'"), schemaErrCheck, "delivery_receipt_effect_check", "", ""},
+	{"receipt/hard bounce of a delivery", schemaReceiptInsert(schemaBaseTask, "'twilio'", "'evt-9'", "'DELIVERED'", "true", "'NOTED'"), schemaErrCheck, "delivery_receipt_hard_bounce_is_bounce", "", ""},
+	{"receipt/provider_msg_id of 501 chars", `INSERT INTO delivery_receipt (task_id, source, event_id, kind, effect, provider_msg_id)
+		VALUES (` + schemaBaseTask + `, 'twilio', 'evt-9', 'ACCEPTED', 'NOTED', repeat('m', 501))`, schemaErrCheck, "delivery_receipt_provider_msg_id_check", "", ""},
+	{"receipt/detail of 2001 chars", `INSERT INTO delivery_receipt (task_id, source, event_id, kind, effect, detail)
+		VALUES (` + schemaBaseTask + `, 'twilio', 'evt-9', 'ACCEPTED', 'NOTED', repeat('d', 2001))`, schemaErrCheck, "delivery_receipt_detail_check", "", ""},
+	{"receipt/kind null", schemaReceiptInsert(schemaBaseTask, "'twilio'", "'evt-9'", "NULL", "false", "'NOTED'"), schemaErrNotNull, "", "kind", ""},
+	{"task/delete with a receipt", `DELETE FROM delivery_task WHERE id = ` + schemaBaseWaitingTask,
+		schemaErrForeignKey, "delivery_receipt_task_id_fkey", "", `INSERT INTO delivery_receipt (task_id, source, event_id, kind, effect)
+		VALUES (` + schemaBaseWaitingTask + `, 'twilio', 'SM2:sent', 'ACCEPTED', 'NOTED')`},
+	{name: "receipt/append-only: rewritten", setup: schemaReceipt, sql: `UPDATE delivery_receipt SET kind = 'BOUNCED'`,
+		code: schemaErrIntegrity, constraint: "delivery_receipt_append_only"},
+	{name: "receipt/append-only: deleted while its task is held", setup: schemaReceipt, sql: `DELETE FROM delivery_receipt`,
+		code: schemaErrIntegrity, constraint: "delivery_receipt_append_only"},
+	{name: "receipt/append-only: truncated", setup: schemaReceipt, sql: `TRUNCATE delivery_receipt`,
+		code: schemaErrIntegrity, constraint: "delivery_receipt_append_only"},
 
 	// delivery_attempt is append-only (triggers, schema/005): the rules carry a constraint name too.
 	{name: "attempt/append-only: rewrite worker", sql: `UPDATE delivery_attempt SET worker = 'w2'`,

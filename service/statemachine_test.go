@@ -25,10 +25,11 @@ const (
 	smWorker   = "notifier_worker"
 	smOperator = "notifier_operator"
 	smCreator  = "notifier_creator"
+	smReceiver = "notifier_receiver"
 	sqlBadArg  = "22023" // invalid_parameter_value
 )
 
-var smRoles = []string{smOwner, smWorker, smOperator, smCreator}
+var smRoles = []string{smOwner, smWorker, smOperator, smCreator, smReceiver}
 
 // smWant is what one role must get from a statement. code "" means it succeeds, changing rows rows (0:
 // row-level security hides the row, and policy names the policy that does).
@@ -50,7 +51,8 @@ var (
 )
 
 // smMove is one statement on a fixture task ($1), and what each role gets. Roles not listed in others
-// (the operator and the creator, which may neither update tasks nor write attempts) get smDenied.
+// (the operator, the creator and the receiver, which may neither update tasks nor write attempts) get
+// smDenied.
 type smMove struct {
 	name    string
 	fixture string // smFixture kind
@@ -103,6 +105,17 @@ const (
 	smPark = `UPDATE delivery_task SET state = 'UNKNOWN', needs_review = true, outcome_uncertain = true,
 		uncertain_since = coalesce(uncertain_since, updated_at), next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL,
 		last_error = 'parked' WHERE id = $1`
+)
+
+// The receipt's function, and a receipt settle by hand that skips noting the receipt first.
+const (
+	smApplyReceipt         = `SELECT * FROM notifier_apply_receipt($1, NULL, 'receipt seen by the test')`
+	smReceiptSettleUnnoted = `WITH s AS (
+		UPDATE delivery_task SET state = 'SENT', outcome_uncertain = false, uncertain_since = NULL, next_attempt_at = NULL,
+		       attempt_count = attempt_count + 1
+		WHERE id = $1 RETURNING id, attempt_count)
+	INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome)
+	SELECT id, attempt_count, gen_random_uuid(), 'RECEIPT', 'w-sm', now(), 'RECEIPT_ACCEPTED' FROM s`
 )
 
 // smFinish is TaskFinish by hand: the holder's attempt records outcome, the task becomes set (SQL SET
@@ -299,6 +312,27 @@ var smMoves = []smMove{
 		sql:   `UPDATE delivery_attempt SET late_outcome = 'ACCEPTED', late_at = now() WHERE task_id = $1 AND action = 'MANUAL'`,
 		owner: smRefused("delivery_attempt_outcome_fits_action", "late_outcome"), worker: smWant{rows: 0, policy: "delivery_attempt_worker_update"}},
 
+	// Receipts (schema/015): a settle needs its receipt noted and its RECEIPT row, only
+	// notifier_apply_receipt writes both, and a receipt is kept as it came.
+	{name: "a receipt settle without its receipt noted", fixture: "waiting-uncertain", sql: smReceiptSettleUnnoted,
+		owner:  smRefused("delivery_task_transition", "state"),
+		worker: smWant{code: sqlInsufficient, policy: "delivery_attempt_worker_insert"}},
+	{name: "a receipt noted with another change", fixture: "sending",
+		sql:   `UPDATE delivery_task SET receipt_at = now(), last_error = 'noted' WHERE id = $1`,
+		owner: smRefused("delivery_task_transition", "receipt_at"), worker: smDenied},
+	{name: "a receipt rewritten", fixture: "noted", sql: `UPDATE delivery_receipt SET kind = 'BOUNCED' WHERE task_id = $1`,
+		owner: smRefused("delivery_receipt_append_only", ""), worker: smDenied},
+	{name: "a held task's receipt deleted", fixture: "noted", sql: `DELETE FROM delivery_receipt WHERE task_id = $1`,
+		owner: smRefused("delivery_receipt_append_only", ""), worker: smDenied},
+	{name: "legitimate: a receipt settles a waiting task", fixture: "waiting-uncertain", sql: smApplyReceipt,
+		owner: smOne, worker: smOne, others: map[string]smWant{smReceiver: smOne}},
+	{name: "legitimate: a receipt settles a parked task", fixture: "parked", sql: smApplyReceipt,
+		owner: smOne, worker: smOne, others: map[string]smWant{smReceiver: smOne}},
+	{name: "legitimate: a receipt noted on a held task", fixture: "sending", sql: smApplyReceipt,
+		owner: smOne, worker: smOne, others: map[string]smWant{smReceiver: smOne}},
+	{name: "legitimate: a receipt on a FAILED task changes nothing", fixture: "failed", sql: smApplyReceipt,
+		owner: smOne, worker: smOne, others: map[string]smWant{smReceiver: smOne}},
+
 	// The protocol's own moves pass, for the owner and the worker.
 	{name: "legitimate: claim", fixture: "pending", sql: smClaim, owner: smOne, worker: smOne},
 	{name: "legitimate: claim of an uncertain task", fixture: "waiting-uncertain", sql: smClaim, owner: smOne, worker: smOne},
@@ -444,6 +478,10 @@ func smFixture(t *testing.T, pool *pgxpool.Pool, kind string) int64 {
 		if kind == "resolved" {
 			run(smResolveSent, id)
 		}
+	case "noted": // held, and a provider's receipt came meanwhile
+		run(smApplyReceipt, id)
+		run(`INSERT INTO delivery_receipt (task_id, source, event_id, kind, effect)
+			VALUES ($1::bigint, 'standard-webhooks', 'evt-' || $1::bigint, 'DELIVERED', 'NOTED')`, id)
 	case "sending", "sending-uncertain", "querying", "expired":
 	default:
 		t.Fatalf("unknown fixture %q", kind)
@@ -597,6 +635,9 @@ func TestStateMachineAllCovered(t *testing.T) {
 	unreachable := map[string]string{
 		"delivery_task_fixed": `SELECT bool_or(has_column_privilege('notifier_worker', 'delivery_task', c, 'UPDATE'))
 			FROM unnest(ARRAY['id', 'notification_id', 'channel', 'max_attempts', 'created_at']) AS c`,
+		"delivery_receipt_append_only": `SELECT has_table_privilege('notifier_worker', 'delivery_receipt', 'UPDATE')
+			OR has_table_privilege('notifier_worker', 'delivery_receipt', 'DELETE')
+			OR has_table_privilege('notifier_worker', 'delivery_receipt', 'TRUNCATE')`,
 		"delivery_attempt_retention_only": `SELECT has_table_privilege('notifier_worker', 'delivery_attempt', 'DELETE')
 			OR has_table_privilege('notifier_worker', 'delivery_attempt', 'TRUNCATE')
 			OR has_table_privilege('notifier_worker', 'delivery_task', 'TRUNCATE')`,

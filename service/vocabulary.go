@@ -38,6 +38,7 @@ const (
 	ActionQuery                  = delivery.ActionQuery
 	ActionSkip                   = delivery.ActionSkip
 	ActionManual                 = delivery.ActionManual
+	ActionReceipt                = delivery.ActionReceipt
 	OutcomeAccepted              = delivery.OutcomeAccepted
 	OutcomeAcceptedReplay        = delivery.OutcomeAcceptedReplay
 	OutcomeQueryFound            = delivery.OutcomeQueryFound
@@ -59,9 +60,11 @@ const (
 	OutcomeTTLExpiredUncertain   = delivery.OutcomeTTLExpiredUncertain
 	OutcomeManualSent            = delivery.OutcomeManualSent
 	OutcomeManualFailed          = delivery.OutcomeManualFailed
+	OutcomeReceiptAccepted       = delivery.OutcomeReceiptAccepted
 	ClaimCall                    = delivery.ClaimCall
 	ClaimSettle                  = delivery.ClaimSettle
 	ClaimPark                    = delivery.ClaimPark
+	ClaimReceipt                 = delivery.ClaimReceipt
 )
 
 var (

@@ -54,6 +54,7 @@ const (
 	ActionQuery       Action = "QUERY"        // look the task's reference up at the channel
 	ActionSkip        Action = "SKIP"         // decided at claim time not to call
 	ActionManual      Action = "MANUAL"       // a human's resolution
+	ActionReceipt     Action = "RECEIPT"      // settled by a provider's receipt (notifier receipts)
 )
 
 // Outcome is what one attempt observed. Attempt rows keep it verbatim.
@@ -83,6 +84,8 @@ const (
 
 	OutcomeManualSent   Outcome = "MANUAL_SENT"
 	OutcomeManualFailed Outcome = "MANUAL_FAILED"
+
+	OutcomeReceiptAccepted Outcome = "RECEIPT_ACCEPTED" // a provider's receipt proved it had the message
 )
 
 // Observation is what a channel call reported, before it is mapped to a task state.

@@ -98,15 +98,17 @@ type ClaimFacts struct {
 	Mode         Mode
 	Contract     Contract
 	UncertainAge time.Duration // how long ago the uncertain attempt began (with Uncertain or LeaseExpired)
+	ReceiptNoted bool          // a provider's receipt arrived while the task was held: it had the message
 }
 
 // ClaimKind says what a claim does with the task it locked.
 type ClaimKind int
 
 const (
-	ClaimCall   ClaimKind = iota // call the channel with Action
-	ClaimSettle                  // no call: write State with Outcome (suppression or expiry)
-	ClaimPark                    // no call, no attempt: park for review
+	ClaimCall    ClaimKind = iota // call the channel with Action
+	ClaimSettle                   // no call: write State with Outcome (suppression or expiry)
+	ClaimPark                     // no call, no attempt: park for review
+	ClaimReceipt                  // no call: a provider's receipt settles the task as SENT
 )
 
 // ClaimDecision is the outcome of Decide.
@@ -123,6 +125,9 @@ type ClaimDecision struct {
 // only without uncertain history (R6); a channel that can neither dedupe nor be queried is never
 // called again once uncertain.
 func Decide(f ClaimFacts) ClaimDecision {
+	if f.ReceiptNoted { // the provider had it: whatever else holds now, nothing more may be sent
+		return ClaimDecision{Kind: ClaimReceipt, Reason: "a provider's receipt arrived while the task was held"}
+	}
 	uncertain := f.Uncertain || f.LeaseExpired
 	if !f.PrefEnabled || f.Expired {
 		outcome, state, reason := OutcomePrefDisabled, StateSuppressed, "channel disabled by the user before the call"

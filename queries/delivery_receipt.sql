@@ -1,0 +1,74 @@
+-- Receipts (schema/015): a provider's signed callback about a message it accepted, recorded by notifier
+-- receipts. Matching finds our task; notifier_apply_receipt settles it when nobody holds it; the receipt
+-- row keeps what came and what it did. Nothing here moves a final state (schema/010 refuses it anyway).
+
+-- name: ReceiptTaskExists :one
+-- Whether a task referred to by our reference (ntf-task-<id>, task-<id>) exists: an unknown reference is
+-- refused before anything is written.
+SELECT EXISTS (SELECT 1 FROM delivery_task WHERE id = @task_id) AS found;
+
+-- name: ReceiptTasksByProviderMsgID :many
+-- The tasks a provider's message id belongs to, for a receipt that carries no reference of ours: the id
+-- the finish stored on the task, or one an attempt kept (also as a late observation). At most two rows:
+-- one is a match, two are ambiguous (refused), none is unknown (refused). Through the partial indexes
+-- delivery_task_provider_msg_idx and delivery_attempt_provider_msg_idx.
+SELECT id FROM (
+    SELECT t.id FROM delivery_task t WHERE t.provider_msg_id = @provider_msg_id::text
+    UNION
+    SELECT a.task_id FROM delivery_attempt a WHERE a.provider_msg_id = @provider_msg_id::text
+) m
+ORDER BY id
+LIMIT 2;
+
+-- name: ReceiptApply :one
+-- A receipt's effect on its task (notifier_apply_receipt, schema/015): SETTLED (made SENT with a RECEIPT
+-- attempt: the task was waiting, parked, or held under an expired lease), NOTED (SENDING under a live
+-- lease: its holder finishes, then the sweep settles it), UNCHANGED (already SENT) or CONTRADICTS (FAILED
+-- or SUPPRESSED: final, the receipt is only kept and shown). Locks the task row for the transaction.
+SELECT r.effect::text AS effect, r.state::text AS state
+FROM notifier_apply_receipt(@task_id::bigint, sqlc.narg('provider_msg_id')::text, @note::text) AS r;
+
+-- name: ReceiptInsert :one
+-- Records a receipt once per provider event: a redelivered or replayed callback (same source and event
+-- id) inserts nothing and returns no row (pgx.ErrNoRows); the caller then rolls back what it applied.
+-- Append-only (delivery_receipt_append_only).
+INSERT INTO delivery_receipt (task_id, source, event_id, kind, hard_bounce, effect, provider_msg_id, occurred_at, detail)
+VALUES (@task_id, @source, @event_id, @kind, @hard_bounce, @effect, sqlc.narg('provider_msg_id'),
+        sqlc.narg('occurred_at'), sqlc.narg('detail'))
+ON CONFLICT (source, event_id) DO NOTHING
+RETURNING id;
+
+-- name: ReceiptSweep :many
+-- Settles tasks whose receipt arrived while a holder was calling (NOTED) once nobody holds them: waiting,
+-- parked, or under an expired lease. Run by notifier receipts every few seconds; @max_tasks at a time,
+-- through the small partial index delivery_task_receipt_unsettled_idx. A task still held under a live
+-- lease is left to its holder.
+SELECT t.id, r.effect::text AS effect
+FROM (SELECT dt.id FROM delivery_task dt
+      WHERE dt.receipt_at IS NOT NULL AND dt.state IN ('PENDING', 'SENDING', 'UNKNOWN')
+        AND (dt.state <> 'SENDING' OR dt.lease_until < now())
+      ORDER BY dt.id
+      LIMIT @max_tasks) t
+CROSS JOIN LATERAL notifier_apply_receipt(t.id, NULL, 'settled by a receipt noted while the task was held') AS r;
+
+-- name: ReceiptDisablePref :one
+-- After a hard bounce (notifier receipts --disable-on-bounce): switches off the preference the bounced
+-- task was sent by (its user and channel), so no later notification goes to that address. The address
+-- of each attempt is not recorded: this switches off the user's current preference on that channel,
+-- when enabled (no row: already off), and bumps its version.
+UPDATE channel_pref p
+SET enabled = false, version = p.version + 1, updated_at = now()
+FROM delivery_task t
+JOIN notification n ON n.id = t.notification_id
+WHERE t.id = @task_id
+  AND p.user_id = n.user_id
+  AND p.channel = t.channel
+  AND p.enabled
+RETURNING p.user_id, p.channel;
+
+-- name: ReceiptCountByKind :many
+-- Receipts by kind and effect, for notifier status.
+SELECT kind, effect, count(*)::bigint AS receipts
+FROM delivery_receipt
+GROUP BY kind, effect
+ORDER BY kind, effect;

@@ -1,0 +1,237 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/notifierhq/notifier/dbgen"
+)
+
+// ReceiptKind is what a provider said about a message after it accepted it. Every kind proves that the
+// provider had the message, which is all SENT means here.
+type ReceiptKind string
+
+const (
+	ReceiptAccepted    ReceiptKind = "ACCEPTED"    // queued, sending or sent by the provider
+	ReceiptDelivered   ReceiptKind = "DELIVERED"   // the provider reports delivery to the recipient
+	ReceiptBounced     ReceiptKind = "BOUNCED"     // the recipient's side refused it (Receipt.HardBounce: for good)
+	ReceiptComplained  ReceiptKind = "COMPLAINED"  // the recipient marked it as spam
+	ReceiptUndelivered ReceiptKind = "UNDELIVERED" // the provider gave up after accepting it
+)
+
+// ReceiptEffect is what recording a receipt did to its task.
+type ReceiptEffect string
+
+const (
+	ReceiptSettled     ReceiptEffect = "SETTLED"     // the task became SENT, with a RECEIPT attempt
+	ReceiptNoted       ReceiptEffect = "NOTED"       // the task was held: settled once its holder is done
+	ReceiptUnchanged   ReceiptEffect = "UNCHANGED"   // the task was SENT already
+	ReceiptContradicts ReceiptEffect = "CONTRADICTS" // the task is FAILED or SUPPRESSED: kept, shown in review
+)
+
+// Receipt sources: the signed callback formats notifier receipts verifies.
+const (
+	ReceiptSourceStandardWebhooks = "standard-webhooks"
+	ReceiptSourceTwilio           = "twilio"
+)
+
+// Receipt is one provider event about one of our messages, as a verified callback carried it.
+type Receipt struct {
+	Source        string      // ReceiptSourceStandardWebhooks or ReceiptSourceTwilio
+	EventID       string      // the provider's id of this event: a replay of it is recorded once
+	Kind          ReceiptKind //
+	HardBounce    bool        // with ReceiptBounced: the address is gone for good
+	TaskID        int64       // from our reference (ntf-task-<id>); 0 when the receipt carries none
+	ProviderMsgID string      // the provider's message id, when given (matched when TaskID is 0)
+	OccurredAt    time.Time   // the provider's time of the event; zero when not given
+	Detail        string      // a short description, for the receipt row
+}
+
+// ReceiptResult is what recording a receipt did.
+type ReceiptResult struct {
+	TaskID       int64         `json:"task_id"`
+	Effect       ReceiptEffect `json:"effect,omitempty"`
+	State        State         `json:"state,omitempty"` // the task's state after it
+	Duplicate    bool          `json:"duplicate,omitempty"`
+	PrefDisabled bool          `json:"pref_disabled,omitempty"` // a hard bounce switched the preference off
+}
+
+// Errors of RecordReceipt a caller answers with a 4xx: nothing was written.
+var (
+	ErrUnknownReference   = errors.New("no task matches the receipt's reference or message id")
+	ErrAmbiguousReference = errors.New("the receipt's message id belongs to more than one task")
+)
+
+// ParseRef reads our reference of a task as a receipt carries it back: the idempotency key
+// (ntf-task-<id>) or the channel reference (task-<id>).
+func ParseRef(s string) (int64, bool) {
+	s = strings.TrimPrefix(strings.TrimSpace(s), "ntf-")
+	digits, ok := strings.CutPrefix(s, "task-")
+	if !ok {
+		return 0, false
+	}
+	id, err := strconv.ParseInt(digits, 10, 64)
+	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != digits {
+		return 0, false
+	}
+	return id, true
+}
+
+// ValidateReceipt checks a receipt before anything is written.
+func ValidateReceipt(r Receipt) error {
+	switch r.Source {
+	case ReceiptSourceStandardWebhooks, ReceiptSourceTwilio:
+	default:
+		return &InputError{Field: "receipt source", Reason: fmt.Sprintf("%q is not one this service verifies", r.Source)}
+	}
+	switch r.Kind {
+	case ReceiptAccepted, ReceiptDelivered, ReceiptBounced, ReceiptComplained, ReceiptUndelivered:
+	default:
+		return &InputError{Field: "receipt kind", Reason: fmt.Sprintf("%q is not a receipt kind", r.Kind)}
+	}
+	if r.HardBounce && r.Kind != ReceiptBounced {
+		return &InputError{Field: "receipt", Reason: "a hard bounce is a BOUNCED receipt"}
+	}
+	if err := checkPrintable("receipt event id", r.EventID, MaxIDLength); err != nil {
+		return err
+	}
+	if r.TaskID <= 0 && r.ProviderMsgID == "" {
+		return &InputError{Field: "receipt", Reason: "it carries neither our reference nor the provider's message id"}
+	}
+	if r.ProviderMsgID != "" {
+		return checkPrintable("receipt message id", r.ProviderMsgID, 500)
+	}
+	return nil
+}
+
+func checkPrintable(field, s string, max int) error {
+	if s == "" || utf8.RuneCountInString(s) > max || !utf8.ValidString(s) {
+		return &InputError{Field: field, Reason: fmt.Sprintf("want 1 to %d characters of valid UTF-8", max)}
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return &InputError{Field: field, Reason: "holds a control character"}
+		}
+	}
+	return nil
+}
+
+// RecordReceipt records a verified provider receipt and applies it to its task, in one transaction:
+// the task is found by our reference, else by the provider's message id (none: ErrUnknownReference;
+// more than one: ErrAmbiguousReference; nothing written either way); notifier_apply_receipt settles it as
+// SENT when nobody holds it, notes it when a holder is calling, and never moves a final state; the
+// receipt row keeps what came and what it did. A receipt already recorded (same source and event id)
+// changes nothing and reports Duplicate. With disableOnBounce a hard bounce switches the user's
+// preference on that channel off.
+func (n *Notifier) RecordReceipt(ctx context.Context, r Receipt, disableOnBounce bool) (ReceiptResult, error) {
+	if err := ValidateReceipt(r); err != nil {
+		return ReceiptResult{}, err
+	}
+	var res ReceiptResult
+	err := inTx(ctx, n.pool, func(q *dbgen.Queries) error {
+		id, err := matchReceipt(ctx, q, r)
+		if err != nil {
+			return err
+		}
+		res = ReceiptResult{TaskID: id}
+		applied, err := q.ReceiptApply(ctx, dbgen.ReceiptApplyParams{TaskID: id, ProviderMsgID: optional(r.ProviderMsgID),
+			Note: truncate(fmt.Sprintf("receipt %s %s: %s", r.Source, r.EventID, r.Kind), MaxNoteLength)})
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrUnknownReference // the task went between matching and applying (pruned)
+		}
+		if err != nil {
+			return fmt.Errorf("apply: %w", err)
+		}
+		res.Effect, res.State = ReceiptEffect(applied.Effect), State(applied.State)
+		var occurred *time.Time
+		if !r.OccurredAt.IsZero() {
+			occurred = &r.OccurredAt
+		}
+		_, err = q.ReceiptInsert(ctx, dbgen.ReceiptInsertParams{
+			TaskID: id, Source: r.Source, EventID: r.EventID, Kind: string(r.Kind), HardBounce: r.HardBounce,
+			Effect: applied.Effect, ProviderMsgID: optional(r.ProviderMsgID), OccurredAt: occurred,
+			Detail: optional(truncate(r.Detail, MaxNoteLength)),
+		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			return errDuplicateReceipt // roll back what applying it did: it was applied the first time
+		}
+		if err != nil {
+			return fmt.Errorf("insert: %w", err)
+		}
+		if disableOnBounce && r.HardBounce {
+			_, err := q.ReceiptDisablePref(ctx, id)
+			switch {
+			case err == nil:
+				res.PrefDisabled = true
+			case !errors.Is(err, pgx.ErrNoRows):
+				return fmt.Errorf("disable the bounced preference: %w", err)
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, errDuplicateReceipt) {
+		return ReceiptResult{TaskID: res.TaskID, Duplicate: true}, nil
+	}
+	if err != nil {
+		return ReceiptResult{}, fmt.Errorf("record receipt %s %s: %w", r.Source, r.EventID, err)
+	}
+	return res, nil
+}
+
+var errDuplicateReceipt = errors.New("receipt already recorded")
+
+// matchReceipt finds the task a receipt is about.
+func matchReceipt(ctx context.Context, q *dbgen.Queries, r Receipt) (int64, error) {
+	if r.TaskID > 0 {
+		found, err := q.ReceiptTaskExists(ctx, r.TaskID)
+		if err != nil {
+			return 0, fmt.Errorf("match: %w", err)
+		}
+		if !found {
+			return 0, ErrUnknownReference
+		}
+		return r.TaskID, nil
+	}
+	ids, err := q.ReceiptTasksByProviderMsgID(ctx, r.ProviderMsgID)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("match: %w", err)
+	case len(ids) == 0:
+		return 0, ErrUnknownReference
+	case len(ids) > 1:
+		return 0, ErrAmbiguousReference
+	}
+	return ids[0], nil
+}
+
+// SweepReceipts settles, up to limit at a time, the tasks whose receipt arrived while a holder was
+// calling and that nobody holds any more (notifier receipts runs it every few seconds). It reports how
+// many became SENT.
+func (n *Notifier) SweepReceipts(ctx context.Context, limit int) (int, error) {
+	rows, err := n.q.ReceiptSweep(ctx, int32(limit))
+	if err != nil {
+		return 0, fmt.Errorf("sweep receipts: %w", err)
+	}
+	settled := 0
+	for _, r := range rows {
+		if ReceiptEffect(r.Effect) == ReceiptSettled {
+			settled++
+		}
+	}
+	return settled, nil
+}
+
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}

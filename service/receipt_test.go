@@ -1,0 +1,235 @@
+package service_test
+
+// Receipts (schema/015, service/receipt.go): a provider's receipt is evidence that it had the message.
+// It settles an uncertain or retrying task as SENT when nobody holds it, is noted (and settles later)
+// when a holder is calling, and never moves a final state. One test per moment a receipt can arrive.
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/service"
+)
+
+func delivered(taskID int64, event string) service.Receipt {
+	return service.Receipt{Source: service.ReceiptSourceStandardWebhooks, EventID: event, Kind: service.ReceiptDelivered, TaskID: taskID}
+}
+
+func (e *env) record(r service.Receipt) service.ReceiptResult {
+	e.t.Helper()
+	res, err := e.n.RecordReceipt(e.ctx, r, false)
+	if err != nil {
+		e.t.Fatalf("record receipt: %v", err)
+	}
+	return res
+}
+
+func actions(history []service.AttemptRecord) []service.Action {
+	var out []service.Action
+	for _, a := range history {
+		out = append(out, a.Action)
+	}
+	return out
+}
+
+// Before the timeout: the holder is still calling. The receipt is noted, the holder's own finish records
+// the acceptance, and nothing else happens (no RECEIPT attempt: its finish was the evidence).
+func TestReceiptWhileTheHolderCalls(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "push")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	d := e.dispatcher(dcfg{})
+	a, _, err := d.Claim(e.ctx)
+	is.NoErr(err)
+	is.True(a != nil) // the holder claimed; its call is under way
+	res := e.record(delivered(id, "evt-1"))
+	is.Equal(res.Effect, service.ReceiptNoted) // noted: the holder decides
+	is.Equal(e.task(id).State, service.StateSending)
+	fin, err := d.Finish(e.ctx, a, d.Call(e.ctx, a))
+	is.NoErr(err)
+	is.Equal(fin.Kind, service.ResultSent) // the holder's acceptance
+	settled, err := e.n.SweepReceipts(e.ctx, 10)
+	is.NoErr(err)
+	is.Equal(settled, 0)                                                    // nothing left to settle
+	is.Equal(actions(e.attempts(id)), []service.Action{service.ActionSend}) // one attempt: the call
+}
+
+// After the timeout, with retries left: the task is UNKNOWN and due again. The receipt settles it SENT
+// with a RECEIPT attempt, and the next claim finds nothing: the idempotent resend never happens.
+func TestReceiptAfterTheTimeoutSettles(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "push")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	e.push.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	d := e.dispatcher(dcfg{timeout: clientTimeout})
+	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout) // accepted, answer lost
+	is.Equal(e.task(id).State, service.StateUnknown)
+	res := e.record(delivered(id, "evt-1"))
+	is.Equal(res.Effect, service.ReceiptSettled) // settled by the receipt
+	task := e.task(id)
+	is.Equal(task.State, service.StateSent)
+	is.True(!task.OutcomeUncertain) // the uncertainty is written off, with evidence
+	history := e.attempts(id)
+	is.Equal(actions(history), []service.Action{service.ActionSend, service.ActionReceipt})
+	is.Equal(history[1].Outcome, service.OutcomeReceiptAccepted)
+	held, none, err := d.Claim(e.ctx)
+	is.NoErr(err)
+	is.True(held == nil)                           // no resend
+	is.Equal(none.Kind, service.ResultNothing)
+	is.Equal(e.push.Sends(service.Ref(id)), 1)          // one request on the wire
+}
+
+// After parking: a NONE channel parked the task for a human; the receipt settles it instead.
+func TestReceiptAfterParkingSettles(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	id := secParked(t, e, "u1", "e1")
+	res := e.record(delivered(id, "evt-1"))
+	is.Equal(res.Effect, service.ReceiptSettled)
+	task := e.task(id)
+	is.Equal(task.State, service.StateSent) // no longer waiting for a human
+	is.True(!task.NeedsReview)
+	list, err := e.n.Review(e.ctx, 0, 10)
+	is.NoErr(err)
+	is.Equal(len(list), 0) // review is empty
+}
+
+// After a manual resolution the state is final: a receipt for a task resolved FAILED is kept, changes
+// nothing, and review shows the contradiction; for one resolved SENT it is simply kept.
+func TestReceiptNeverMovesAFinalState(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	failed := secParked(t, e, "u1", "e1")
+	sent := secParked(t, e, "u2", "e2")
+	for id, state := range map[int64]service.State{failed: service.StateFailed, sent: service.StateSent} {
+		changed, err := e.n.ResolveManually(e.ctx, id, state, "checked", "ops")
+		is.NoErr(err)
+		is.True(changed)
+	}
+	res := e.record(delivered(failed, "evt-f"))
+	is.Equal(res.Effect, service.ReceiptContradicts)    // FAILED, but the provider had it
+	is.Equal(e.task(failed).State, service.StateFailed) // final
+	res = e.record(delivered(sent, "evt-s"))
+	is.Equal(res.Effect, service.ReceiptUnchanged)  // SENT already
+	is.Equal(e.task(sent).State, service.StateSent) // final
+	is.Equal(len(e.attempts(failed)), 2)            // no attempt added to either
+	list, err := e.n.Review(e.ctx, 0, 10)
+	is.NoErr(err)
+	is.Equal(len(list), 1) // the contradiction is shown
+	is.Equal(list[0].ID, failed)
+	is.Equal(list[0].Review, service.ReviewLateAccepted)
+}
+
+// The same event twice (a provider's redelivery, or a replay): recorded once, the second changes nothing.
+// Events out of order (delivered before accepted): both kept, the first settles, the second is unchanged.
+func TestReceiptTwiceAndOutOfOrder(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	id := secParked(t, e, "u1", "e1")
+	first := e.record(delivered(id, "evt-1"))
+	is.Equal(first.Effect, service.ReceiptSettled)
+	again := e.record(delivered(id, "evt-1"))
+	is.True(again.Duplicate) // the same event: nothing more
+	accepted := delivered(id, "evt-0")
+	accepted.Kind = service.ReceiptAccepted
+	late := e.record(accepted)
+	is.Equal(late.Effect, service.ReceiptUnchanged)                                              // the earlier event, arriving later
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_receipt WHERE task_id = $1`, id), int64(2)) // both kept, once each
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_attempt WHERE task_id = $1 AND action = 'RECEIPT'`, id), int64(1))
+}
+
+// A receipt for a task we do not have, or by a message id nobody stored, is refused and writes nothing.
+func TestReceiptForAnUnknownTask(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	_, err := e.n.RecordReceipt(e.ctx, delivered(424242, "evt-1"), false)
+	is.True(errors.Is(err, service.ErrUnknownReference)) // unknown reference
+	byID := service.Receipt{Source: service.ReceiptSourceTwilio, EventID: "SM1:delivered", Kind: service.ReceiptDelivered, ProviderMsgID: "SM1"}
+	_, err = e.n.RecordReceipt(e.ctx, byID, false)
+	is.True(errors.Is(err, service.ErrUnknownReference))                  // unknown message id
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_receipt`), int64(0)) // nothing written
+}
+
+// A receipt noted while the holder called, whose finish then left the task to retry (a timeout): the
+// next claim settles it by the receipt instead of calling again. One whose finish parked it (a NONE
+// channel): the receivers' sweep settles it.
+func TestNotedReceiptSettlesAfterTheHolder(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "push", "none")
+	tasks := e.create("u1", "e1", time.Hour, 3)
+	byChannel := map[string]int64{}
+	for _, tr := range tasks {
+		byChannel[tr.Channel] = tr.TaskID
+	}
+	for _, ch := range []string{"none", "push"} {
+		id := byChannel[ch]
+		fake := map[string]*fakes.Channel{"push": e.push, "none": e.none}[ch]
+		fake.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	}
+	d := e.dispatcher(dcfg{timeout: clientTimeout})
+	attempts, _, err := d.ClaimBatch(e.ctx, 2)
+	is.NoErr(err)
+	is.Equal(len(attempts), 2) // both held
+	for _, tr := range tasks {
+		is.Equal(e.record(delivered(tr.TaskID, "evt-"+tr.Channel)).Effect, service.ReceiptNoted)
+	}
+	results, err := d.FinishBatch(e.ctx, attempts, d.CallAll(e.ctx, attempts))
+	is.NoErr(err)
+	for _, r := range results {
+		is.Equal(r.Outcome, service.OutcomeTimeout) // both answers lost
+	}
+	is.True(e.task(byChannel["none"]).NeedsReview)                  // NONE: parked
+	is.Equal(e.task(byChannel["push"]).State, service.StateUnknown) // push: to resend
+
+	claim := runNext(t, d)
+	is.Equal(claim.TaskID, byChannel["push"])
+	is.Equal(claim.Kind, service.ResultSent)             // settled at claim
+	is.Equal(claim.Action, service.ActionReceipt)        // by the receipt
+	is.Equal(e.push.Sends(service.Ref(claim.TaskID)), 1) // not resent
+	settled, err := e.n.SweepReceipts(e.ctx, 10)
+	is.NoErr(err)
+	is.Equal(settled, 1)                                         // the parked one
+	is.Equal(e.task(byChannel["none"]).State, service.StateSent) // settled by the sweep
+}
+
+// A hard bounce switches the user's preference on that channel off, when asked to.
+func TestHardBounceDisablesThePreference(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	id := secParked(t, e, "u1", "e1")
+	bounce := service.Receipt{Source: service.ReceiptSourceStandardWebhooks, EventID: "evt-b", Kind: service.ReceiptBounced,
+		HardBounce: true, TaskID: id}
+	res, err := e.n.RecordReceipt(e.ctx, bounce, true)
+	is.NoErr(err)
+	is.True(res.PrefDisabled) // switched off
+	is.Equal(e.scalar(`SELECT count(*) FROM channel_pref WHERE user_id = 'u1' AND channel = 'none' AND NOT enabled`), int64(1))
+}
+
+// Retention takes a finished task's receipts with it (they are evidence while the task may change,
+// history once it is final), and never those of a task still held.
+func TestPruneTakesReceiptsWithTheirTask(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	settled := secParked(t, e, "u1", "e1")
+	e.record(delivered(settled, "evt-settled"))
+	e.user("u2", "push")
+	held := e.create("u2", "e2", time.Hour, 3)[0].TaskID
+	a, _, err := e.dispatcher(dcfg{}).Claim(e.ctx)
+	is.NoErr(err)
+	is.Equal(a.TaskID, held)
+	e.record(delivered(held, "evt-held")) // noted: the task is still SENDING
+	e.backdate(settled, held)
+	st, err := e.n.Prune(e.ctx, 24*time.Hour, 100, 0)
+	is.NoErr(err)
+	is.Equal(st.Tasks, int64(1))    // the finished task
+	is.Equal(st.Receipts, int64(1)) // with its receipt
+	is.True(!e.exists("delivery_task", settled))
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_receipt WHERE task_id = $1`, held), int64(1)) // the held one's stays
+}

@@ -1,0 +1,234 @@
+package receipts_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/receipts"
+	"github.com/notifierhq/notifier/service/webhook"
+)
+
+// The Standard Webhooks specification's published test vector: any receiver of the specification
+// must accept it.
+const (
+	specSecret    = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	specID        = "msg_p5jXN8AQM9LWM0D4loKWxJek"
+	specTimestamp = 1614265330
+	specBody      = `{"test": 2432232314}`
+	specSignature = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+)
+
+func specKey(t *testing.T) []byte {
+	t.Helper()
+	key, err := webhook.ParseSecret(specSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
+
+func swHeader(id string, ts int64, sig string) http.Header {
+	h := http.Header{}
+	h.Set("webhook-id", id)
+	h.Set("webhook-timestamp", strconv.FormatInt(ts, 10))
+	h.Set("webhook-signature", sig)
+	return h
+}
+
+func TestStandardWebhooksSpecVector(t *testing.T) {
+	is := is.New(t)
+	key := specKey(t)
+	at := time.Unix(specTimestamp, 0)
+	id, ts, err := receipts.VerifyStandardWebhook([][]byte{key}, swHeader(specID, specTimestamp, specSignature), []byte(specBody), at, receipts.DefaultTolerance)
+	is.NoErr(err)         // the specification's vector verifies
+	is.Equal(id, specID)  // the event id is the message id
+	is.True(ts.Equal(at)) // at the signed time
+	other := [][]byte{[]byte("another key, from before a rotation"), key}
+	_, _, err = receipts.VerifyStandardWebhook(other, swHeader(specID, specTimestamp, "v1,bm90IGl0 "+specSignature), []byte(specBody), at, receipts.DefaultTolerance)
+	is.NoErr(err) // any listed signature by any key passes (key rotation)
+
+	for name, c := range map[string]struct {
+		header http.Header
+		body   string
+		now    time.Time
+	}{
+		"tampered body":       {swHeader(specID, specTimestamp, specSignature), `{"test": 2432232315}`, at},
+		"other id":            {swHeader("msg_other", specTimestamp, specSignature), specBody, at},
+		"no signature":        {swHeader(specID, specTimestamp, ""), specBody, at},
+		"v2 scheme only":      {swHeader(specID, specTimestamp, strings.Replace(specSignature, "v1,", "v2,", 1)), specBody, at},
+		"stale: 6 min old":    {swHeader(specID, specTimestamp, specSignature), specBody, at.Add(6 * time.Minute)},
+		"from 6 min ahead":    {swHeader(specID, specTimestamp, specSignature), specBody, at.Add(-6 * time.Minute)},
+		"timestamp not a int": {http.Header{"Webhook-Id": {specID}, "Webhook-Timestamp": {"soon"}, "Webhook-Signature": {specSignature}}, specBody, at},
+	} {
+		_, _, err := receipts.VerifyStandardWebhook([][]byte{key}, c.header, []byte(c.body), c.now, receipts.DefaultTolerance)
+		if err == nil {
+			t.Errorf("%s: verified", name)
+		}
+	}
+}
+
+// Twilio's published validator vector (its libraries' tests and documentation).
+func TestTwilioSignatureVector(t *testing.T) {
+	is := is.New(t)
+	params := url.Values{"Digits": {"1234"}, "CallSid": {"CA1234567890ABCDE"}, "To": {"+18005551212"},
+		"Caller": {"+14158675309"}, "From": {"+14158675309"}}
+	const u = "https://mycompany.com/myapp.php?foo=1&bar=2"
+	is.Equal(receipts.TwilioSignature("12345", u, params), "RSOYDt4T1cUTdK1PDd93/VVr8B8=") // the published signature
+	is.True(receipts.VerifyTwilio("12345", u, params, "RSOYDt4T1cUTdK1PDd93/VVr8B8="))
+	is.True(receipts.VerifyTwilio("12345", "https://mycompany.com:443/myapp.php?foo=1&bar=2", params, "RSOYDt4T1cUTdK1PDd93/VVr8B8=")) // with the default port
+	is.True(!receipts.VerifyTwilio("12346", u, params, "RSOYDt4T1cUTdK1PDd93/VVr8B8="))                                                // another token
+	params.Set("Digits", "1235")
+	is.True(!receipts.VerifyTwilio("12345", u, params, "RSOYDt4T1cUTdK1PDd93/VVr8B8=")) // a changed parameter
+}
+
+func TestParseTwilio(t *testing.T) {
+	is := is.New(t)
+	for status, want := range map[string]service.ReceiptKind{
+		"queued": service.ReceiptAccepted, "sent": service.ReceiptAccepted, "delivered": service.ReceiptDelivered,
+		"read": service.ReceiptDelivered, "undelivered": service.ReceiptUndelivered, "failed": service.ReceiptUndelivered,
+	} {
+		r, err := receipts.ParseTwilio(url.Values{"MessageSid": {"SM1"}, "MessageStatus": {status}}, "ntf-task-7")
+		is.NoErr(err)
+		is.Equal(r.Kind, want)             // the status's kind
+		is.Equal(r.TaskID, int64(7))       // matched by our reference
+		is.Equal(r.EventID, "SM1:"+status) // one event per message and status
+		is.Equal(r.ProviderMsgID, "SM1")   // and the provider's id
+	}
+	r, err := receipts.ParseTwilio(url.Values{"MessageSid": {"SM1"}, "MessageStatus": {"undelivered"}, "ErrorCode": {"30005"}}, "")
+	is.NoErr(err)
+	is.Equal(r.Kind, service.ReceiptBounced) // an unknown handset: a hard bounce
+	is.True(r.HardBounce)
+	_, err = receipts.ParseTwilio(url.Values{"MessageSid": {"SM1"}, "MessageStatus": {"exploded"}}, "")
+	is.True(err != nil) // an unknown status is refused
+	_, err = receipts.ParseTwilio(url.Values{"MessageSid": {"SM1"}, "MessageStatus": {"sent"}}, "task-x")
+	is.True(err != nil) // so is a reference that is not ours
+}
+
+// fakeRecorder records what the handler passes on and answers what the test says.
+type fakeRecorder struct {
+	mu       sync.Mutex
+	got      []service.Receipt
+	answer   service.ReceiptResult
+	err      error
+	disabled []bool
+}
+
+func (f *fakeRecorder) RecordReceipt(_ context.Context, r service.Receipt, disable bool) (service.ReceiptResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.got = append(f.got, r)
+	f.disabled = append(f.disabled, disable)
+	return f.answer, f.err
+}
+
+type counted struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counted) add(source, result string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n[source+" "+result]++
+}
+
+// Every refusal is a clear 4xx, nothing reaches the recorder, and each is counted.
+func TestHandlerRefusesUnverifiedCallbacks(t *testing.T) {
+	is := is.New(t)
+	key := specKey(t)
+	now := time.Unix(1_800_000_000, 0)
+	rec := &fakeRecorder{answer: service.ReceiptResult{TaskID: 42, Effect: service.ReceiptSettled, State: service.StateSent}}
+	counts := &counted{n: map[string]int{}}
+	h := receipts.NewHandler(rec, receipts.Config{WebhookKeys: [][]byte{key}, TwilioAuthToken: "tok",
+		PublicURL: &url.URL{Scheme: "https", Host: "receipts.example"}, Now: func() time.Time { return now },
+		OnResult: counts.add, DisableOnBounce: true})
+	body := `{"type":"message.bounced","timestamp":"2027-01-15T08:00:00Z","data":{"ref":"ntf-task-42","bounce":"hard"}}`
+	signed := func(body string, ts time.Time) *http.Request {
+		r := httptest.NewRequest(http.MethodPost, "/receipts/standard-webhooks", strings.NewReader(body))
+		sig := webhook.Sign(key, "msg_1", ts.Unix(), []byte(body))
+		for k, v := range swHeader("msg_1", ts.Unix(), sig) {
+			r.Header[k] = v
+		}
+		return r
+	}
+	do := func(r *http.Request) *httptest.ResponseRecorder {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+
+	w := do(signed(body, now))
+	is.Equal(w.Code, http.StatusOK) // a signed receipt is recorded
+	is.Equal(len(rec.got), 1)
+	is.Equal(rec.got[0], service.Receipt{Source: service.ReceiptSourceStandardWebhooks, EventID: "msg_1",
+		Kind: service.ReceiptBounced, HardBounce: true, TaskID: 42, OccurredAt: time.Date(2027, 1, 15, 8, 0, 0, 0, time.UTC)})
+	is.True(rec.disabled[0]) // with --disable-on-bounce passed on
+	is.True(strings.Contains(w.Body.String(), `"result":"settled"`))
+
+	tampered := signed(body, now)
+	tampered.Body = http.NoBody
+	for name, c := range map[string]struct {
+		r      *http.Request
+		status int
+	}{
+		"bad signature":   {func() *http.Request { r := signed(body, now); r.Header.Set("webhook-signature", "v1,AAAA"); return r }(), 401},
+		"stale timestamp": {signed(body, now.Add(-10*time.Minute)), 401},
+		"body changed":    {tampered, 401},
+		"oversized":       {signed(`{"type":"message.sent","data":{"ref":"ntf-task-1","detail":"`+strings.Repeat("x", receipts.MaxBodyBytes)+`"}}`, now), 413},
+		"unknown type":    {signed(`{"type":"message.opened","data":{"ref":"ntf-task-1"}}`, now), 400},
+		"not JSON":        {signed(`hello`, now), 400},
+		"foreign ref":     {signed(`{"type":"message.sent","data":{"ref":"order-1"}}`, now), 400},
+		"twilio unsigned": {httptest.NewRequest(http.MethodPost, "/receipts/twilio?ref=ntf-task-1", strings.NewReader("MessageSid=SM1&MessageStatus=sent")), 401},
+		"wrong method":    {httptest.NewRequest(http.MethodGet, "/receipts/standard-webhooks", nil), 405},
+	} {
+		w := do(c.r)
+		if w.Code != c.status {
+			t.Errorf("%s: status %d, want %d (%s)", name, w.Code, c.status, w.Body)
+		}
+	}
+	is.Equal(len(rec.got), 1) // no refused callback reached the recorder: nothing written
+
+	rec.err = service.ErrUnknownReference
+	w = do(signed(body, now))
+	is.Equal(w.Code, http.StatusNotFound) // a reference no task has
+	rec.err = nil
+	rec.answer = service.ReceiptResult{TaskID: 42, Duplicate: true}
+	w = do(signed(body, now))
+	is.Equal(w.Code, http.StatusOK) // a replayed event is answered, and changes nothing
+	is.True(strings.Contains(w.Body.String(), `"result":"duplicate"`))
+
+	is.Equal(counts.n["standard-webhooks bad_signature"], 2) // counted by why
+	is.Equal(counts.n["standard-webhooks stale"], 1)
+	is.Equal(counts.n["standard-webhooks too_large"], 1)
+	is.Equal(counts.n["standard-webhooks unknown_type"], 1)
+	is.Equal(counts.n["standard-webhooks unknown_reference"], 1)
+	is.Equal(counts.n["standard-webhooks duplicate"], 1)
+	is.Equal(counts.n["twilio bad_signature"], 1)
+}
+
+// A Twilio callback signed for the public URL the receiver is told (it sits behind a proxy).
+func TestHandlerTwilio(t *testing.T) {
+	is := is.New(t)
+	rec := &fakeRecorder{answer: service.ReceiptResult{TaskID: 9, Effect: service.ReceiptNoted, State: service.StateSending}}
+	h := receipts.NewHandler(rec, receipts.Config{TwilioAuthToken: "tok", PublicURL: &url.URL{Scheme: "https", Host: "receipts.example"}})
+	form := url.Values{"MessageSid": {"SM9"}, "MessageStatus": {"delivered"}, "AccountSid": {"AC1"}}
+	r := httptest.NewRequest(http.MethodPost, "/receipts/twilio?ref=ntf-task-9", strings.NewReader(form.Encode()))
+	r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	r.Header.Set("X-Twilio-Signature", receipts.TwilioSignature("tok", "https://receipts.example/receipts/twilio?ref=ntf-task-9", form))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	is.Equal(w.Code, http.StatusOK) // verified against the public URL
+	is.Equal(rec.got[0].TaskID, int64(9))
+	is.Equal(rec.got[0].Kind, service.ReceiptDelivered)
+	is.True(strings.Contains(w.Body.String(), `"result":"noted"`))
+}
