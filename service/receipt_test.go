@@ -80,9 +80,9 @@ func TestReceiptAfterTheTimeoutSettles(t *testing.T) {
 	is.Equal(history[1].Outcome, service.OutcomeReceiptAccepted)
 	held, none, err := d.Claim(e.ctx)
 	is.NoErr(err)
-	is.True(held == nil)                           // no resend
+	is.True(held == nil) // no resend
 	is.Equal(none.Kind, service.ResultNothing)
-	is.Equal(e.push.Sends(service.Ref(id)), 1)          // one request on the wire
+	is.Equal(e.push.Sends(service.Ref(id)), 1) // one request on the wire
 }
 
 // After parking: a NONE channel parked the task for a human; the receipt settles it instead.

@@ -34,6 +34,20 @@ type DeliveryAttempt struct {
 	Note          *string
 }
 
+type DeliveryReceipt struct {
+	ID            int64
+	TaskID        int64
+	Source        string
+	EventID       string
+	Kind          string
+	HardBounce    bool
+	Effect        string
+	ProviderMsgID *string
+	OccurredAt    *time.Time
+	ReceivedAt    time.Time
+	Detail        *string
+}
+
 type DeliveryTask struct {
 	ID               int64
 	NotificationID   int64
@@ -52,6 +66,7 @@ type DeliveryTask struct {
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
 	UncertainSince   *time.Time
+	ReceiptAt        *time.Time
 }
 
 type Notification struct {
