@@ -76,6 +76,7 @@ func newApp(e *env) *cli.App {
 			prefCommand(e),
 			createCommand(e),
 			workCommand(e),
+			receiptsCommand(e),
 			resolveCommand(e),
 			reviewCommand(e),
 			statusCommand(e),

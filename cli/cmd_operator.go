@@ -105,14 +105,15 @@ func whyUnchanged(ctx context.Context, n *service.Notifier, taskID int64) error 
 func reviewCommand(e *env) *cli.Command {
 	return &cli.Command{
 		Name:      "review",
-		Usage:     "list tasks a human must look at (parked; final but contradicted by a late answer), with their attempts",
+		Usage:     "list tasks a human must look at (parked; final but contradicted by a late answer or a receipt), with their attempts",
 		UsageText: "notifier review [--limit 50] [--after ID]",
 		Description: `Lists, oldest first and with every attempt verbatim, the tasks a human must look at:
   review "PARKED"         state UNKNOWN, needs review: the channel may or may not have accepted the
                           message and the service will not guess. Settle each with notifier resolve.
   review "LATE_ACCEPTED"  state FAILED or SUPPRESSED (final), but a superseded holder's late answer
                           says the channel accepted the message after all (an attempt's late_outcome
-                          is ACCEPTED, ACCEPTED_REPLAY or QUERY_FOUND): the user may have received it.
+                          is ACCEPTED, ACCEPTED_REPLAY or QUERY_FOUND), or a provider's receipt came
+                          (notifier receipts): the user may have received it.
                           The state stays final; there is nothing to resolve, only to know.
 
 Prints JSON lines on stdout, one object per task (nothing when there is none):
@@ -166,7 +167,8 @@ waited (a growing age means workers are missing or failing).
 
 Without --json: an aligned table for people. With --json: one JSON object for scripts:
   {"counts":[{"channel":"push","state":"SENT","parked":false,"tasks":12}],"parked":0,
-   "late_accepted":0,"oldest_ready_seconds":0}
+   "late_accepted":0,"oldest_ready_seconds":0,
+   "receipts":[{"kind":"DELIVERED","effect":"SETTLED","receipts":3}]}
 
 ` + exitCodesHelp,
 		Flags: []cli.Flag{
@@ -187,6 +189,9 @@ Without --json: an aligned table for people. With --json: one JSON object for sc
 			if c.Bool("json") {
 				if st.Counts == nil {
 					st.Counts = []service.StateCount{}
+				}
+				if st.Receipts == nil {
+					st.Receipts = []service.ReceiptCount{}
 				}
 				return e.printJSON(st)
 			}
@@ -210,12 +215,19 @@ func printStatus(e *env, st service.Status) error {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "parked tasks:\t%d\n", st.Parked)
-	fmt.Fprintf(w, "not sent, but a late answer says accepted:\t%d\n", st.LateAccepted)
+	fmt.Fprintf(w, "not sent, but a late answer or a receipt says accepted:\t%d\n", st.LateAccepted)
 	oldest := "none due"
 	if st.OldestReadySeconds > 0 {
 		oldest = fmt.Sprintf("%.1fs", st.OldestReadySeconds)
 	}
 	fmt.Fprintf(w, "oldest due task waiting:\t%s\n", oldest)
+	if len(st.Receipts) > 0 {
+		var parts []string
+		for _, r := range st.Receipts {
+			parts = append(parts, fmt.Sprintf("%s %s %d", r.Kind, r.Effect, r.Receipts))
+		}
+		fmt.Fprintf(w, "receipts (kind, effect):\t%s\n", strings.Join(parts, ", "))
+	}
 	if err := w.Flush(); err != nil {
 		return fmt.Errorf("write status: %w", err)
 	}

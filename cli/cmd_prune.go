@@ -38,7 +38,7 @@ Runs as the tables' owner (the migration user): the roles notifier_creator, noti
 notifier_operator may not DELETE.
 
 Prints one JSON object on stdout:
-  {"tasks":120000,"attempts":131000,"notifications":60000,"batches":181}
+  {"tasks":120000,"attempts":131000,"receipts":90000,"notifications":60000,"batches":181}
 batches counts the transactions that deleted something. With --dry-run nothing is deleted and the
 object says what would go ("dry_run":true; batches: how many batches the tasks would take).
 

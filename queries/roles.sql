@@ -13,7 +13,7 @@ SELECT current_user::text AS user_name,
        (r.rolsuper OR r.rolbypassrls OR pg_has_role(current_user, c.relowner, 'USAGE')
         OR pg_has_role(current_user, 'notifier_creator', 'USAGE'))::bool AS can_create,
        has_function_privilege('notifier_resolve(bigint, text, text, text, text)', 'EXECUTE')::bool AS can_resolve,
-       (has_table_privilege('delivery_receipt', 'INSERT')
+       (has_any_column_privilege('delivery_receipt', 'INSERT')
         AND has_function_privilege('notifier_apply_receipt(bigint, text, text)', 'EXECUTE'))::bool AS can_receive
 FROM pg_catalog.pg_roles r
 CROSS JOIN pg_catalog.pg_class c

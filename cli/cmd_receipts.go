@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/urfave/cli/v2"
+
+	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/receipts"
+	"github.com/notifierhq/notifier/service/webhook"
+)
+
+const receiptsDescription = `Receives providers' delivery callbacks and records them as receipts. A receipt is evidence that
+the provider had the message: a task whose outcome was unknown (parked or not), or that waits for a
+retry, becomes SENT with the receipt as its evidence (a RECEIPT attempt), and is never sent again. A
+task held by a worker is noted and settled as soon as its holder is done (by the next claim, or by this
+command's sweep every --sweep). A final state never moves: a receipt for a FAILED or SUPPRESSED task is
+kept and shown by notifier review (LATE_ACCEPTED). Every receipt is recorded once per provider event.
+
+Endpoints, each served only when its secret is given:
+  POST /receipts/standard-webhooks  Standard Webhooks: webhook-id, webhook-timestamp (within
+                                    --tolerance), webhook-signature v1 (HMAC-SHA256); body
+                                    {"type":"message.delivered","data":{"ref":"ntf-task-42"}}, types
+                                    message.accepted, .sent, .delivered, .bounced (data.bounce hard or
+                                    soft), .complained, .undelivered; or data.provider_msg_id
+  POST /receipts/twilio             Twilio status callbacks (X-Twilio-Signature, computed over
+                                    --public-url + the path and query Twilio called); set the callback
+                                    URL to <public-url>/receipts/twilio?ref=ntf-task-<id>, or match by
+                                    MessageSid (the provider message id the task stored)
+  GET  /metrics                     notifier_receipts_total{source,result}, notifier_receipts_swept_total
+
+Answers: 200 {"result":"settled|noted|unchanged|contradicts|duplicate","task_id":N,"state":...};
+401 bad signature or stale timestamp; 413 body over 64 KiB; 400 malformed body or unknown type;
+404 no task matches; 409 a message id of two tasks; 500 the database failed (the provider retries).
+A refused callback writes nothing.
+
+Secrets come only from the environment or files (--webhook-secret-env/-file: "whsec_" + base64,
+several for a rotation; --twilio-token-env/-file). Runs until SIGTERM or SIGINT. Needs the
+notifier_receiver role.
+
+` + exitCodesHelp
+
+func receiptsCommand(e *env) *cli.Command {
+	return &cli.Command{
+		Name:  "receipts",
+		Usage: "receive signed delivery callbacks from providers; receipts settle unknown outcomes as SENT",
+		UsageText: "notifier receipts --listen ADDR {--webhook-secret-env NAME | --webhook-secret-file F ... |\n" +
+			"   --twilio-token-env NAME | --twilio-token-file F --public-url URL} [--disable-on-bounce] [--sweep 5s] [--tolerance 5m]",
+		Description: receiptsDescription,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "listen", Usage: "address to serve on, e.g. 127.0.0.1:8088 (required)"},
+			&cli.StringSliceFlag{Name: "webhook-secret-env", Usage: "environment variable holding a Standard Webhooks secret (repeatable)"},
+			&cli.StringSliceFlag{Name: "webhook-secret-file", Usage: "file holding a Standard Webhooks secret (repeatable)"},
+			&cli.StringFlag{Name: "twilio-token-env", Usage: "environment variable holding the Twilio auth token"},
+			&cli.StringFlag{Name: "twilio-token-file", Usage: "file holding the Twilio auth token"},
+			&cli.StringFlag{Name: "public-url", Usage: "the scheme and host providers call, e.g. https://receipts.example.com (required with Twilio)"},
+			&cli.BoolFlag{Name: "disable-on-bounce", Usage: "a hard bounce switches the user's preference on that channel off"},
+			&cli.DurationFlag{Name: "sweep", Value: 5 * time.Second, Usage: "how often to settle tasks whose receipt came while they were held"},
+			&cli.DurationFlag{Name: "tolerance", Value: receipts.DefaultTolerance, Usage: "how far a Standard Webhooks timestamp may be from now"},
+		},
+		Action: func(c *cli.Context) error { return serveReceipts(c, e) },
+	}
+}
+
+// receiptsConfig is the validated receipts command line.
+type receiptsConfig struct {
+	listen string
+	sweep  time.Duration
+	h      receipts.Config
+}
+
+func parseReceipts(c *cli.Context, e *env) (receiptsConfig, error) {
+	cfg := receiptsConfig{listen: c.String("listen"), sweep: c.Duration("sweep")}
+	if cfg.listen == "" {
+		return cfg, usagef("receipts: missing required flag --listen")
+	}
+	if _, _, err := net.SplitHostPort(cfg.listen); err != nil {
+		return cfg, usagef("invalid --listen %q: want host:port, e.g. 127.0.0.1:8088", cfg.listen)
+	}
+	if cfg.sweep <= 0 || c.Duration("tolerance") <= 0 {
+		return cfg, usagef("--sweep and --tolerance must be more than 0")
+	}
+	cfg.h = receipts.Config{DisableOnBounce: c.Bool("disable-on-bounce"), Tolerance: c.Duration("tolerance")}
+	var secrets []string
+	for _, name := range c.StringSlice("webhook-secret-env") {
+		v := e.getenv(name)
+		if v == "" {
+			return cfg, usagef("invalid --webhook-secret-env %s: the variable is empty or not set", name)
+		}
+		secrets = append(secrets, v)
+	}
+	for _, f := range c.StringSlice("webhook-secret-file") {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return cfg, usagef("invalid --webhook-secret-file: %v", err)
+		}
+		secrets = append(secrets, strings.TrimSpace(string(b)))
+	}
+	for _, s := range secrets {
+		key, err := webhook.ParseSecret(s)
+		if err != nil {
+			return cfg, usagef("invalid Standard Webhooks secret: %v", err)
+		}
+		cfg.h.WebhookKeys = append(cfg.h.WebhookKeys, key)
+	}
+	switch env, file := c.String("twilio-token-env"), c.String("twilio-token-file"); {
+	case env != "" && file != "":
+		return cfg, usagef("--twilio-token-env and --twilio-token-file: give one")
+	case env != "":
+		if cfg.h.TwilioAuthToken = e.getenv(env); cfg.h.TwilioAuthToken == "" {
+			return cfg, usagef("invalid --twilio-token-env %s: the variable is empty or not set", env)
+		}
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return cfg, usagef("invalid --twilio-token-file: %v", err)
+		}
+		if cfg.h.TwilioAuthToken = strings.TrimSpace(string(b)); cfg.h.TwilioAuthToken == "" {
+			return cfg, usagef("invalid --twilio-token-file %s: empty", file)
+		}
+	}
+	if raw := c.String("public-url"); raw != "" {
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" {
+			return cfg, usagef("invalid --public-url: want https://host[:port][/path], without credentials or query")
+		}
+		cfg.h.PublicURL = u
+	}
+	switch {
+	case len(cfg.h.WebhookKeys) == 0 && cfg.h.TwilioAuthToken == "":
+		return cfg, usagef("receipts: no secret given: --webhook-secret-env/-file for Standard Webhooks, --twilio-token-env/-file for Twilio")
+	case cfg.h.TwilioAuthToken != "" && cfg.h.PublicURL == nil:
+		return cfg, usagef("receipts: --public-url is required with Twilio (its signature covers the URL it called)")
+	}
+	return cfg, nil
+}
+
+func serveReceipts(c *cli.Context, e *env) error {
+	cfg, err := parseReceipts(c, e)
+	if err != nil {
+		return err
+	}
+	pool, err := e.pool(4)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	n := service.NewNotifier(pool)
+	ctx, cancel := e.dbContext(c.Context)
+	err = n.RequireRole(ctx, "receipts", service.RoleReceiver)
+	cancel()
+	if err != nil {
+		if c.Context.Err() != nil {
+			return nil
+		}
+		return err
+	}
+
+	registry := prometheus.NewRegistry()
+	results := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "notifier_receipts_total",
+		Help: "Provider callbacks by source and result: settled, noted, unchanged, contradicts, duplicate, or why refused (bad_signature, stale, too_large, malformed, unknown_type, unknown_reference, ambiguous_reference), or error.",
+	}, []string{"source", "result"})
+	swept := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "notifier_receipts_swept_total",
+		Help: "Tasks settled by a receipt that arrived while a worker held them.",
+	})
+	registry.MustRegister(results, swept, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.h.Logger = e.log
+	cfg.h.RecordTimeout = e.dbTimeout
+	cfg.h.OnResult = func(source, result string) { results.WithLabelValues(source, result).Inc() }
+
+	mux := http.NewServeMux()
+	mux.Handle("/receipts/", receipts.NewHandler(n, cfg.h))
+	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
+	l, err := net.Listen("tcp", cfg.listen)
+	if err != nil {
+		return fmt.Errorf("receipts: %w", err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	e.log.Info("serving receipts", "addr", l.Addr().String(), "standard_webhooks", len(cfg.h.WebhookKeys) > 0,
+		"twilio", cfg.h.TwilioAuthToken != "", "disable_on_bounce", cfg.h.DisableOnBounce)
+
+	tick := time.NewTicker(cfg.sweep)
+	defer tick.Stop()
+	health := true
+	for {
+		select {
+		case err := <-served:
+			return fmt.Errorf("receipts: %w", err)
+		case <-c.Context.Done():
+			e.log.Info("stopping: callbacks in progress finish")
+			sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer scancel()
+			if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("receipts: shut down: %w", err)
+			}
+			e.log.Info("receipts stopped")
+			return nil
+		case <-tick.C:
+			ctx, cancel := e.dbContext(c.Context)
+			settled, err := n.SweepReceipts(ctx, 100)
+			cancel()
+			switch {
+			case err != nil && health:
+				health = false
+				e.log.Error("receipt sweep failing; retrying", "error", err)
+			case err == nil && !health:
+				health = true
+				e.log.Info("receipt sweep recovered")
+			}
+			if settled > 0 {
+				swept.Add(float64(settled))
+				e.log.Info("RECEIPTS SWEPT", "settled", settled)
+			}
+		}
+	}
+}
