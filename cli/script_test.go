@@ -134,7 +134,7 @@ func TestScript(t *testing.T) {
 	r = c.ok("review")
 	is.Equal(r.stdout, "") // resolved tasks leave the review list
 	r = c.ok("status")
-	is.True(strings.Contains(r.stdout, "parked tasks:"))                              // the table has the parked count
+	is.True(strings.Contains(r.stdout, "parked tasks:"))                                           // the table has the parked count
 	is.True(strings.Contains(r.stdout, "not sent, but a late answer or a receipt says accepted:")) // and the contradicted ones
 	r = c.ok("status", "--json")
 	is.True(strings.Contains(r.stdout, `"late_accepted":0`)) // for scripts too
