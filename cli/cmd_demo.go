@@ -4,12 +4,16 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,6 +24,8 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/receipts"
+	"github.com/notifierhq/notifier/service/webhook"
 )
 
 func demoCommand(e *env) *cli.Command {
@@ -36,8 +42,11 @@ notifications. In about fifteen seconds it
   5. runs two "notifier work" processes until every task is settled or parked, then stops them with SIGTERM;
   6. prints a report: per task its state, the outcome of every attempt, and how many messages the fake
      channel really sent.
+  7. plays the none channel's provider: a signed receipt (Standard Webhooks) for the parked task,
+     received by notifier receipts' handler, settles it as SENT with the receipt as its evidence.
 It fails (exit 1) unless the report shows a resend that the channel recognised (ACCEPTED_REPLAY), a
-query that found the message (QUERY_FOUND), a parked task, and no duplicate notification.
+query that found the message (QUERY_FOUND), a parked task, no duplicate notification, and the receipt
+settling the parked task.
 
 ` + exitCodesHelp,
 		Flags: []cli.Flag{
@@ -129,7 +138,65 @@ func runDemo(ctx context.Context, e *env, timeout time.Duration) error {
 	if err := errors.Join(settled, stopErr); err != nil {
 		return err
 	}
-	return report.check(created)
+	if err := report.check(created); err != nil {
+		return err
+	}
+	return demoReceipt(ctx, e, n, report)
+}
+
+// demoReceipt plays the provider of the none channel telling us, in a signed callback, that it
+// delivered the message of a parked task: notifier receipts' handler (in this process, on a key made for
+// the demo) records the receipt and the task becomes SENT, no human needed.
+func demoReceipt(ctx context.Context, e *env, n *service.Notifier, rows demoReportRows) error {
+	var parked int64
+	for _, r := range rows {
+		if r.task.NeedsReview {
+			parked = r.TaskID
+			break
+		}
+	}
+	key := make([]byte, 24)
+	if _, err := rand.Read(key); err != nil {
+		return err
+	}
+	srv := httptest.NewServer(receipts.NewHandler(n, receipts.Config{WebhookKeys: [][]byte{key}, Logger: e.log}))
+	defer srv.Close()
+	body := fmt.Sprintf(`{"type":"message.delivered","data":{"ref":"%s"}}`, service.IdempotencyKey(parked))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/receipts/standard-webhooks", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	id, ts := "demo-receipt-"+strconv.FormatInt(parked, 10), time.Now().Unix()
+	req.Header.Set("webhook-id", id)
+	req.Header.Set("webhook-timestamp", strconv.FormatInt(ts, 10))
+	req.Header.Set("webhook-signature", webhook.Sign(key, id, ts, []byte(body)))
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("demo: post the receipt: %w", err)
+	}
+	resp.Body.Close()
+	dctx, cancel := e.dbContext(ctx)
+	defer cancel()
+	task, err := n.Task(dctx, parked)
+	if err != nil {
+		return err
+	}
+	attempts, err := n.Attempts(dctx, parked)
+	if err != nil {
+		return err
+	}
+	steps := make([]string, len(attempts))
+	for i, a := range attempts {
+		steps[i] = string(a.Action) + ":" + string(a.Outcome)
+	}
+	fmt.Fprintf(e.stdout, "\n== a receipt: the none channel's provider says, in a signed Standard Webhooks callback, that it\n"+
+		"   delivered task %d's message (HTTP %d). The parked task is settled by that evidence, no human needed:\n"+
+		"   task %d: %s, attempts %s\n", parked, resp.StatusCode, parked, task.State, strings.Join(steps, " -> "))
+	if resp.StatusCode != http.StatusOK || task.State != service.StateSent {
+		return fmt.Errorf("demo: the receipt did not settle task %d (HTTP %d, state %s)", parked, resp.StatusCode, task.State)
+	}
+	return nil
 }
 
 // demoCreates submits every event three times concurrently, as a retrying client would.
