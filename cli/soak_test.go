@@ -6,7 +6,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,12 +19,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/receipts"
+	"github.com/notifierhq/notifier/service/webhook"
 )
 
 // The soak runs notifier work processes under faults for a while, drains, and checks the invariants
@@ -108,6 +115,8 @@ func TestSoak(t *testing.T) {
 	for i := range *soakWorkers {
 		s.startWorker(i)
 	}
+	s.receipts = newSoakReceipts(t, n)
+	defer s.receipts.close()
 
 	// Faults: kill, stop/continue and restart workers; duplicate creates; preference toggles; short TTLs;
 	// the database restarted mid-run.
@@ -139,6 +148,19 @@ func TestSoak(t *testing.T) {
 			u, ch := users[pick(len(users))], []string{"push", "sms", "none"}[pick(3)]
 			_, _ = n.SetPreference(ctx, u, ch, u+"@"+ch, chance(0.5))
 		}
+		if chance(0.4) {
+			// A provider's receipt for a message it accepted, now and then the same event again, half
+			// of them for a task not final yet (held, uncertain, parked); and the receivers' sweep.
+			ch := []*fakes.Channel{s.push, s.sms, s.none}[pick(3)]
+			refs := ch.AcceptedRefs()
+			if chance(0.5) {
+				refs = s.unfinished(ch.Kind(), refs)
+			}
+			if len(refs) > 0 {
+				s.receipts.send(refs[pick(len(refs))], chance(0.2))
+			}
+			_, _ = n.SweepReceipts(ctx, 100)
+		}
 		time.Sleep(time.Duration(50+pick(150)) * time.Millisecond)
 	}
 
@@ -148,6 +170,9 @@ func TestSoak(t *testing.T) {
 	}
 	s.continueAll()
 	waitFor(t, 3*time.Minute, "the tasks to drain", func() bool {
+		if _, err := n.SweepReceipts(ctx, 1000); err != nil {
+			return false // receipts noted while their task was held are settled once it is not
+		}
 		var open int64
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM delivery_task
 			WHERE state IN ('PENDING', 'SENDING') OR (state = 'UNKNOWN' AND NOT needs_review)`).Scan(&open); err != nil {
@@ -165,6 +190,8 @@ type soak struct {
 	pool            *pgxpool.Pool
 	n               *service.Notifier
 	push, sms, none *fakes.Channel
+
+	receipts *soakReceipts // a provider's callbacks, through notifier receipts' handler
 
 	mu                             sync.Mutex
 	workers                        map[int]*process
@@ -328,6 +355,9 @@ func (s *soak) check(is *is.I) {
 		"I7 recorded outcome differs from the observation",
 		"I8 more requests on the wire than call attempts",
 		"I8 fewer requests than answered attempts",
+		"I9 a receipt moved a final state",
+		"I9 a task settled by receipt twice",
+		"I9 a parked task has a receipt",
 	}
 	var sent, parked, failed, suppressed, wire, calls, equal int
 	for _, tk := range tasks {
@@ -421,6 +451,21 @@ func (s *soak) check(is *is.I) {
 	}
 	violations["I7 recorded outcome differs from the observation"] += mismatched
 
+	// I9: a receipt is evidence, never a move of a final state. A receipt recorded as CONTRADICTS found
+	// its task FAILED or SUPPRESSED, and the task still is; one recorded as UNCHANGED found it SENT, and
+	// no RECEIPT attempt came after it; no task is settled by receipt twice; and a parked task has no
+	// receipt (the sweep settles those).
+	violations["I9 a receipt moved a final state"] += int(count(`SELECT count(*) FROM delivery_receipt r
+		JOIN delivery_task t ON t.id = r.task_id
+		WHERE (r.effect = 'CONTRADICTS' AND t.state NOT IN ('FAILED', 'SUPPRESSED'))
+		   OR (r.effect = 'UNCHANGED' AND (t.state <> 'SENT' OR EXISTS (SELECT FROM delivery_attempt a
+		       WHERE a.task_id = t.id AND a.action = 'RECEIPT' AND a.finished_at > r.received_at)))`))
+	violations["I9 a task settled by receipt twice"] += int(count(`SELECT count(*) FROM (SELECT task_id FROM delivery_attempt
+		WHERE action = 'RECEIPT' GROUP BY task_id HAVING count(*) > 1) d`))
+	violations["I9 a parked task has a receipt"] += int(count(`SELECT count(*) FROM delivery_task t
+		WHERE t.needs_review AND EXISTS (SELECT FROM delivery_receipt r WHERE r.task_id = t.id)`))
+	s.receipts.log(count)
+
 	s.mu.Lock()
 	s.t.Logf("soak counts: worker kills %d, stops %d, worker starts %d, database restarts %d, events created %d, duplicate submissions %d",
 		s.kills, s.stops, s.starts, s.restarts, s.creates, s.duplicates)
@@ -452,4 +497,86 @@ func tail(s string, n int) string {
 		return s
 	}
 	return s[len(s)-n:]
+}
+
+// unfinished keeps the refs among refs whose task of channel kind is not final yet.
+func (s *soak) unfinished(kind fakes.Kind, refs []string) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rows, err := s.pool.Query(ctx, `SELECT 'task-' || id FROM delivery_task
+		WHERE channel = $1 AND state IN ('PENDING', 'SENDING', 'UNKNOWN') AND 'task-' || id = ANY ($2)`, string(kind), refs)
+	if err != nil {
+		return nil // the database may be restarting
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil
+	}
+	return out
+}
+
+// soakReceipts plays the providers' receipts: signed Standard Webhooks callbacks, posted to notifier
+// receipts' handler (in this process, on the owner's pool) for messages the fakes accepted.
+type soakReceipts struct {
+	t    *testing.T
+	srv  *httptest.Server
+	key  []byte
+	mu   sync.Mutex
+	sent []string // event ids posted, for a repeat now and then
+	ok   int      // answered 200 (recorded, or recognised as a duplicate)
+}
+
+func newSoakReceipts(t *testing.T, n *service.Notifier) *soakReceipts {
+	key := []byte("soak receipts signing key, 24+")
+	return &soakReceipts{t: t, key: key, srv: httptest.NewServer(receipts.NewHandler(n, receipts.Config{
+		WebhookKeys: [][]byte{key}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))}
+}
+
+func (r *soakReceipts) close() { r.srv.Close() }
+
+// send posts a receipt for ref (task-<id>): a new event, or with repeat one already posted.
+func (r *soakReceipts) send(ref string, repeat bool) {
+	r.mu.Lock()
+	id := fmt.Sprintf("soak-evt-%d", len(r.sent))
+	if repeat && len(r.sent) > 0 {
+		id = r.sent[len(r.sent)/2]
+	} else {
+		r.sent = append(r.sent, id)
+	}
+	r.mu.Unlock()
+	kind := []string{"message.sent", "message.delivered", "message.bounced"}[len(id)%3]
+	body := fmt.Sprintf(`{"type":%q,"data":{"ref":%q}}`, kind, "ntf-"+ref)
+	if repeat {
+		body = fmt.Sprintf(`{"type":"message.delivered","data":{"ref":%q}}`, "ntf-"+ref) // a replay need not say the same
+	}
+	req, err := http.NewRequest(http.MethodPost, r.srv.URL+"/receipts/standard-webhooks", strings.NewReader(body))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	ts := time.Now().Unix()
+	req.Header.Set("webhook-id", id)
+	req.Header.Set("webhook-timestamp", strconv.FormatInt(ts, 10))
+	req.Header.Set("webhook-signature", webhook.Sign(r.key, id, ts, []byte(body)))
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		return
+	}
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		r.mu.Lock()
+		r.ok++
+		r.mu.Unlock()
+	}
+}
+
+func (r *soakReceipts) log(count func(string, ...any) int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.t.Logf("soak counts: receipts posted %d (answered 200: %d), recorded %d: settled %d, noted %d, unchanged %d, contradicts %d; tasks settled by receipt %d",
+		len(r.sent), r.ok, count(`SELECT count(*) FROM delivery_receipt`),
+		count(`SELECT count(*) FROM delivery_receipt WHERE effect = 'SETTLED'`),
+		count(`SELECT count(*) FROM delivery_receipt WHERE effect = 'NOTED'`),
+		count(`SELECT count(*) FROM delivery_receipt WHERE effect = 'UNCHANGED'`),
+		count(`SELECT count(*) FROM delivery_receipt WHERE effect = 'CONTRADICTS'`),
+		count(`SELECT count(*) FROM delivery_attempt WHERE action = 'RECEIPT'`))
 }
