@@ -1,0 +1,214 @@
+package worker_test
+
+// The seed's cases (docs/testing.md#seed-cases) through the streaming loop, as `notifier work` runs
+// them: one worker.Run with a window of calls, claims and finishes grouped, against the fakes and a real
+// database. service/seed_test.go proves each case cycle by cycle; here the same expectations hold when
+// claims, calls and finishes overlap.
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/httpchannel"
+	"github.com/notifierhq/notifier/worker"
+)
+
+// streamWorld is a database, the three fakes, and a streaming worker serving them.
+type streamWorld struct {
+	pool            *pgxpool.Pool
+	n               *service.Notifier
+	push, sms, none *fakes.Channel
+}
+
+// newStreamWorld starts the fakes; run starts the loop (after the test has scripted them).
+func newStreamWorld(t *testing.T) *streamWorld {
+	t.Helper()
+	w := &streamWorld{pool: pgtest.NewDB(t)}
+	w.n = service.NewNotifier(w.pool)
+	w.push, w.sms, w.none = fakes.Start(fakes.Push), fakes.Start(fakes.SMS), fakes.Start(fakes.None)
+	t.Cleanup(func() { w.push.Close(); w.sms.Close(); w.none.Close() })
+	return w
+}
+
+// run starts workers streaming loops (each its own dispatcher) with a client timeout of 400 ms, the
+// seed's, and a first retry after 50 ms, until the test ends.
+func (w *streamWorld) run(t *testing.T, workers int, modes map[string]service.Mode) {
+	t.Helper()
+	w.runWith(t, workers, modes, 50*time.Millisecond)
+}
+
+func (w *streamWorld) runWith(t *testing.T, workers int, modes map[string]service.Mode, backoff time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := range workers {
+		routes := map[string]service.Route{}
+		for name, ch := range map[string]*fakes.Channel{"push": w.push, "sms": w.sms, "none": w.none} {
+			client, err := httpchannel.New(ch.URL(), httpchannel.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mode := map[string]service.Mode{"push": service.ModeIdempotent, "sms": service.ModeQueryable, "none": service.ModeNone}[name]
+			if m, ok := modes[name]; ok {
+				mode = m
+			}
+			routes[name] = service.Route{Mode: mode, Client: client}
+		}
+		d, err := service.NewDispatcher(w.pool, service.DispatcherConfig{
+			Worker: "w-stream-" + string(rune('a'+i)), Routes: routes, Lease: 10 * time.Second, CallTimeout: 400 * time.Millisecond,
+			Backoff: service.Backoff{Base: backoff, Max: 10 * backoff},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			worker.Run(ctx, d, worker.Config{MaxInFlight: 16, Batch: 8, Poll: 20 * time.Millisecond,
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		}()
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+}
+
+func (w *streamWorld) create(t *testing.T, user, event string, ttl time.Duration, maxAttempts int) []service.TaskRef {
+	t.Helper()
+	_, _, tasks, err := w.n.Create(context.Background(), user, event, "order shipped", ttl, maxAttempts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tasks
+}
+
+func (w *streamWorld) user(t *testing.T, user string, channels ...string) {
+	t.Helper()
+	for _, ch := range channels {
+		if _, err := w.n.SetPreference(context.Background(), user, ch, user+"@"+ch, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func outcomesOf(s taskState) []string {
+	var out []string
+	for _, a := range s.Attempts {
+		out = append(out, a.Outcome)
+	}
+	return out
+}
+
+// T1, T2 (timeouts), N2 (normal delivery), F1 (refused before acceptance), NC2 (the negative control:
+// a channel that cannot dedupe treated as if it could) on one streaming worker at once.
+func TestSeedCasesStreaming(t *testing.T) {
+	is := is.New(t)
+	w := newStreamWorld(t)
+	w.user(t, "u1", "push", "sms")
+	w.user(t, "u2", "push")
+	w.user(t, "u3", "sms")
+	w.user(t, "u4", "none")
+	t1t2 := w.create(t, "u1", "t1-t2", time.Hour, 3) // push then sms (ordered by channel)
+	n2 := w.create(t, "u2", "n2", time.Hour, 3)[0].TaskID
+	f1Retry := w.create(t, "u3", "f1-503", time.Hour, 3)[0].TaskID
+	f1Reject := w.create(t, "u2", "f1-400", time.Hour, 3)[0].TaskID
+	nc2 := w.create(t, "u4", "nc2", time.Hour, 3)[0].TaskID
+	push, sms := t1t2[0].TaskID, t1t2[1].TaskID
+	w.push.ScriptSend(service.Ref(push), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.sms.ScriptSend(service.Ref(sms), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.sms.ScriptSend(service.Ref(f1Retry), fakes.Step{Status: 503})
+	w.push.ScriptSend(service.Ref(f1Reject), fakes.Step{Status: 400})
+	w.none.ScriptSend(service.Ref(nc2), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.run(t, 1, map[string]service.Mode{"none": service.ModeIdempotent}) // NC2: blind resends on none
+
+	got := settle(t, w.pool, push)
+	is.Equal(outcomesOf(got), []string{"TIMEOUT", "ACCEPTED_REPLAY"}) // T1
+	is.Equal(w.push.Sends(service.Ref(push)), 2)                      // 2 sends
+	is.Equal(w.push.Outbound(service.Ref(push)), 1)                   // 1 outbound
+	got = settle(t, w.pool, sms)
+	is.Equal(outcomesOf(got), []string{"TIMEOUT", "QUERY_FOUND"}) // T2
+	is.Equal(w.sms.Outbound(service.Ref(sms)), 1)
+	is.Equal(settle(t, w.pool, n2).State, "SENT") // N2
+	got = settle(t, w.pool, f1Retry)
+	is.Equal(outcomesOf(got), []string{"HTTP_5XX", "ACCEPTED"}) // F1: refused before acceptance, retried
+	got = settle(t, w.pool, f1Reject)
+	is.Equal(got.State, "FAILED") // F1: 400 before acceptance
+	got = settle(t, w.pool, nc2)
+	is.Equal(got.State, "SENT")                    // NC2: one logical notification, SENT
+	is.Equal(w.none.Outbound(service.Ref(nc2)), 2) // damage: the user got it twice
+}
+
+// T3, B1 and B3: where the stream must park, suppress or fail, never write off what went out.
+func TestSeedCasesStreamingParkAndWriteOff(t *testing.T) {
+	is := is.New(t)
+	w := newStreamWorld(t)
+	w.user(t, "u1", "sms")
+	w.user(t, "u2", "push")
+	w.user(t, "u3", "push")
+	t3 := w.create(t, "u1", "t3", time.Hour, 3)[0].TaskID
+	b3 := w.create(t, "u3", "b3", time.Hour, 2)[0].TaskID
+	suppressed := w.create(t, "u2", "b1-pref", time.Hour, 3)[0].TaskID
+	_, err := w.n.SetPreference(context.Background(), "u2", "push", "u2@push", false) // disabled before the claim
+	is.NoErr(err)
+	w.sms.ScriptSend(service.Ref(t3), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.sms.ScriptQuery(service.Ref(t3), fakes.Step{Status: 503}, fakes.Step{Status: 503})
+	w.push.ScriptSend(service.Ref(b3), fakes.Step{Delay: 1200 * time.Millisecond}, fakes.Step{Status: 503})
+	w.run(t, 1, nil)
+
+	got := settle(t, w.pool, t3)
+	is.Equal(outcomesOf(got), []string{"TIMEOUT", "QUERY_FAILED", "QUERY_FAILED"}) // T3
+	is.True(got.Parked)                                                            // parked
+	is.Equal(w.sms.Outbound(service.Ref(t3)), 1)
+	got = settle(t, w.pool, b3)
+	is.Equal(outcomesOf(got), []string{"TIMEOUT", "HTTP_5XX"}) // B3
+	is.Equal(got.State, "UNKNOWN")                             // not FAILED: the first may have gone out
+	is.True(got.Parked)
+	is.Equal(w.push.Outbound(service.Ref(b3)), 1)
+	got = settle(t, w.pool, suppressed)
+	is.Equal(got.State, "SUPPRESSED")                  // B1
+	is.Equal(w.push.Sends(service.Ref(suppressed)), 0) // no call made
+}
+
+// C1 through the stream: four workers with windows drain 40 tasks: every task called once, one message
+// each, one attempt each.
+func TestSeedC1Streaming(t *testing.T) {
+	is := is.New(t)
+	w := newStreamWorld(t)
+	w.user(t, "u1", "push")
+	var ids []int64
+	for i := range 40 {
+		ids = append(ids, w.create(t, "u1", "c1-"+string(rune('a'+i%26))+string(rune('a'+i/26)), time.Hour, 3)[0].TaskID)
+	}
+	w.run(t, 4, nil)
+	for _, id := range ids {
+		got := settle(t, w.pool, id)
+		is.Equal(outcomesOf(got), []string{"ACCEPTED"}) // one attempt each
+	}
+	is.Equal(w.push.TotalSends(), 40)    // 40 requests
+	is.Equal(w.push.TotalOutbound(), 40) // 40 messages
+}
+
+// B2 through the stream: sms, TTL 2 s, the first call accepted then timed out, the retry 2.5 s later:
+// the notification has expired by then, and the task is parked, not FAILED (the first call went out).
+func TestSeedB2Streaming(t *testing.T) {
+	is := is.New(t)
+	w := newStreamWorld(t)
+	w.user(t, "u1", "sms")
+	b2 := w.create(t, "u1", "b2", 2*time.Second, 3)[0].TaskID
+	w.sms.ScriptSend(service.Ref(b2), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.runWith(t, 1, nil, 2500*time.Millisecond)
+	got := settle(t, w.pool, b2)
+	is.Equal(outcomesOf(got), []string{"TIMEOUT", "TTL_EXPIRED_UNCERTAIN"}) // B2
+	is.Equal(got.State, "UNKNOWN")                                          // not FAILED
+	is.True(got.Parked)
+	is.Equal(w.sms.Queries(service.Ref(b2)), 0)  // no query after the expiry
+	is.Equal(w.sms.Outbound(service.Ref(b2)), 1) // the one that went out
+}
