@@ -126,15 +126,7 @@ func TestP2StoppedWorkerIsStale(t *testing.T) {
 	push.ScriptSend(ref, fakes.Step{Delay: 10 * time.Second}) // accepted, answered far too late
 	channel := "push=idempotent," + push.URL()
 
-	a := c.start("work", "--once", "--worker-id", "A", "--channel", channel,
-		"--lease", "1s", "--timeout", "1500ms", "--allow-lease-overlap")
-	waitCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	is.NoErr(push.WaitOutbound(waitCtx, ref, 1))                 // A's send was accepted
-	is.NoErr(a.cmd.Process.Signal(syscall.SIGSTOP))              // A freezes mid-call
-	defer func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) }() // never leave it stopped
-
-	waitLeaseExpired(t, pool, taskID)
+	a := stoppedHolder(t, c, pool, push, channel, taskID)
 	r := c.ok("work", "--once", "--worker-id", "B", "--channel", channel, "--timeout", "5s")
 	var b service.Result
 	decode(t, r.stdout, &b)
@@ -186,15 +178,7 @@ func TestP2StaleFinishWhileNewHolderCalls(t *testing.T) {
 		fakes.Step{Delay: 8 * time.Second})  // B: replayed, answered after A's finish has landed
 	channel := "push=idempotent," + push.URL()
 
-	a := c.start("work", "--once", "--worker-id", "A", "--channel", channel,
-		"--lease", "1s", "--timeout", "1500ms", "--allow-lease-overlap")
-	waitCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	is.NoErr(push.WaitOutbound(waitCtx, ref, 1))                 // A's send was accepted
-	is.NoErr(a.cmd.Process.Signal(syscall.SIGSTOP))              // A freezes mid-call
-	defer func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) }() // never leave it stopped
-
-	waitLeaseExpired(t, pool, taskID)
+	a := stoppedHolder(t, c, pool, push, channel, taskID)
 	b := c.start("work", "--once", "--worker-id", "B", "--channel", channel, "--timeout", "20s", "--lease", "60s")
 	waitFor(t, 20*time.Second, "B's resend to reach the channel", func() bool { return push.Sends(ref) == 2 })
 	task, err := n.Task(ctx, taskID)
@@ -229,6 +213,23 @@ func TestP2StaleFinishWhileNewHolderCalls(t *testing.T) {
 	is.Equal(attempts[0].LateOutcome, service.OutcomeTimeout)    // with A's late observation kept
 	is.Equal(attempts[1].Outcome, service.OutcomeAcceptedReplay) // B's
 	is.Equal(push.Outbound(ref), 1)                              // one message for the user
+}
+
+// stoppedHolder starts worker A (`work --once`, lease 1 s, client timeout 1.5 s: holders may overlap on
+// purpose), waits until the channel accepted its send, SIGSTOPs it mid-call and waits, on the database
+// clock, until its lease has expired. A is continued when the test ends, whatever happens.
+func stoppedHolder(t *testing.T, c notifierCLI, pool *pgxpool.Pool, push *fakes.Channel, channel string, taskID int64) *process {
+	t.Helper()
+	is := is.New(t)
+	a := c.start("work", "--once", "--worker-id", "A", "--channel", channel,
+		"--lease", "1s", "--timeout", "1500ms", "--allow-lease-overlap")
+	waitCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	is.NoErr(push.WaitOutbound(waitCtx, service.Ref(taskID), 1))    // A's send was accepted
+	is.NoErr(a.cmd.Process.Signal(syscall.SIGSTOP))                 // A freezes mid-call
+	t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) }) // never leave it stopped
+	waitLeaseExpired(t, pool, taskID)
+	return a
 }
 
 // logged fails unless one line of a worker's text log has every one of fields.

@@ -197,13 +197,8 @@ func TestClaimIgnoresOtherChannels(t *testing.T) {
 				is.NoErr(err)
 			}
 			// As a worker runs it: prepared, on a generic plan, which cannot see which channel is asked for.
-			_, err = tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`)
-			is.NoErr(err)
-			_, err = tx.Exec(ctx, `PREPARE claim_channel (text, int) AS `+sql)
-			is.NoErr(err)
-			defer func() { _, _ = tx.Exec(context.Background(), `DEALLOCATE claim_channel`) }()
 			is.Equal(args, []any{"push", int64(10)}) // $1 the channel, $2 the limit
-			p := explainClaim(t, tx, `EXECUTE claim_channel('push', 10)`, nil)
+			p := explainGeneric(t, tx, sql, "'push', 10")
 			is.True(p.rootRows >= 1) // the push claim finds its tasks
 			t.Logf("%s: %v rows and %v buffers read from delivery_task", c.name, p.taskRows, p.taskBuffers)
 			if (p.taskRows < 100) != c.perChan {
@@ -254,6 +249,21 @@ func explainClaim(t *testing.T, tx pgx.Tx, sql string, args []any) claimPlan {
 		}
 	})
 	return p
+}
+
+// explainGeneric explains TaskClaim's SQL ($1 the channel, $2 the limit) as a worker runs it: prepared
+// (as pgx prepares every statement) and on the generic plan its connections are set to
+// (plan_cache_mode = force_generic_plan), executed with args.
+func explainGeneric(t *testing.T, tx pgx.Tx, sql, args string) claimPlan {
+	t.Helper()
+	ctx := context.Background()
+	for _, stmt := range []string{`SET LOCAL plan_cache_mode = force_generic_plan`, `PREPARE claim_generic (text, int) AS ` + sql} {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	defer func() { _, _ = tx.Exec(ctx, `DEALLOCATE claim_generic`) }()
+	return explainClaim(t, tx, `EXECUTE claim_generic(`+args+`)`, nil)
 }
 
 // claimPlanNode is the part of an EXPLAIN (FORMAT JSON) node this test reads.
@@ -428,12 +438,7 @@ func TestClaimGenericPlanLooksUpByKey(t *testing.T) {
 			tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 			is.NoErr(err)
 			defer func() { _ = tx.Rollback(context.Background()) }()
-			_, err = tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`)
-			is.NoErr(err) // plan as a worker's prepared statement ends up planned
-			_, err = tx.Exec(ctx, `PREPARE claim_generic (text, int) AS `+c.sql)
-			is.NoErr(err) // prepared, as pgx prepares it
-			defer func() { _, _ = tx.Exec(context.Background(), `DEALLOCATE claim_generic`) }()
-			p := explainClaim(t, tx, `EXECUTE claim_generic('push', 1)`, nil)
+			p := explainGeneric(t, tx, c.sql, "'push', 1")
 			is.Equal(p.rootRows, float64(1)) // one task claimed
 			scansNotification := slices.Contains(p.seqScans, "notification")
 			if scansNotification == c.byIndex {

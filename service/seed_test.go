@@ -441,19 +441,28 @@ func TestLeaseTakeover(t *testing.T) {
 // TestNC3LateFinish is P2's protocol in one process, then the negative control: the late observation
 // of a superseded holder is refused by the token guard (STALE, late_outcome); written with an id-only
 // UPDATE it turns SENT back into UNKNOWN.
-func TestNC3LateFinish(t *testing.T) {
+// supersededHolder plays P2's first half in one process: holder A claims a push task with a 1 s lease,
+// its call is accepted and then times out after 1.5 s, past the lease; the lease has expired when it
+// returns. A's attempt, observation and dispatcher are returned with the task and a dispatcher B.
+func supersededHolder(t *testing.T) (e *env, id int64, a *dispatcher, held *service.Attempt, obs service.Observation, b *dispatcher) {
 	is := is.New(t)
-	e := newEnv(t)
+	is.Helper()
+	e = newEnv(t)
 	e.user("u1", "push")
-	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	id = e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.push.ScriptSend(service.Ref(id), fakes.Step{Hang: true})
-	a := e.dispatcher(dcfg{worker: "w-p2-a", lease: time.Second, timeout: 1500 * time.Millisecond})
+	a = e.dispatcher(dcfg{worker: "w-p2-a", lease: time.Second, timeout: 1500 * time.Millisecond})
 	held, _, err := a.Claim(e.ctx)
 	is.NoErr(err)
-	obs := a.Call(e.ctx, held) // accepted, then no answer: times out after the lease ran out
+	obs = a.Call(e.ctx, held) // accepted, then no answer: times out after the lease ran out
 	is.Equal(obs.Outcome, service.OutcomeTimeout)
 	e.waitDB("(SELECT lease_until < now() FROM delivery_task WHERE id = $1)", id)
-	b := e.dispatcher(dcfg{worker: "w-p2-b"})
+	return e, id, a, held, obs, e.dispatcher(dcfg{worker: "w-p2-b"})
+}
+
+func TestNC3LateFinish(t *testing.T) {
+	is := is.New(t)
+	e, id, a, held, obs, b := supersededHolder(t)
 	is.Equal(runOnce(t, b).Kind, service.ResultSent) // B takes over and completes (ACCEPTED_REPLAY)
 
 	late, err := a.Finish(e.ctx, held, obs)
@@ -493,17 +502,7 @@ func TestNC3LateFinishWhileNewHolderSends(t *testing.T) {
 	for _, guarded := range []bool{true, false} {
 		t.Run(map[bool]string{true: "token guard", false: "negative control: state only"}[guarded], func(t *testing.T) {
 			is := is.New(t)
-			e := newEnv(t)
-			e.user("u1", "push")
-			id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-			e.push.ScriptSend(service.Ref(id), fakes.Step{Hang: true})
-			a := e.dispatcher(dcfg{worker: "w-p2-a", lease: time.Second, timeout: 1500 * time.Millisecond})
-			heldA, _, err := a.Claim(e.ctx)
-			is.NoErr(err)
-			obsA := a.Call(e.ctx, heldA) // accepted, then no answer: times out after the lease ran out
-			is.Equal(obsA.Outcome, service.OutcomeTimeout)
-			e.waitDB("(SELECT lease_until < now() FROM delivery_task WHERE id = $1)", id)
-			b := e.dispatcher(dcfg{worker: "w-p2-b"})
+			e, id, a, heldA, obsA, b := supersededHolder(t)
 			heldB, _, err := b.Claim(e.ctx)
 			is.NoErr(err)
 			is.True(heldB != nil) // B holds the task now, and has not called yet
