@@ -54,6 +54,7 @@ func pruneHistory(t *testing.T, pool *pgxpool.Pool) {
 type pruneJSON struct {
 	Tasks         int64 `json:"tasks"`
 	Attempts      int64 `json:"attempts"`
+	Receipts      int64 `json:"receipts"`
 	Notifications int64 `json:"notifications"`
 	Batches       int64 `json:"batches"`
 	DryRun        bool  `json:"dry_run"`

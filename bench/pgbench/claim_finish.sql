@@ -25,7 +25,7 @@ BEGIN ISOLATION LEVEL READ COMMITTED;
 -- TaskClaim (queries/delivery_task.sql)
 WITH lease_expired AS (
     SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
-           t.attempt_token, t.uncertain_since, t.updated_at
+           t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
     FROM delivery_task t
     WHERE t.channel = 'push'::text
       AND t.state = 'SENDING'
@@ -35,7 +35,7 @@ WITH lease_expired AS (
     FOR UPDATE OF t SKIP LOCKED
 ), due AS (
     SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
-           t.attempt_token, t.uncertain_since, t.updated_at
+           t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
     FROM delivery_task t
     WHERE t.channel = 'push'::text
       AND t.next_attempt_at IS NOT NULL
@@ -57,6 +57,7 @@ SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attem
        n.body,
        n.expires_at,
        (n.expires_at <= now())::bool    AS expired,
+       (t.receipt_at IS NOT NULL)::bool AS receipt_noted,
        extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
 FROM locked t
 CROSS JOIN LATERAL (
