@@ -182,9 +182,12 @@ type Status struct {
 	// ReviewLateAccepted; notifier review lists them).
 	LateAccepted       int64   `json:"late_accepted"`
 	OldestReadySeconds float64 `json:"oldest_ready_seconds"`
+	// RateLimits are the channels' rate-limit buckets (schema/014), as they stand now.
+	RateLimits []Bucket `json:"rate_limits"`
 }
 
-// Status counts tasks by channel and state and measures how long the oldest due task has waited.
+// Status counts tasks by channel and state, measures how long the oldest due task has waited, and lists
+// the rate limits.
 func (n *Notifier) Status(ctx context.Context) (Status, error) {
 	rows, err := n.q.TaskCountByChannelState(ctx)
 	if err != nil {
@@ -202,6 +205,9 @@ func (n *Notifier) Status(ctx context.Context) (Status, error) {
 	}
 	if s.OldestReadySeconds, err = n.q.TaskOldestReady(ctx); err != nil {
 		return Status{}, fmt.Errorf("oldest ready task: %w", err)
+	}
+	if s.RateLimits, err = n.RateLimits(ctx); err != nil {
+		return Status{}, err
 	}
 	return s, nil
 }
