@@ -288,7 +288,7 @@ func TestRateLimitClaimIgnoresThrottledBacklog(t *testing.T) {
 }
 
 // tracedDispatcher is a push dispatcher on pool with the given limit, configured as `work` does.
-func tracedDispatcher(t *testing.T, e *env, pool *pgxpool.Pool, limit service.RateLimit) *service.Dispatcher {
+func tracedDispatcher(t testing.TB, e *env, pool *pgxpool.Pool, limit service.RateLimit) *service.Dispatcher {
 	t.Helper()
 	routes := map[string]service.Route{"push": {Mode: service.ModeIdempotent,
 		Client: answering{Outcome: service.OutcomeAccepted}, RateLimit: limit}}
@@ -548,3 +548,52 @@ func TestParseRate(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkClaimRateLimited is BenchmarkClaim on a channel with a rate limit that never runs out: one
+// claim of one task per iteration, with RateLimitPeek and RateLimitTake in its transaction. lock-us/op
+// is how long the claim held the channel's bucket locked (from RateLimitTake's start to the claim's
+// return, which follows its COMMIT): the time other workers' claims of that channel wait.
+//
+//	go test -run '^$' -bench 'BenchmarkClaim' -benchtime=2000x ./service/
+func BenchmarkClaimRateLimited(b *testing.B) {
+	e := newEnv(b)
+	e.dueTasks(b.N)
+	timer := &takeTimer{}
+	cfg, err := pgxpool.ParseConfig(e.workerPool.Config().ConnString())
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = timer
+	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	d := tracedDispatcher(b, e, pool, service.RateLimit{PerSecond: service.MaxRate, Burst: service.MaxRate})
+	var held time.Duration
+	b.ResetTimer()
+	for range b.N {
+		attempts, _, err := d.ClaimBatch(e.ctx, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		held += time.Since(timer.started.Load().(time.Time))
+		if len(attempts) != 1 {
+			b.Fatalf("claimed %d tasks, want 1", len(attempts))
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(held.Microseconds())/float64(b.N), "lock-us/op")
+}
+
+// takeTimer notes when RateLimitTake was last sent.
+type takeTimer struct{ started atomic.Value }
+
+func (t *takeTimer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.HasPrefix(data.SQL, "-- name: RateLimitTake ") {
+		t.started.Store(time.Now())
+	}
+	return ctx
+}
+
+func (t *takeTimer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
