@@ -59,7 +59,13 @@ burst = `+strconv.Itoa(burst)+`
 	for i, p := range workers {
 		addrs[i] = metricsAddr(t, p)
 	}
-	waitFor(t, 60*time.Second, "every task delivered", func() bool { return push.TotalOutbound() >= tasks })
+	waitFor(t, 90*time.Second, "every task delivered or given up", func() bool {
+		var open int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM delivery_task WHERE state IN ('PENDING', 'SENDING')`).Scan(&open); err != nil {
+			t.Fatal(err)
+		}
+		return open == 0
+	})
 	var limited, paused, claims float64
 	for _, addr := range addrs {
 		body := scrape(t, "http://"+addr+"/metrics")
@@ -72,6 +78,7 @@ burst = `+strconv.Itoa(burst)+`
 	}
 
 	times := push.AcceptedAt()
+	t.Logf("%d accepted, %d answered 429", len(times), push.TotalThrottled())
 	is.Equal(len(times), tasks) // each task accepted once
 	steady := float64(tasks-burst) / times[tasks-1].Sub(times[burst-1]).Seconds()
 	t.Logf("%d deliveries at %.2f/s after the burst (%.2fs in all); %d answered 429; %v claims held back by the bucket",
