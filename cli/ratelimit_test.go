@@ -100,6 +100,17 @@ burst = `+strconv.Itoa(burst)+`
 	is.Equal(len(st.RateLimits), 1) // status shows the bucket
 	is.Equal(st.RateLimits[0], service.Bucket{Channel: "push", PerSecond: rate, Burst: burst,
 		Tokens: st.RateLimits[0].Tokens}) // as configured
+	table := c.ok("status").stdout
+	is.True(strings.Contains(table, "RATE/S")) // and in the table for people
+	row := false
+	for _, line := range strings.Split(table, "\n") {
+		f := strings.Fields(line)
+		row = row || len(f) == 5 && f[0] == "push" && f[1] == "20" && f[2] == "10" && f[4] == "-"
+	}
+	if !row {
+		t.Logf("status:\n%s", table)
+	}
+	is.True(row) // push, 20/s, burst 10, some tokens, not paused
 }
 
 // metricValue is the value of one sample line of a Prometheus text exposition, 0 when absent.

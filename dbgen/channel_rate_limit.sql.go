@@ -74,8 +74,9 @@ type RateLimitListRow struct {
 	PausedSeconds float64
 }
 
-// Every bucket as it stands now, for notifier status: its rate, burst, whole and partial tokens, and how
-// much longer it is paused (0 when it is not), on the database clock.
+// Every bucket as it stands now, for notifier status, and for `work` at start to learn which of its
+// channels have one (those its claims consult): rate, burst, whole and partial tokens, and how much
+// longer it is paused (0 when it is not), on the database clock.
 func (q *Queries) RateLimitList(ctx context.Context) ([]RateLimitListRow, error) {
 	rows, err := q.db.Query(ctx, RateLimitList)
 	if err != nil {
@@ -140,9 +141,8 @@ type RateLimitPeekRow struct {
 	Tokens  float64
 }
 
-// The claim's first statement on a worker with limited channels (and `work` at start, to learn which of
-// its channels have a bucket): the tokens each bucket of @channels could grant now, read by primary
-// key without a lock. The claim locks no more of a channel's tasks than there are whole tokens, and
+// The claim's first statement on a worker with limited channels: the tokens each bucket of @channels
+// could grant now, read by primary key without a lock. The claim locks no more of a channel's tasks than there are whole tokens, and
 // does not look at a channel with less than one: a throttled backlog costs one index probe per claim
 // (TestRateLimitClaimIgnoresThrottledBacklog). It is only an estimate: RateLimitTake decides.
 func (q *Queries) RateLimitPeek(ctx context.Context, channels []string) ([]RateLimitPeekRow, error) {

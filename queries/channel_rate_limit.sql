@@ -19,9 +19,8 @@ SET rate        = excluded.rate,
 RETURNING b.channel, b.rate, b.burst, b.tokens, b.paused_until;
 
 -- name: RateLimitPeek :many
--- The claim's first statement on a worker with limited channels (and `work` at start, to learn which of
--- its channels have a bucket): the tokens each bucket of @channels could grant now, read by primary
--- key without a lock. The claim locks no more of a channel's tasks than there are whole tokens, and
+-- The claim's first statement on a worker with limited channels: the tokens each bucket of @channels
+-- could grant now, read by primary key without a lock. The claim locks no more of a channel's tasks than there are whole tokens, and
 -- does not look at a channel with less than one: a throttled backlog costs one index probe per claim
 -- (TestRateLimitClaimIgnoresThrottledBacklog). It is only an estimate: RateLimitTake decides.
 SELECT b.channel::text AS channel,
@@ -73,8 +72,9 @@ SET paused_until = greatest(paused_until, now() + make_interval(secs => @pause_s
 WHERE channel = @channel::text;
 
 -- name: RateLimitList :many
--- Every bucket as it stands now, for notifier status: its rate, burst, whole and partial tokens, and how
--- much longer it is paused (0 when it is not), on the database clock.
+-- Every bucket as it stands now, for notifier status, and for `work` at start to learn which of its
+-- channels have one (those its claims consult): rate, burst, whole and partial tokens, and how much
+-- longer it is paused (0 when it is not), on the database clock.
 SELECT b.channel, b.rate, b.burst,
        rate_limit_tokens(b.tokens, b.rate, b.burst, b.refilled_at, b.paused_until)::float8 AS tokens,
        coalesce(greatest(0, extract(epoch FROM b.paused_until - now())), 0)::float8 AS paused_seconds

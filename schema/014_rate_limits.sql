@@ -21,7 +21,8 @@
 --                       commits, so a claim that rolls back gives its tokens back.
 --   RateLimitPause      after a 429: empty the bucket and pause it until the Retry-After has passed
 --                       (1 s without one), for every worker.
---   RateLimitList       notifier status.
+--   RateLimitList       notifier status, and `notifier work` at start: which of its channels have a
+--                       bucket (its claims consult exactly those).
 CREATE TABLE channel_rate_limit (
     channel      text        NOT NULL,
     rate         float8      NOT NULL, -- tokens per second

@@ -407,22 +407,21 @@ type Handoff struct {
 }
 
 // FinishBatchThenClaim is FinishBatch followed by ClaimBatch with one round trip fewer: TaskFinish
-// travels in the same write as the claim's BEGIN and TaskClaim, in its own implicit transaction ahead
-// of them (prelude). The finish commits before the claim begins; a failed claim does not undo it and a
-// failed finish does not stop the claim. A worker that is stopping calls FinishBatch alone instead.
-// On connections that do not prepare statements (pipelines) it is FinishBatch then ClaimBatch.
+// travels in the same write as the claim's BEGIN and first statement, in its own implicit transaction
+// ahead of them (prelude). The finish commits before the claim begins; a failed claim does not undo it
+// and a failed finish does not stop the claim. A worker that is stopping calls FinishBatch alone
+// instead. On connections that do not prepare statements (pipelines) it is FinishBatch then
+// ClaimBatch. As in FinishBatch, a 429 on a rate-limited channel first pauses that channel.
 func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attempt, obs []Observation, limit int) Handoff {
+	d.pauseThrottled(ctx, attempts, obs) // before the claim, so that the claim sees the pause
 	var h Handoff
-	if !d.pipelines {
-		h.Finished, h.FinishErr = d.FinishBatch(ctx, attempts, obs) // pauses first
-		h.Next, h.Settled, h.ClaimErr = d.ClaimBatch(ctx, limit)
-		return h
-	}
-	d.pauseThrottled(ctx, attempts, obs) // before the claim below, so that it sees the pause
 	apart := func() Handoff {
 		h.Finished, h.FinishErr = d.finishBatch(ctx, attempts, obs)
 		h.Next, h.Settled, h.ClaimErr = d.ClaimBatch(ctx, limit)
 		return h
+	}
+	if !d.pipelines {
+		return apart()
 	}
 	params, results, err := d.finishParams(attempts, obs)
 	if err != nil {

@@ -92,14 +92,17 @@ func (d *Dispatcher) ConfigureRateLimits(ctx context.Context) ([]Bucket, error) 
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.DBTimeout)
 	defer cancel()
 	q := dbgen.New(d.pool)
+	var set []string
 	for _, ch := range d.channels {
+		if r := d.cfg.Routes[ch].RateLimit; r != (RateLimit{}) {
+			if err := r.Check(); err != nil {
+				return nil, fmt.Errorf("rate limit of %s: %w", ch, err) // before anything is written
+			}
+			set = append(set, ch)
+		}
+	}
+	for _, ch := range set {
 		r := d.cfg.Routes[ch].RateLimit
-		if r == (RateLimit{}) {
-			continue
-		}
-		if err := r.Check(); err != nil {
-			return nil, fmt.Errorf("rate limit of %s: %w", ch, err)
-		}
 		if _, err := q.RateLimitConfigure(ctx, dbgen.RateLimitConfigureParams{Channel: ch, Rate: r.PerSecond, Burst: r.Burst}); err != nil {
 			return nil, fmt.Errorf("configure the rate limit of %s: %w", ch, err)
 		}
