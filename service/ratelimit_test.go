@@ -598,3 +598,35 @@ func (t *takeTimer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.T
 }
 
 func (t *takeTimer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A limited channel's claim waits on the database four times instead of two: BEGIN with RateLimitPeek,
+// TaskClaim, RateLimitTake, TaskStartAttempts with COMMIT. A throttled one costs what an idle claim
+// costs: BEGIN with the peek, then COMMIT.
+func TestRateLimitClaimRoundTrips(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.backlog("u1", "push", "t-", 5)
+	cfg, err := pgxpool.ParseConfig(e.workerPool.Config().ConnString())
+	is.NoErr(err)
+	trips := &roundTrips{}
+	cfg.ConnConfig.DialFunc = trips.dial
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
+	is.NoErr(err)
+	t.Cleanup(pool.Close)
+	d := tracedDispatcher(t, e, pool, service.RateLimit{PerSecond: slow, Burst: 1})
+	claim := func() (int, int64) {
+		start := trips.n.Load()
+		attempts, _, err := d.ClaimBatch(e.ctx, 1)
+		is.NoErr(err)
+		return len(attempts), trips.n.Load() - start
+	}
+	claim() // statements prepared
+	e.setTokens("push", 1)
+	n, rt := claim()
+	is.Equal(n, 1)         // a task claimed with the token
+	is.Equal(rt, int64(4)) // in four round trips
+	n, rt = claim()
+	is.Equal(n, 0)         // no token
+	is.Equal(rt, int64(2)) // two round trips, TaskClaim not sent
+}
