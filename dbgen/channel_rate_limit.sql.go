@@ -7,10 +7,9 @@ package dbgen
 
 import (
 	"context"
-	"time"
 )
 
-const RateLimitConfigure = `-- name: RateLimitConfigure :one
+const RateLimitConfigure = `-- name: RateLimitConfigure :exec
 
 INSERT INTO channel_rate_limit AS b (channel, rate, burst, tokens)
 VALUES ($1::text, $2::float8, $3::float8, $3::float8)
@@ -20,21 +19,12 @@ SET rate        = excluded.rate,
     tokens      = least(excluded.burst, rate_limit_tokens(b.tokens, b.rate, b.burst, b.refilled_at, b.paused_until)),
     refilled_at = greatest(b.refilled_at, now()),
     updated_at  = greatest(b.updated_at, now())
-RETURNING b.channel, b.rate, b.burst, b.tokens, b.paused_until
 `
 
 type RateLimitConfigureParams struct {
 	Channel string
 	Rate    float64
 	Burst   float64
-}
-
-type RateLimitConfigureRow struct {
-	Channel     string
-	Rate        float64
-	Burst       float64
-	Tokens      float64
-	PausedUntil *time.Time
 }
 
 // Per-channel rate limits shared by every worker (schema/014_rate_limits.sql): one token bucket row per
@@ -45,17 +35,9 @@ type RateLimitConfigureRow struct {
 // A new bucket starts full: up to burst calls may go out at once. An existing one takes the new rate
 // and burst (the last worker to start wins) and keeps what it holds, counted up to now at its old rate
 // and clamped to the new burst; a pause in progress stays.
-func (q *Queries) RateLimitConfigure(ctx context.Context, arg RateLimitConfigureParams) (RateLimitConfigureRow, error) {
-	row := q.db.QueryRow(ctx, RateLimitConfigure, arg.Channel, arg.Rate, arg.Burst)
-	var i RateLimitConfigureRow
-	err := row.Scan(
-		&i.Channel,
-		&i.Rate,
-		&i.Burst,
-		&i.Tokens,
-		&i.PausedUntil,
-	)
-	return i, err
+func (q *Queries) RateLimitConfigure(ctx context.Context, arg RateLimitConfigureParams) error {
+	_, err := q.db.Exec(ctx, RateLimitConfigure, arg.Channel, arg.Rate, arg.Burst)
+	return err
 }
 
 const RateLimitList = `-- name: RateLimitList :many
@@ -142,9 +124,10 @@ type RateLimitPeekRow struct {
 }
 
 // The claim's first statement on a worker with limited channels: the tokens each bucket of @channels
-// could grant now, read by primary key without a lock. The claim locks no more of a channel's tasks than there are whole tokens, and
-// does not look at a channel with less than one: a throttled backlog costs one index probe per claim
-// (TestRateLimitClaimIgnoresThrottledBacklog). It is only an estimate: RateLimitTake decides.
+// could grant now, read by primary key without a lock. The claim locks no more of a channel's tasks
+// than there are whole tokens, and does not look at a channel with less than one: a throttled backlog
+// costs one index probe per claim (TestRateLimitClaimIgnoresThrottledBacklog). It is only an estimate:
+// RateLimitTake decides.
 func (q *Queries) RateLimitPeek(ctx context.Context, channels []string) ([]RateLimitPeekRow, error) {
 	rows, err := q.db.Query(ctx, RateLimitPeek, channels)
 	if err != nil {

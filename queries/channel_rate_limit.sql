@@ -3,7 +3,7 @@
 -- limit. None of these statements reads or writes a task: a limit decides how many of a channel's tasks
 -- a claim may call, never what happens to a task.
 
--- name: RateLimitConfigure :one
+-- name: RateLimitConfigure :exec
 -- `notifier work` at start, for a channel with rate_limit in its channels file (autocommit, one row).
 -- A new bucket starts full: up to burst calls may go out at once. An existing one takes the new rate
 -- and burst (the last worker to start wins) and keeps what it holds, counted up to now at its old rate
@@ -15,14 +15,14 @@ SET rate        = excluded.rate,
     burst       = excluded.burst,
     tokens      = least(excluded.burst, rate_limit_tokens(b.tokens, b.rate, b.burst, b.refilled_at, b.paused_until)),
     refilled_at = greatest(b.refilled_at, now()),
-    updated_at  = greatest(b.updated_at, now())
-RETURNING b.channel, b.rate, b.burst, b.tokens, b.paused_until;
+    updated_at  = greatest(b.updated_at, now());
 
 -- name: RateLimitPeek :many
 -- The claim's first statement on a worker with limited channels: the tokens each bucket of @channels
--- could grant now, read by primary key without a lock. The claim locks no more of a channel's tasks than there are whole tokens, and
--- does not look at a channel with less than one: a throttled backlog costs one index probe per claim
--- (TestRateLimitClaimIgnoresThrottledBacklog). It is only an estimate: RateLimitTake decides.
+-- could grant now, read by primary key without a lock. The claim locks no more of a channel's tasks
+-- than there are whole tokens, and does not look at a channel with less than one: a throttled backlog
+-- costs one index probe per claim (TestRateLimitClaimIgnoresThrottledBacklog). It is only an estimate:
+-- RateLimitTake decides.
 SELECT b.channel::text AS channel,
        rate_limit_tokens(b.tokens, b.rate, b.burst, b.refilled_at, b.paused_until)::float8 AS tokens
 FROM channel_rate_limit b

@@ -103,7 +103,7 @@ func (d *Dispatcher) ConfigureRateLimits(ctx context.Context) ([]Bucket, error) 
 	}
 	for _, ch := range set {
 		r := d.cfg.Routes[ch].RateLimit
-		if _, err := q.RateLimitConfigure(ctx, dbgen.RateLimitConfigureParams{Channel: ch, Rate: r.PerSecond, Burst: r.Burst}); err != nil {
+		if err := q.RateLimitConfigure(ctx, dbgen.RateLimitConfigureParams{Channel: ch, Rate: r.PerSecond, Burst: r.Burst}); err != nil {
 			return nil, fmt.Errorf("configure the rate limit of %s: %w", ch, err)
 		}
 	}
