@@ -417,7 +417,7 @@ func TestRateLimit429PausesEveryWorker(t *testing.T) {
 		is.Equal(r.Outcome, service.OutcomeThrottled) // both throttled
 		is.Equal(r.Kind, service.ResultPending)       // refused before acceptance: retried
 	}
-	is.Equal(pauses, []pause{{"push", 2 * time.Second, nil}})                                                        // only the limited channel is paused
+	is.Equal(pauses, []pause{{"push", 2 * time.Second, nil}})                                                                     // only the limited channel is paused
 	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE next_attempt_at >= updated_at + interval '2 seconds'`), int64(2)) // each throttled task waits for its Retry-After too
 	pushBucket := e.bucket("push")
 	is.Equal(pushBucket.pause, 2.0)  // for its Retry-After, on the database clock
