@@ -158,17 +158,19 @@ Page with --after set to the last task_id printed.
 func statusCommand(e *env) *cli.Command {
 	return &cli.Command{
 		Name:      "status",
-		Usage:     "count tasks by channel and state; parked tasks; age of the oldest due task",
+		Usage:     "count tasks by channel and state; parked tasks; age of the oldest due task; rate limits",
 		UsageText: "notifier status [--json]",
 		Description: `Prints a snapshot for operators: the number of tasks per channel and state (parked UNKNOWN
 tasks separately), the number of parked tasks, the number of FAILED or SUPPRESSED tasks that a late
 answer says were accepted (see notifier review, LATE_ACCEPTED), and how long the oldest due task has
-waited (a growing age means workers are missing or failing).
+waited (a growing age means workers are missing or failing), and each channel's rate limit: its
+rate, burst, the calls it would let out now (tokens) and how much longer a 429 pauses it.
 
 Without --json: an aligned table for people. With --json: one JSON object for scripts:
   {"counts":[{"channel":"push","state":"SENT","parked":false,"tasks":12}],"parked":0,
    "late_accepted":0,"oldest_ready_seconds":0,
-   "receipts":[{"kind":"DELIVERED","effect":"SETTLED","receipts":3}]}
+   "receipts":[{"kind":"DELIVERED","effect":"SETTLED","receipts":3}],
+   "rate_limits":[{"channel":"push","rate_per_second":50,"burst":50,"tokens":12.5,"paused_seconds":0}]}
 
 ` + exitCodesHelp,
 		Flags: []cli.Flag{
@@ -192,6 +194,9 @@ Without --json: an aligned table for people. With --json: one JSON object for sc
 				}
 				if st.Receipts == nil {
 					st.Receipts = []service.ReceiptCount{}
+				}
+				if st.RateLimits == nil {
+					st.RateLimits = []service.Bucket{}
 				}
 				return e.printJSON(st)
 			}
@@ -227,6 +232,17 @@ func printStatus(e *env, st service.Status) error {
 			parts = append(parts, fmt.Sprintf("%s %s %d", r.Kind, r.Effect, r.Receipts))
 		}
 		fmt.Fprintf(w, "receipts (kind, effect):\t%s\n", strings.Join(parts, ", "))
+	}
+	if len(st.RateLimits) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "CHANNEL\tRATE/S\tBURST\tTOKENS\tPAUSED")
+		for _, b := range st.RateLimits {
+			paused := "-"
+			if b.PausedFor > 0 {
+				paused = fmt.Sprintf("%.1fs more", b.PausedFor)
+			}
+			fmt.Fprintf(w, "%s\t%g\t%g\t%.1f\t%s\n", b.Channel, b.PerSecond, b.Burst, b.Tokens, paused)
+		}
 	}
 	if err := w.Flush(); err != nil {
 		return fmt.Errorf("write status: %w", err)

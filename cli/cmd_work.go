@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -47,12 +48,14 @@ MODE says what the channel's contract allows after a call without an answer:
 --channels-file FILE reads channels from a TOML file instead of (or as well as) --channel: real
 channel kinds (http, webhook = Standard Webhooks, webpush = Web Push with VAPID, smtp = email)
 and their contract (idempotency_window, query_settle, max_in_flight_age,
-server_errors_uncertain, resend_with_topic). Example:
+server_errors_uncertain, resend_with_topic), and a rate limit per channel (rate_limit, burst).
+Example:
   [channels.push]
   kind = "http"
   mode = "idempotent"
   url = "https://push.internal.example"
   idempotency_window = "24h"
+  rate_limit = "50/s"   # shared by every worker; a 429 pauses the channel for all of them
   [channels.email]
   kind = "smtp"
   addr = "smtp.example:587"
@@ -66,6 +69,15 @@ at start: an unknown key, a mode the kind cannot honour (smtp with mode idempote
 inline secret or a channel defined both in the file and by --channel exits 2 with one line naming
 the channel and the key. --ca-file applies to --channel only; the file has ca_file per channel.
 See docs/channels.md#real-channels.
+
+rate_limit = "N/s" (or "/min", "/h") with an optional burst (whole calls at once; default one
+second's worth) limits a channel's calls for all workers together: a token bucket row per channel
+in the database, taken in the claim's transaction, so a task whose channel has no token left is
+not claimed yet. At start the worker writes its limits (the last worker to start wins) and then
+also honours the buckets other workers set on its channels. A 429 on a limited channel pauses it
+for every worker until its Retry-After has passed (1s without one). The burst must hold at least
+one --poll's worth of calls (rate x poll), or an idle worker would claim too seldom to use the
+limit. See docs/operations.md#rate-limits.
 
 --lease must be longer than --timeout plus a margin of max(2s, timeout/2) (claim commit, timer
 slack and the finish transaction), or two workers could call the channel for one task at once;
@@ -264,6 +276,11 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 		d.Routes[spec.Name] = service.Route{Mode: spec.Mode, Client: client}
 		cfg.specs = append(cfg.specs, spec)
 	}
+	if !cfg.once {
+		if err := checkBurstCoversPoll(d.Routes, c.Duration("poll")); err != nil {
+			return workConfig{}, err
+		}
+	}
 	cfg.loop = worker.Config{MaxInFlight: c.Int("max-in-flight"), Batch: c.Int("batch"), Finishers: c.Int("finishers"),
 		Poll: c.Duration("poll"), Logger: e.log}
 	return cfg, nil
@@ -282,6 +299,18 @@ func work(c *cli.Context, e *env) error {
 			cfg.dispatcher.Routes[name] = r
 		}
 		cfg.loop.OnResult = m.onResult
+		cfg.dispatcher.RateLimited = func(channel string) { m.rateLimited.WithLabelValues(channel).Inc() }
+	}
+	log := e.log.With("worker", cfg.dispatcher.Worker)
+	cfg.dispatcher.Paused = func(channel string, pause time.Duration, err error) {
+		if err != nil {
+			log.Error("a 429 could not pause the channel for the other workers", "channel", channel, "error", err)
+			return
+		}
+		log.Info("channel answered 429: paused for every worker", "channel", channel, "pause", pause.String())
+		if m != nil {
+			m.ratePaused.WithLabelValues(channel).Inc()
+		}
 	}
 	pool, err := e.workerPool(int32(cfg.loop.Connections()))
 	if err != nil {
@@ -299,6 +328,10 @@ func work(c *cli.Context, e *env) error {
 	}
 	if err == nil {
 		err = service.CheckPoolShare(ctx, pool)
+	}
+	var buckets []service.Bucket
+	if err == nil {
+		buckets, err = d.ConfigureRateLimits(ctx)
 	}
 	cancel()
 	if err != nil {
@@ -318,7 +351,10 @@ func work(c *cli.Context, e *env) error {
 	for i, s := range cfg.specs {
 		channels[i] = fmt.Sprintf("%s=%s,%s", s.Name, strings.ToLower(string(s.Mode)), redact.URL(s.URL))
 	}
-	log := e.log.With("worker", cfg.dispatcher.Worker)
+	for _, b := range buckets {
+		log.Info("rate limit", "channel", b.Channel, "per_second", b.PerSecond, "burst", b.Burst,
+			"tokens", math.Floor(b.Tokens), "paused_seconds", math.Ceil(b.PausedFor))
+	}
 
 	if cfg.once {
 		log.Debug("worker cycle", "channels", channels, "lease", cfg.dispatcher.Lease.String(), "timeout", cfg.dispatcher.CallTimeout.String())
@@ -342,6 +378,25 @@ func work(c *cli.Context, e *env) error {
 	cfg.loop.Logger = log
 	worker.Run(c.Context, d, cfg.loop)
 	log.Info("worker stopped")
+	return nil
+}
+
+// checkBurstCoversPoll refuses a rate limit whose burst holds less than one --poll's worth of calls: a
+// worker whose claim found no token waits --poll before it claims again, and a bucket that fills up
+// sooner stops filling, so the channel would run below its limit (at most burst per poll).
+func checkBurstCoversPoll(routes map[string]service.Route, poll time.Duration) error {
+	names := make([]string, 0, len(routes))
+	for name := range routes {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		r := routes[name].RateLimit
+		if need := r.PerSecond * poll.Seconds(); r.Burst > 0 && r.Burst < need {
+			return usagef("invalid --channels-file: channel %q: burst %g is less than one --poll %s of rate_limit (%.4g calls): a worker that found no token waits --poll, so the channel would run below its limit; raise burst to at least %d or lower --poll",
+				name, r.Burst, poll, need, int(math.Ceil(need)))
+		}
+	}
 	return nil
 }
 

@@ -21,6 +21,8 @@ type metrics struct {
 	finishes     *prometheus.CounterVec
 	parked       prometheus.Counter
 	setAside     *prometheus.CounterVec
+	rateLimited  *prometheus.CounterVec
+	ratePaused   *prometheus.CounterVec
 	callDuration *prometheus.HistogramVec
 }
 
@@ -47,13 +49,21 @@ func newMetrics() *metrics {
 			Name: "notifier_set_aside_total",
 			Help: "Tasks the database refused to claim for what their own rows hold, set aside so the rest of the queue flows (see the worker's error log and the task's last_error).",
 		}, []string{"channel"}),
+		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "notifier_rate_limited_total",
+			Help: "Claims of a channel its rate limit held back: no token (its tasks were not looked at), or fewer tokens than tasks it could have called.",
+		}, []string{"channel"}),
+		ratePaused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "notifier_rate_paused_total",
+			Help: "429 answers on a rate-limited channel that paused it for every worker (for its Retry-After, 1 s without one).",
+		}, []string{"channel"}),
 		callDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "notifier_call_duration_seconds",
 			Help:    "Duration of channel calls, up to the client timeout.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"channel", "action"}),
 	}
-	m.registry.MustRegister(m.claims, m.calls, m.finishes, m.parked, m.setAside, m.callDuration,
+	m.registry.MustRegister(m.claims, m.calls, m.finishes, m.parked, m.setAside, m.rateLimited, m.ratePaused, m.callDuration,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -17,6 +17,16 @@ type ChannelPref struct {
 	UpdatedAt time.Time
 }
 
+type ChannelRateLimit struct {
+	Channel     string
+	Rate        float64
+	Burst       float64
+	Tokens      float64
+	RefilledAt  time.Time
+	PausedUntil *time.Time
+	UpdatedAt   time.Time
+}
+
 type DeliveryAttempt struct {
 	ID            int64
 	TaskID        int64

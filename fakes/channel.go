@@ -79,9 +79,10 @@ type Step struct {
 
 // Counts is a copy of a channel's per-reference counters.
 type Counts struct {
-	Sends    map[string]int `json:"sends"`
-	Outbound map[string]int `json:"outbound"`
-	Queries  map[string]int `json:"queries"`
+	Sends     map[string]int `json:"sends"`
+	Outbound  map[string]int `json:"outbound"`
+	Queries   map[string]int `json:"queries"`
+	Throttled map[string]int `json:"throttled"` // sends answered 429 by the rate limit (SetRateLimit)
 }
 
 // Channel is one running fake channel. All methods are safe for concurrent use.
@@ -102,6 +103,10 @@ type Channel struct {
 	byKey    map[string]string // Idempotency-Key -> provider id (push only)
 	seq      int
 	changed  chan struct{} // closed and replaced whenever an outbound is recorded
+
+	limit      *bucket        // the provider's rate limit (SetRateLimit); nil: none
+	throttled  map[string]int // sends answered 429 by limit, per ref
+	acceptedAt []time.Time    // when each new outbound message was accepted, in order
 
 	conns atomic.Int64 // TCP connections accepted
 }
@@ -179,16 +184,17 @@ func StartOn(kind Kind, addr string) (*Channel, error) {
 
 func newChannel(kind Kind) *Channel {
 	return &Channel{
-		kind:     kind,
-		done:     make(chan struct{}),
-		sendQ:    queues{byRef: map[string][]Step{}},
-		queryQ:   queues{byRef: map[string][]Step{}},
-		sends:    map[string]int{},
-		outbound: map[string]int{},
-		queries:  map[string]int{},
-		firstID:  map[string]string{},
-		byKey:    map[string]string{},
-		changed:  make(chan struct{}),
+		kind:      kind,
+		done:      make(chan struct{}),
+		sendQ:     queues{byRef: map[string][]Step{}},
+		queryQ:    queues{byRef: map[string][]Step{}},
+		sends:     map[string]int{},
+		outbound:  map[string]int{},
+		queries:   map[string]int{},
+		firstID:   map[string]string{},
+		byKey:     map[string]string{},
+		changed:   make(chan struct{}),
+		throttled: map[string]int{},
 	}
 }
 
@@ -243,6 +249,53 @@ func (c *Channel) SetFallback(send, query func() Step) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sendQ.fallback, c.queryQ.fallback = send, query
+}
+
+// SetRateLimit makes the channel enforce a provider's rate limit of perSecond sends a second, as a token
+// bucket holding one second's worth (at least one), full now: a send that finds no token is answered
+// 429 with Retry-After (whole seconds until the next token) before anything else happens: it takes no
+// scripted step, records no acceptance and is counted by Throttled. Only sends are limited. 0 or less
+// removes the limit.
+func (c *Channel) SetRateLimit(perSecond float64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if perSecond <= 0 {
+		c.limit = nil
+		return
+	}
+	burst := max(1, perSecond)
+	c.limit = &bucket{perSecond: perSecond, burst: burst, tokens: burst, at: time.Now()}
+}
+
+// bucket is a token bucket on the fake's own clock.
+type bucket struct {
+	perSecond, burst, tokens float64
+	at                       time.Time
+}
+
+// take takes a token if there is one; otherwise it returns how long until there is.
+func (b *bucket) take(now time.Time) (ok bool, wait time.Duration) {
+	b.tokens = min(b.burst, b.tokens+b.perSecond*now.Sub(b.at).Seconds())
+	b.at = now
+	if b.tokens >= 1 {
+		b.tokens--
+		return true, 0
+	}
+	return false, time.Duration((1 - b.tokens) / b.perSecond * float64(time.Second))
+}
+
+// Throttled counts the sends for ref that the rate limit answered 429.
+func (c *Channel) Throttled(ref string) int { return c.count(c.throttled, ref) }
+
+// TotalThrottled is Throttled summed over all refs.
+func (c *Channel) TotalThrottled() int { return c.total(c.throttled) }
+
+// AcceptedAt lists when each new outbound message was accepted (replays not included), in order, on
+// the fake's clock: the rate a channel really received.
+func (c *Channel) AcceptedAt() []time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Time(nil), c.acceptedAt...)
 }
 
 // Sends counts POST /send requests for ref, whatever their outcome.
@@ -323,7 +376,8 @@ func (c *Channel) WaitOutbound(ctx context.Context, ref string, n int) error {
 func (c *Channel) Snapshot() Counts {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return Counts{Sends: copyMap(c.sends), Outbound: copyMap(c.outbound), Queries: copyMap(c.queries)}
+	return Counts{Sends: copyMap(c.sends), Outbound: copyMap(c.outbound), Queries: copyMap(c.queries),
+		Throttled: copyMap(c.throttled)}
 }
 
 func copyMap(m map[string]int) map[string]int {

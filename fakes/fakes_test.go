@@ -625,3 +625,42 @@ func TestControlDropStep(t *testing.T) {
 		is.Equal(status, http.StatusBadRequest) // a drop answers nothing, so it cannot also answer
 	}
 }
+
+// SetRateLimit makes the fake enforce a provider's limit: a burst of one second's worth, then sends
+// that find no token are answered 429 with Retry-After before anything else (no acceptance, no scripted
+// step used), counted per ref; once a token has come back, sends are accepted again. Acceptance times
+// are recorded for rate measurements.
+func TestRateLimit(t *testing.T) {
+	is := is.New(t)
+	c := start(t, fakes.Push)
+	c.SetRateLimit(1) // 1/s, burst 1: the next token comes a second after the first send
+	c.ScriptSend("task-2", fakes.Step{Status: 503})
+	status, _ := send(t, c, "task-1")
+	is.Equal(status, http.StatusOK) // the burst
+	resp, err := postSend(http.DefaultClient, c, "task-2", "ntf-task-2")
+	is.NoErr(err)
+	resp.Body.Close()
+	is.Equal(resp.StatusCode, http.StatusTooManyRequests) // over the rate
+	is.Equal(resp.Header.Get("Retry-After"), "1")         // whole seconds until the next token
+	is.Equal(c.Throttled("task-2"), 1)                    // counted
+	is.Equal(c.TotalThrottled(), 1)
+	is.Equal(c.Sends("task-2"), 1)    // as a send
+	is.Equal(c.Outbound("task-2"), 0) // never accepted
+	is.Equal(c.Snapshot().Throttled, map[string]int{"task-2": 1})
+	is.Equal(len(c.AcceptedAt()), 1) // one acceptance recorded
+
+	time.Sleep(1100 * time.Millisecond) // at least a second: a token is back
+	status, _ = send(t, c, "task-2")
+	is.Equal(status, http.StatusServiceUnavailable) // the scripted step was kept for the send the limit let through
+
+	c.SetRateLimit(0) // no limit
+	for i := range 5 {
+		status, _ := send(t, c, fmt.Sprintf("task-%d", 10+i))
+		is.Equal(status, http.StatusOK) // accepted at once
+	}
+	times := c.AcceptedAt()
+	is.Equal(len(times), 6)
+	for i := 1; i < len(times); i++ {
+		is.True(!times[i].Before(times[i-1])) // in order
+	}
+}

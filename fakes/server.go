@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"strconv"
 	"time"
 )
 
@@ -62,6 +64,15 @@ func (c *Channel) handleSend(w http.ResponseWriter, r *http.Request) {
 	}
 	c.mu.Lock()
 	c.sends[req.Ref]++
+	if c.limit != nil {
+		if ok, wait := c.limit.take(time.Now()); !ok {
+			c.throttled[req.Ref]++
+			c.mu.Unlock()
+			secs := int64(math.Ceil(wait.Seconds()))
+			writeStatus(w, Step{Status: http.StatusTooManyRequests, RetryAfter: strconv.FormatInt(max(1, secs), 10)})
+			return
+		}
+	}
 	step := c.sendQ.pop(req.Ref)
 	if step.Status != 0 {
 		c.mu.Unlock()
@@ -91,6 +102,7 @@ func (c *Channel) accept(ref, key string) sendReply {
 		c.firstID[ref] = id
 	}
 	c.outbound[ref]++
+	c.acceptedAt = append(c.acceptedAt, time.Now())
 	close(c.changed)
 	c.changed = make(chan struct{})
 	return sendReply{ID: id}

@@ -211,12 +211,13 @@ func TestClaimIgnoresOtherChannels(t *testing.T) {
 
 // claimPlan is what TestClaimIgnoresHistory reads from one EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON).
 type claimPlan struct {
-	json        string          // the whole plan, indented, for the log
-	rootRows    float64         // rows the query returned
-	seqScans    []string        // relations read by a Seq Scan
-	indexes     map[string]bool // indexes used
-	taskRows    float64         // rows read from delivery_task (returned + removed by filter), all loops
-	taskBuffers float64         // shared buffers hit or read by delivery_task scans
+	json        string             // the whole plan, indented, for the log
+	rootRows    float64            // rows the query returned
+	seqScans    []string           // relations read by a Seq Scan
+	indexes     map[string]bool    // indexes used
+	taskRows    float64            // rows read from delivery_task (returned + removed by filter), all loops
+	taskBuffers float64            // shared buffers hit or read by delivery_task scans
+	rows        map[string]float64 // rows read per relation (returned + removed by filter), all loops
 }
 
 // explain runs the query under EXPLAIN ANALYZE in tx (it really runs: the caller rolls back).
@@ -233,8 +234,11 @@ func explainClaim(t *testing.T, tx pgx.Tx, sql string, args []any) claimPlan {
 		t.Fatalf("explain: want one JSON plan, got %d (%v):\n%s", len(plans), err, raw)
 	}
 	root := plans[0].Plan
-	p := claimPlan{json: claimIndentJSON(raw), rootRows: root.ActualRows, indexes: map[string]bool{}}
+	p := claimPlan{json: claimIndentJSON(raw), rootRows: root.ActualRows, indexes: map[string]bool{}, rows: map[string]float64{}}
 	root.walk(func(n *claimPlanNode) {
+		if n.RelationName != "" && strings.Contains(n.NodeType, "Scan") {
+			p.rows[n.RelationName] += (n.ActualRows + n.RowsRemovedByFilter + n.RowsRemovedByIndexRecheck) * max(n.ActualLoops, 1)
+		}
 		if n.NodeType == "Seq Scan" {
 			p.seqScans = append(p.seqScans, n.RelationName)
 		}
@@ -322,8 +326,8 @@ func claimNamedQuery(t *testing.T, file, name string, args map[string]any) (stri
 	}
 	sql := strings.TrimSpace(strings.Join(lines, "\n"))
 	sql = strings.TrimSuffix(sql, ";")
-	if !strings.Contains(sql, "@channel::text") {
-		t.Fatalf("%s: no @channel::text parameter:\n%s", name, sql)
+	if !strings.Contains(sql, "@channel") {
+		t.Fatalf("%s: no @channel or @channels parameter:\n%s", name, sql)
 	}
 	position := map[string]int{}
 	var values []any

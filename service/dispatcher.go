@@ -14,12 +14,13 @@ import (
 	"github.com/notifierhq/notifier/dbgen"
 )
 
-// Route is one channel a dispatcher serves: its name (as in channel_pref.channel), its contract, and
-// the client that calls it.
+// Route is one channel a dispatcher serves: its name (as in channel_pref.channel), its contract, the
+// client that calls it, and the rate limit this worker sets on it (ConfigureRateLimits).
 type Route struct {
-	Mode     Mode
-	Contract Contract
-	Client   Channel
+	Mode      Mode
+	Contract  Contract
+	Client    Channel
+	RateLimit RateLimit
 }
 
 // DispatcherConfig configures a worker's claim-call-finish cycle.
@@ -30,6 +31,12 @@ type DispatcherConfig struct {
 	CallTimeout time.Duration    // client timeout of one channel call, body included
 	DBTimeout   time.Duration    // bound on one claim or finish transaction
 	Backoff     Backoff
+	// RateLimited, when set, is told each time a claim of a channel was held back by the channel's rate
+	// limit (no token, or fewer than the calls it could have made). Paused is told when a 429 paused a
+	// channel for every worker (err: the pause could not be written). Both run on the goroutine of the
+	// claim or finish: keep them short.
+	RateLimited func(channel string)
+	Paused      func(channel string, pause time.Duration, err error)
 }
 
 // Defaults for fields left zero.
@@ -49,6 +56,9 @@ type Dispatcher struct {
 	channels  []string
 	turn      atomic.Uint32 // which channel the next claim starts with
 	pipelines bool          // the pool's connections can carry a finish ahead of a claim (FinishBatchThenClaim)
+	// The channels whose rate-limit bucket the claims consult, set once by ConfigureRateLimits.
+	limited     map[string]bool
+	limitedList []string
 }
 
 // NewDispatcher checks the configuration and fills defaults.
@@ -175,7 +185,12 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.DBTimeout)
 	defer cancel()
 	err = inClaimTx(ctx, d.pool, pre, func(q *dbgen.Queries, tx *claimTx) error {
-		rows, err := d.lockDue(ctx, q, limit)
+		allowance, err := d.peekTokens(ctx, q)
+		if err != nil {
+			return err
+		}
+		throttled := map[string]bool{}
+		rows, err := d.lockDue(ctx, q, limit, allowance, throttled)
 		if err != nil {
 			return err
 		}
@@ -193,17 +208,24 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 			byID          = make(map[int64]dbgen.TaskClaimRow, len(rows))
 		)
 		for _, row := range rows {
-			if row.LeaseExpired && row.HeldToken != nil {
-				expiredTokens = append(expiredTokens, *row.HeldToken)
-			}
-			dec := Decide(ClaimFacts{
+			decisions[row.ID] = Decide(ClaimFacts{
 				Uncertain: row.OutcomeUncertain, LeaseExpired: row.LeaseExpired,
 				PrefEnabled: row.PrefEnabled, Expired: row.Expired,
 				AttemptCount: int(row.AttemptCount), MaxAttempts: int(row.MaxAttempts),
 				Mode: d.cfg.Routes[row.Channel].Mode, Contract: d.cfg.Routes[row.Channel].Contract,
 				UncertainAge: seconds(row.UncertainAgeSeconds), ReceiptNoted: row.ReceiptNoted,
 			})
-			decisions[row.ID], byID[row.ID] = dec, row
+		}
+		// Calls on a limited channel need a token each; the tasks left without one stay as they are.
+		if rows, err = d.takeTokens(ctx, q, rows, decisions, allowance, throttled); err != nil {
+			return err
+		}
+		for _, row := range rows {
+			if row.LeaseExpired && row.HeldToken != nil {
+				expiredTokens = append(expiredTokens, *row.HeldToken)
+			}
+			dec := decisions[row.ID]
+			byID[row.ID] = row
 			if dec.Kind == ClaimCall {
 				start.IDs = append(start.IDs, row.ID)
 				start.OutcomeUncertain = append(start.OutcomeUncertain, dec.Uncertain)
@@ -259,15 +281,28 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 
 // lockDue locks up to limit due tasks of this worker's channels, one channel at a time (TaskClaim walks
 // one channel's part of the claim indexes), starting with the channel after the one the previous claim
-// started with, so that a busy channel does not starve the others.
-func (d *Dispatcher) lockDue(ctx context.Context, q *dbgen.Queries, limit int) ([]dbgen.TaskClaimRow, error) {
+// started with, so that a busy channel does not starve the others. A channel in allowance (it has a
+// rate-limit bucket) gets no more tasks locked than its whole tokens, and none looked at without one.
+func (d *Dispatcher) lockDue(ctx context.Context, q *dbgen.Queries, limit int, allowance map[string]int, throttled map[string]bool) ([]dbgen.TaskClaimRow, error) {
 	var rows []dbgen.TaskClaimRow
 	start := int(d.turn.Add(1))
 	for i := range d.channels {
 		ch := d.channels[(start+i)%len(d.channels)]
-		got, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channel: ch, MaxTasks: int32(limit - len(rows))})
+		want := limit - len(rows)
+		tokens, limited := allowance[ch]
+		if limited && tokens < 1 {
+			d.rateLimited(ch, throttled)
+			continue
+		}
+		if limited {
+			want = min(want, tokens)
+		}
+		got, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channel: ch, MaxTasks: int32(want)})
 		if err != nil {
 			return rows, fmt.Errorf("lock due tasks of %s: %w", ch, err)
+		}
+		if limited && want < limit-len(rows) && len(got) == want {
+			d.rateLimited(ch, throttled) // as many tasks as tokens: more may be waiting
 		}
 		if rows = append(rows, got...); len(rows) == limit {
 			break
@@ -351,8 +386,15 @@ func (d *Dispatcher) Call(ctx context.Context, a *Attempt) Observation {
 // task's valid one; those attempts get their outcome. Superseded attempts keep their observation as late_outcome and
 // their result is STALE. The results are in the order of attempts. When the server refuses the statement
 // for what a row holds (rowFault), each attempt is finished on its own, so one bad row costs only its own
-// observation: that attempt's result is UNRECORDED.
+// observation: that attempt's result is UNRECORDED. A 429 on a rate-limited channel first pauses that
+// channel for every worker (pauseThrottled).
 func (d *Dispatcher) FinishBatch(ctx context.Context, attempts []*Attempt, obs []Observation) ([]Result, error) {
+	d.pauseThrottled(ctx, attempts, obs)
+	return d.finishBatch(ctx, attempts, obs)
+}
+
+// finishBatch is FinishBatch without the pause.
+func (d *Dispatcher) finishBatch(ctx context.Context, attempts []*Attempt, obs []Observation) ([]Result, error) {
 	params, results, err := d.finishParams(attempts, obs)
 	if err != nil {
 		return nil, err
@@ -377,14 +419,16 @@ type Handoff struct {
 }
 
 // FinishBatchThenClaim is FinishBatch followed by ClaimBatch with one round trip fewer: TaskFinish
-// travels in the same write as the claim's BEGIN and TaskClaim, in its own implicit transaction ahead
-// of them (prelude). The finish commits before the claim begins; a failed claim does not undo it and a
-// failed finish does not stop the claim. A worker that is stopping calls FinishBatch alone instead.
-// On connections that do not prepare statements (pipelines) it is FinishBatch then ClaimBatch.
+// travels in the same write as the claim's BEGIN and first statement, in its own implicit transaction
+// ahead of them (prelude). The finish commits before the claim begins; a failed claim does not undo it
+// and a failed finish does not stop the claim. A worker that is stopping calls FinishBatch alone
+// instead. On connections that do not prepare statements (pipelines) it is FinishBatch then
+// ClaimBatch. As in FinishBatch, a 429 on a rate-limited channel first pauses that channel.
 func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attempt, obs []Observation, limit int) Handoff {
+	d.pauseThrottled(ctx, attempts, obs) // before the claim, so that the claim sees the pause
 	var h Handoff
 	apart := func() Handoff {
-		h.Finished, h.FinishErr = d.FinishBatch(ctx, attempts, obs)
+		h.Finished, h.FinishErr = d.finishBatch(ctx, attempts, obs)
 		h.Next, h.Settled, h.ClaimErr = d.ClaimBatch(ctx, limit)
 		return h
 	}
@@ -408,7 +452,7 @@ func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attem
 	}}
 	h.Next, h.Settled, h.ClaimErr = d.claimBatch(ctx, limit, pre)
 	if !pre.sent { // the claim failed before its first round trip: the finish goes alone
-		h.Finished, h.FinishErr = d.FinishBatch(ctx, attempts, obs)
+		h.Finished, h.FinishErr = d.finishBatch(ctx, attempts, obs)
 		return h
 	}
 	if rowFault(pre.err) {

@@ -48,12 +48,15 @@ func newEnv(t testing.TB) *env {
 
 // dcfg are the knobs tests turn; zero fields get short test defaults.
 type dcfg struct {
-	worker    string
-	lease     time.Duration
-	timeout   time.Duration
-	backoff   time.Duration
-	modes     map[string]service.Mode     // override a channel's declared mode (negative controls)
-	contracts map[string]service.Contract // a channel's contract settings
+	worker     string
+	lease      time.Duration
+	timeout    time.Duration
+	backoff    time.Duration
+	modes      map[string]service.Mode      // override a channel's declared mode (negative controls)
+	contracts  map[string]service.Contract  // a channel's contract settings
+	rateLimits map[string]service.RateLimit // the rate limits this worker sets (ConfigureRateLimits)
+	onRate     func(channel string)         // DispatcherConfig.RateLimited
+	onPause    func(channel string, pause time.Duration, err error)
 }
 
 // testBatch is the claim batch size the seed tests run with: 1 (per task) by default,
@@ -97,13 +100,18 @@ func (e *env) dispatcher(c dcfg) *dispatcher {
 		if m, ok := c.modes[name]; ok {
 			mode = m
 		}
-		routes[name] = service.Route{Mode: mode, Contract: c.contracts[name], Client: client}
+		routes[name] = service.Route{Mode: mode, Contract: c.contracts[name], Client: client, RateLimit: c.rateLimits[name]}
 	}
 	d, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{
 		Worker: c.worker, Routes: routes, Lease: c.lease, CallTimeout: c.timeout,
-		Backoff: service.Backoff{Base: c.backoff, Max: 10 * c.backoff},
+		Backoff:     service.Backoff{Base: c.backoff, Max: 10 * c.backoff},
+		RateLimited: c.onRate, Paused: c.onPause,
 	})
 	if err != nil {
+		e.t.Fatal(err)
+	}
+	// As `notifier work` does at start: write this worker's limits, learn the buckets of its channels.
+	if _, err := d.ConfigureRateLimits(e.ctx); err != nil {
 		e.t.Fatal(err)
 	}
 	return &dispatcher{Dispatcher: d}

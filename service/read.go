@@ -184,6 +184,8 @@ type Status struct {
 	OldestReadySeconds float64 `json:"oldest_ready_seconds"`
 	// Receipts counts providers' receipts (notifier receipts) by kind and what they did to their task.
 	Receipts []ReceiptCount `json:"receipts"`
+	// RateLimits are the channels' rate-limit buckets (schema/014), as they stand now.
+	RateLimits []Bucket `json:"rate_limits"`
 }
 
 // ReceiptCount is the number of receipts of one kind that had one effect.
@@ -193,7 +195,8 @@ type ReceiptCount struct {
 	Receipts int64         `json:"receipts"`
 }
 
-// Status counts tasks by channel and state and measures how long the oldest due task has waited.
+// Status counts tasks by channel and state and receipts by kind, measures how long the oldest due task
+// has waited, and lists the rate limits.
 func (n *Notifier) Status(ctx context.Context) (Status, error) {
 	rows, err := n.q.TaskCountByChannelState(ctx)
 	if err != nil {
@@ -219,6 +222,9 @@ func (n *Notifier) Status(ctx context.Context) (Status, error) {
 	s.Receipts = make([]ReceiptCount, len(receipts))
 	for i, r := range receipts {
 		s.Receipts[i] = ReceiptCount{Kind: ReceiptKind(r.Kind), Effect: ReceiptEffect(r.Effect), Receipts: r.Receipts}
+	}
+	if s.RateLimits, err = n.RateLimits(ctx); err != nil {
+		return Status{}, err
 	}
 	return s, nil
 }

@@ -68,6 +68,7 @@ var schemaBaseline = []string{
 	`INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES (` + schemaBaseNotification + `, 'push', 3)`,
 	`INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES (` + schemaBaseNotification + `, 'sms', 3)`,
 	schemaClaim("push", schemaBaseToken, "SEND"),
+	`INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES ('push', 10, 10, 10)`,
 }
 
 // schemaReceipt records one receipt for the baseline's held push task.
@@ -225,6 +226,28 @@ var schemaViolations = []schemaViolation{
 	{name: "receipt/append-only: truncated", setup: schemaReceipt, sql: `TRUNCATE delivery_receipt`,
 		code: schemaErrIntegrity, constraint: "delivery_receipt_append_only"},
 
+	// channel_rate_limit (schema/014)
+	{"rate/duplicate channel", `INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES ('push', 1, 1, 1)`, schemaErrUnique, "channel_rate_limit_pkey", "", ""},
+	{"rate/channel upper case", `INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES ('SMS', 1, 1, 1)`, schemaErrCheck, "channel_rate_limit_channel_check", "", ""},
+	{"rate/channel of 33 chars", `INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES (repeat('a', 33), 1, 1, 1)`, schemaErrCheck, "channel_rate_limit_channel_check", "", ""},
+	{"rate/rate 0", `UPDATE channel_rate_limit SET rate = 0`, schemaErrCheck, "channel_rate_limit_rate_check", "", ""},
+	{"rate/rate negative", `UPDATE channel_rate_limit SET rate = -1`, schemaErrCheck, "channel_rate_limit_rate_check", "", ""},
+	{"rate/rate over a million a second", `UPDATE channel_rate_limit SET rate = 1000001`, schemaErrCheck, "channel_rate_limit_rate_check", "", ""},
+	{"rate/rate infinite", `UPDATE channel_rate_limit SET rate = 'Infinity'`, schemaErrCheck, "channel_rate_limit_rate_check", "", ""},
+	{"rate/rate NaN", `UPDATE channel_rate_limit SET rate = 'NaN'`, schemaErrCheck, "channel_rate_limit_rate_check", "", ""},
+	{"rate/burst under one", `UPDATE channel_rate_limit SET burst = 0.99, tokens = 0`, schemaErrCheck, "channel_rate_limit_burst_check", "", ""},
+	{"rate/burst over a million", `UPDATE channel_rate_limit SET burst = 1000001`, schemaErrCheck, "channel_rate_limit_burst_check", "", ""},
+	{"rate/burst NaN", `UPDATE channel_rate_limit SET burst = 'NaN'`, schemaErrCheck, "channel_rate_limit_burst_check", "", ""},
+	{"rate/tokens negative", `UPDATE channel_rate_limit SET tokens = -0.001`, schemaErrCheck, "channel_rate_limit_tokens_check", "", ""},
+	{"rate/tokens above burst", `UPDATE channel_rate_limit SET tokens = 10.001`, schemaErrCheck, "channel_rate_limit_tokens_check", "", ""},
+	{"rate/tokens NaN", `UPDATE channel_rate_limit SET tokens = 'NaN'`, schemaErrCheck, "channel_rate_limit_tokens_check", "", ""},
+	{"rate/refilled_at infinite", `UPDATE channel_rate_limit SET refilled_at = 'infinity'`, schemaErrCheck, "channel_rate_limit_refilled_at_check", "", ""},
+	{"rate/updated_at infinite", `UPDATE channel_rate_limit SET updated_at = '-infinity'`, schemaErrCheck, "channel_rate_limit_updated_at_check", "", ""},
+	{"rate/paused over an hour", `UPDATE channel_rate_limit SET paused_until = updated_at + interval '1 hour 1 second'`, schemaErrCheck, "channel_rate_limit_pause_check", "", ""},
+	{"rate/paused forever", `UPDATE channel_rate_limit SET paused_until = 'infinity'`, schemaErrCheck, "channel_rate_limit_pause_check", "", ""},
+	{"rate/rate null", `UPDATE channel_rate_limit SET rate = NULL`, schemaErrNotNull, "", "rate", ""},
+	{"rate/tokens missing", `INSERT INTO channel_rate_limit (channel, rate, burst) VALUES ('sms', 1, 1)`, schemaErrNotNull, "", "tokens", ""},
+
 	// delivery_attempt is append-only (triggers, schema/005): the rules carry a constraint name too.
 	{name: "attempt/append-only: rewrite worker", sql: `UPDATE delivery_attempt SET worker = 'w2'`,
 		code: schemaErrIntegrity, constraint: "delivery_attempt_append_only", column: "worker"},
@@ -312,7 +335,7 @@ func TestSchemaConstraintsAllCovered(t *testing.T) {
 		JOIN pg_class r ON r.oid = c.conrelid
 		JOIN pg_namespace s ON s.oid = r.relnamespace
 		WHERE s.nspname = 'public'
-		  AND r.relname IN ('channel_pref', 'notification', 'delivery_task', 'delivery_attempt')
+		  AND r.relkind = 'r' AND r.relname <> 'schema_migrations' -- every table of ours (dbmate's is not)
 		  AND c.contype IN ('p', 'u', 'f', 'c')
 		ORDER BY c.conname`)
 	is.NoErr(err) // list the schema's constraints
@@ -397,6 +420,11 @@ func TestSchemaBaselineAndBoundariesAreValid(t *testing.T) {
 		// sms and none: settled at claim time, FAILED (expired) and SUPPRESSED (disabled).
 		schemaSettle("sms", "FAILED", "TTL_EXPIRED"),
 		schemaSettle("none", "SUPPRESSED", "PREF_DISABLED"),
+		// Rate limits at their bounds: the largest and smallest rate and burst, empty and full, and
+		// paused for exactly an hour.
+		`INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES (repeat('a', 32), 1000000, 1000000, 1000000)`,
+		`INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES ('a_b-9', 1e-9, 1, 0)`,
+		`UPDATE channel_rate_limit SET paused_until = updated_at + interval '1 hour', tokens = 0 WHERE channel = 'push'`,
 	}
 	for _, stmt := range valid {
 		tag, err := pool.Exec(ctx, stmt)

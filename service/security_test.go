@@ -12,6 +12,7 @@ package service_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -362,12 +363,14 @@ func TestAttemptDeleteOnlyForTerminalTasks(t *testing.T) {
 
 // ---- least privilege (roles and row-level security) ----
 
-var secTables = []string{"channel_pref", "notification", "delivery_task", "delivery_attempt"}
+var secTables = []string{"channel_pref", "notification", "delivery_task", "delivery_attempt", "channel_rate_limit"}
 
 // Every role: no DELETE nor TRUNCATE anywhere (retention will get a role of its own).
 func TestRolesCannotDelete(t *testing.T) {
 	e := newEnv(t)
 	secParked(t, e, "u1", "e1") // one row in every table
+	_, err := e.pool.Exec(e.ctx, `INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES ('none', 1, 1, 1)`)
+	is.New(t).NoErr(err) // and a rate limit
 	for _, role := range []string{"notifier_creator", "notifier_worker", "notifier_operator"} {
 		pool := secRolePool(t, e, role)
 		for _, table := range secTables {
@@ -375,7 +378,59 @@ func TestRolesCannotDelete(t *testing.T) {
 			secDenied(t, pool, `TRUNCATE `+table)
 		}
 	}
-	is.New(t).Equal(e.scalar(`SELECT count(*) FROM delivery_attempt`), int64(1)) // nothing was deleted
+	is.New(t).Equal(e.scalar(`SELECT count(*) FROM delivery_attempt`), int64(1))   // nothing was deleted
+	is.New(t).Equal(e.scalar(`SELECT count(*) FROM channel_rate_limit`), int64(1)) // not even a rate limit
+}
+
+// Rate limits (schema/014): the worker runs every move on the buckets (configure, peek, take, pause) and
+// nothing else: it cannot rename one, set a column the moves do not set, or delete one (lifting a limit
+// is the owner's); the operator reads them (status) and cannot write; the creator cannot even read.
+func TestRateLimitRoles(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	worker := secRolePool(t, e, "notifier_worker")
+	e.user("u1", "push")
+	for i := range 3 {
+		e.create("u1", fmt.Sprintf("e%d", i), time.Hour, 3)
+	}
+	client, err := httpchannel.New(e.push.URL(), httpchannel.Options{})
+	is.NoErr(err)
+	var paused []error
+	d, err := service.NewDispatcher(worker, service.DispatcherConfig{Worker: "w-rate",
+		Routes: map[string]service.Route{"push": {Mode: service.ModeIdempotent, Client: client,
+			RateLimit: service.RateLimit{PerSecond: service.MaxRate, Burst: 2}}},
+		Paused: func(_ string, _ time.Duration, err error) { paused = append(paused, err) }})
+	is.NoErr(err)
+	buckets, err := d.ConfigureRateLimits(e.ctx)
+	is.NoErr(err) // RateLimitConfigure (insert) and RateLimitList as the worker
+	is.Equal(len(buckets), 1)
+	buckets, err = d.ConfigureRateLimits(e.ctx)
+	is.NoErr(err)             // and again: the ON CONFLICT update
+	is.Equal(len(buckets), 1) // the same bucket
+	e.push.ScriptAll(fakes.Step{Status: 429, RetryAfter: "1"})
+	attempts, _, err := d.ClaimBatch(e.ctx, 10)
+	is.NoErr(err)              // RateLimitPeek and RateLimitTake as the worker
+	is.Equal(len(attempts), 2) // the burst
+	_, err = d.FinishBatch(e.ctx, attempts, d.CallAll(e.ctx, attempts))
+	is.NoErr(err)
+	is.Equal(paused, []error{nil})          // RateLimitPause as the worker
+	is.True(e.bucket("push").pausedFor > 0) // paused
+
+	secDenied(t, worker, `UPDATE channel_rate_limit SET channel = 'sms'`)                                                              // no renaming
+	secDenied(t, worker, `INSERT INTO channel_rate_limit (channel, rate, burst, tokens, paused_until) VALUES ('sms', 1, 1, 1, now())`) // only the columns RateLimitConfigure sets
+	secDenied(t, worker, `DELETE FROM channel_rate_limit`)                                                                             // no lifting a limit
+	operator := secRolePool(t, e, "notifier_operator")
+	st, err := service.NewNotifier(operator).Status(e.ctx)
+	is.NoErr(err)                   // status as the operator
+	is.Equal(len(st.RateLimits), 1) // shows the bucket
+	is.Equal(st.RateLimits[0].Channel, "push")
+	is.True(st.RateLimits[0].PausedFor > 0)
+	secDenied(t, operator, `UPDATE channel_rate_limit SET tokens = 0`)
+	secDenied(t, operator, `INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES ('sms', 1, 1, 1)`)
+	creator := secRolePool(t, e, "notifier_creator")
+	secDenied(t, creator, `SELECT * FROM channel_rate_limit`)
+	secDenied(t, creator, `INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES ('sms', 1, 1, 1)`)
+	is.Equal(e.scalar(`SELECT count(*) FROM channel_rate_limit`), int64(1)) // nothing else was written
 }
 
 // The worker runs claim/call/finish in every variant: send, lease takeover, stale finish, claim-time

@@ -10,6 +10,8 @@
 //	query_settle = "30s"          # queryable only: how long a query may miss a fresh message
 //	max_in_flight_age = "1h"      # park a task uncertain for longer than this
 //	server_errors_uncertain = false
+//	rate_limit = "50/s"           # calls per s, min or h, shared by every worker (any kind)
+//	burst = 10                    # calls that may go out at once (default: one second's worth, at least 1)
 //
 // Everything is checked when the file is loaded, so a worker refuses to start rather than fail on
 // its first task: unknown keys, keys that do not apply to the channel's kind, a mode that claims more
@@ -62,6 +64,9 @@ type channel struct {
 	ServerErrorsUncertain bool   `toml:"server_errors_uncertain"`
 	ResendWithTopic       bool   `toml:"resend_with_topic"`
 
+	RateLimit string `toml:"rate_limit"`
+	Burst     *int64 `toml:"burst"`
+
 	// smtp
 	Addr            string `toml:"addr"`
 	StartTLS        string `toml:"starttls"`
@@ -89,7 +94,7 @@ type file struct {
 }
 
 // common keys every kind accepts.
-var common = []string{"kind", "mode", "max_in_flight_age", "server_errors_uncertain"}
+var common = []string{"kind", "mode", "max_in_flight_age", "server_errors_uncertain", "rate_limit", "burst"}
 
 // keysByKind lists the keys each kind accepts besides the common ones.
 var keysByKind = map[string][]string{
@@ -217,11 +222,42 @@ func (l loader) route(name string, c channel) (service.Route, error) {
 	if err != nil {
 		return service.Route{}, err
 	}
+	limit, err := rateLimit(c)
+	if err != nil {
+		return service.Route{}, err
+	}
 	client, err := l.client(c)
 	if err != nil {
 		return service.Route{}, err
 	}
-	return service.Route{Mode: mode, Contract: contract, Client: client}, nil
+	return service.Route{Mode: mode, Contract: contract, Client: client, RateLimit: limit}, nil
+}
+
+// rateLimit reads rate_limit ("50/s", "3000/min", "20000/h") and burst (a whole number of calls, by
+// default one second's worth and at least one).
+func rateLimit(c channel) (service.RateLimit, error) {
+	if c.RateLimit == "" {
+		if c.Burst != nil {
+			return service.RateLimit{}, errors.New("burst: applies only with rate_limit")
+		}
+		return service.RateLimit{}, nil
+	}
+	rate, err := service.ParseRate(c.RateLimit)
+	if err != nil {
+		var bad *service.InputError
+		if errors.As(err, &bad) {
+			err = errors.New("rate_limit " + bad.Reason)
+		}
+		return service.RateLimit{}, err
+	}
+	limit := service.RateLimit{PerSecond: rate, Burst: service.DefaultBurst(rate)}
+	if c.Burst != nil {
+		if *c.Burst < 1 || *c.Burst > service.MaxRate {
+			return service.RateLimit{}, fmt.Errorf("burst %d: want a whole number of calls from 1 to %d", *c.Burst, service.MaxRate)
+		}
+		limit.Burst = float64(*c.Burst)
+	}
+	return limit, nil
 }
 
 func (l loader) mode(c channel, modes []service.Mode) (service.Mode, error) {

@@ -130,6 +130,49 @@ resend_with_topic = true
 	is.True(ok) // webpush client
 }
 
+// rate_limit is "N/s", "N/min" or "N/h", on any kind; burst defaults to one second's worth, at least one.
+func TestConfigRateLimit(t *testing.T) {
+	is := is.New(t)
+	path := writeDir(t, map[string]string{"channels.toml": `
+[channels.push]
+kind = "http"
+mode = "idempotent"
+url = "https://push.internal.example"
+rate_limit = "50/s"
+
+[channels.sms]
+kind = "http"
+mode = "queryable"
+url = "https://sms.internal.example"
+rate_limit = "120/min"
+burst = 10
+
+[channels.slow]
+kind = "http"
+mode = "none"
+url = "https://slow.internal.example"
+rate_limit = "36/h"
+
+[channels.hooks]
+kind = "webhook"
+secret_env = "S"
+rate_limit = "0.5/s"
+burst = 3
+
+[channels.free]
+kind = "http"
+mode = "none"
+url = "https://free.internal.example"
+`})
+	routes, err := channelconfig.Load(path, env(map[string]string{"S": webhookSecret}))
+	is.NoErr(err)                                                                    // valid
+	is.Equal(routes["push"].RateLimit, service.RateLimit{PerSecond: 50, Burst: 50})  // one second's worth
+	is.Equal(routes["sms"].RateLimit, service.RateLimit{PerSecond: 2, Burst: 10})    // per minute, with a burst
+	is.Equal(routes["slow"].RateLimit, service.RateLimit{PerSecond: 0.01, Burst: 1}) // per hour: at least one at once
+	is.Equal(routes["hooks"].RateLimit, service.RateLimit{PerSecond: 0.5, Burst: 3}) // any kind
+	is.Equal(routes["free"].RateLimit, service.RateLimit{})                          // none
+}
+
 func TestConfigSecretsFromEnv(t *testing.T) {
 	is := is.New(t)
 	key := vapidPEM(t)
@@ -200,6 +243,18 @@ func TestConfigInvalid(t *testing.T) {
 		{"smtp without from", "[channels.email]\nkind = \"smtp\"\naddr = \"smtp.example:587\"\n", nil, []string{"addr and from: required"}, ""},
 		{"bad channel name", "[channels.\"Push!\"]\nkind = \"http\"\nmode = \"none\"\nurl = \"https://push.example\"\n", nil, []string{`channel "Push!"`, "invalid name"}, ""},
 		{"empty file", "", nil, []string{"no [channels.NAME] table"}, ""},
+		{"rate limit zero", httpOK + "rate_limit = \"0/s\"\n", nil, []string{"channels.toml", `channel "push"`, `rate_limit "0/s": not positive`}, ""},
+		{"rate limit negative", httpOK + "rate_limit = \"-1/s\"\n", nil, []string{`channel "push"`, `rate_limit "-1/s": not positive`}, ""},
+		{"rate limit words", httpOK + "rate_limit = \"fast\"\n", nil, []string{`channel "push"`, `rate_limit "fast"`, `such as "50/s"`}, ""},
+		{"rate limit without unit", httpOK + "rate_limit = \"50\"\n", nil, []string{`rate_limit "50": no unit`}, ""},
+		{"rate limit per day", httpOK + "rate_limit = \"5000/day\"\n", nil, []string{`rate_limit "5000/day": unknown unit`}, ""},
+		{"rate limit NaN", httpOK + "rate_limit = \"NaN/s\"\n", nil, []string{`rate_limit "NaN/s": not a number`}, ""},
+		{"rate limit too high", httpOK + "rate_limit = \"2000000/s\"\n", nil, []string{`rate_limit "2000000/s": more than 1000000/s`}, ""},
+		{"rate limit a number", httpOK + "rate_limit = 50\n", nil, []string{"rate_limit"}, ""},
+		{"burst zero", httpOK + "rate_limit = \"50/s\"\nburst = 0\n", nil, []string{`channel "push"`, "burst 0: want a whole number of calls from 1"}, ""},
+		{"burst negative", httpOK + "rate_limit = \"50/s\"\nburst = -5\n", nil, []string{"burst -5"}, ""},
+		{"burst fraction", httpOK + "rate_limit = \"50/s\"\nburst = 2.5\n", nil, []string{"burst"}, ""},
+		{"burst without rate limit", httpOK + "burst = 10\n", nil, []string{`channel "push"`, "burst: applies only with rate_limit"}, ""},
 		{"syntax error", "[channels.push\nkind = \"http\"\n", nil, []string{"channels.toml"}, ""},
 	}
 	for _, tc := range cases {

@@ -1,0 +1,251 @@
+package service
+
+// Per-channel rate limits shared by every worker on every machine: one token bucket row per channel
+// (schema/014_rate_limits.sql, queries/channel_rate_limit.sql), taken in the claim's transaction, so a
+// task whose channel has no token left is simply not claimed yet. See docs/operations.md#rate-limits.
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/notifierhq/notifier/dbgen"
+)
+
+// RateLimit is what a worker's channels file sets on a channel: PerSecond calls a second, at most Burst
+// at once. The zero value sets nothing (the worker still honours a bucket another worker set).
+type RateLimit struct {
+	PerSecond float64
+	Burst     float64
+}
+
+// Bounds of a rate limit (the table's CHECKs), and of a pause after a 429.
+const (
+	MaxRate = 1_000_000 // calls a second, and calls in a burst
+	// DefaultThrottlePause is how long a 429 without Retry-After pauses its channel.
+	DefaultThrottlePause = time.Second
+	// MaxThrottlePause caps a pause, as Retry-After is capped for a task (httpkit.MaxRetryAfter).
+	MaxThrottlePause = time.Hour
+)
+
+// ParseRate reads a rate as calls per second: "50/s", "3000/min" or "20000/h", a positive number of
+// calls per unit.
+func ParseRate(s string) (float64, error) {
+	bad := func(why string) error {
+		return &InputError{Field: "rate", Reason: fmt.Sprintf("%q: %s: want a positive number of calls per s, min or h, such as \"50/s\" or \"3000/min\"", s, why)}
+	}
+	count, unit, ok := strings.Cut(strings.TrimSpace(s), "/")
+	if _, err := strconv.ParseFloat(count, 64); !ok && err == nil {
+		return 0, bad("no unit")
+	}
+	n, err := strconv.ParseFloat(strings.TrimSpace(count), 64)
+	if err != nil || math.IsNaN(n) || math.IsInf(n, 0) {
+		return 0, bad("not a number")
+	}
+	if n <= 0 {
+		return 0, bad("not positive")
+	}
+	per := map[string]float64{"s": 1, "min": 60, "h": 3600}[strings.TrimSpace(unit)]
+	if per == 0 {
+		return 0, bad("unknown unit")
+	}
+	if rate := n / per; rate <= MaxRate && rate > 0 {
+		return rate, nil
+	}
+	return 0, bad(fmt.Sprintf("more than %d/s", MaxRate))
+}
+
+// DefaultBurst is the burst of a limit that sets none: one second's worth, at least one call.
+func DefaultBurst(perSecond float64) float64 { return min(MaxRate, max(1, perSecond)) }
+
+// Check refuses a limit the table would refuse.
+func (r RateLimit) Check() error {
+	switch {
+	case !(r.PerSecond > 0 && r.PerSecond <= MaxRate):
+		return &InputError{Field: "rate", Reason: fmt.Sprintf("%v/s: want more than 0 and at most %d/s", r.PerSecond, MaxRate)}
+	case !(r.Burst >= 1 && r.Burst <= MaxRate):
+		return &InputError{Field: "burst", Reason: fmt.Sprintf("%v: want 1 to %d", r.Burst, MaxRate)}
+	}
+	return nil
+}
+
+// Bucket is a channel's rate limit as the database holds it now.
+type Bucket struct {
+	Channel   string  `json:"channel"`
+	PerSecond float64 `json:"rate_per_second"`
+	Burst     float64 `json:"burst"`
+	Tokens    float64 `json:"tokens"`         // whole ones are calls that may go out now
+	PausedFor float64 `json:"paused_seconds"` // after a 429; 0 when not paused
+}
+
+// ConfigureRateLimits writes the rate limits of this worker's routes into their buckets
+// (RateLimitConfigure: a new bucket starts full; for an existing one the last worker to start wins) and
+// learns which of its channels have a bucket, its own or one another worker set: its claims consult
+// exactly those, and a 429 pauses exactly those. `notifier work` calls it once at start, before the
+// first claim; a dispatcher that never calls it consults no bucket. It returns those buckets.
+func (d *Dispatcher) ConfigureRateLimits(ctx context.Context) ([]Bucket, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.DBTimeout)
+	defer cancel()
+	q := dbgen.New(d.pool)
+	var set []string
+	for _, ch := range d.channels {
+		if r := d.cfg.Routes[ch].RateLimit; r != (RateLimit{}) {
+			if err := r.Check(); err != nil {
+				return nil, fmt.Errorf("rate limit of %s: %w", ch, err) // before anything is written
+			}
+			set = append(set, ch)
+		}
+	}
+	for _, ch := range set {
+		r := d.cfg.Routes[ch].RateLimit
+		if err := q.RateLimitConfigure(ctx, dbgen.RateLimitConfigureParams{Channel: ch, Rate: r.PerSecond, Burst: r.Burst}); err != nil {
+			return nil, fmt.Errorf("configure the rate limit of %s: %w", ch, err)
+		}
+	}
+	rows, err := q.RateLimitList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read rate limits: %w", err)
+	}
+	var buckets []Bucket
+	d.limited, d.limitedList = map[string]bool{}, nil
+	for _, r := range rows {
+		if _, mine := d.cfg.Routes[r.Channel]; mine {
+			buckets = append(buckets, bucket(r))
+			d.limited[r.Channel] = true
+			d.limitedList = append(d.limitedList, r.Channel)
+		}
+	}
+	return buckets, nil
+}
+
+func bucket(r dbgen.RateLimitListRow) Bucket {
+	return Bucket{Channel: r.Channel, PerSecond: r.Rate, Burst: r.Burst, Tokens: r.Tokens, PausedFor: r.PausedSeconds}
+}
+
+// RateLimits lists every channel's bucket (notifier status).
+func (n *Notifier) RateLimits(ctx context.Context) ([]Bucket, error) {
+	rows, err := n.q.RateLimitList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read rate limits: %w", err)
+	}
+	buckets := make([]Bucket, len(rows))
+	for i, r := range rows {
+		buckets[i] = bucket(r)
+	}
+	return buckets, nil
+}
+
+// peekTokens is the claim's look at its limited channels' buckets, without a lock (RateLimitPeek): the
+// whole tokens each could grant now. Channels absent from the result have no bucket (any more): no
+// limit. nil when this worker consults no bucket, at no cost.
+func (d *Dispatcher) peekTokens(ctx context.Context, q *dbgen.Queries) (map[string]int, error) {
+	if len(d.limitedList) == 0 {
+		return nil, nil
+	}
+	rows, err := q.RateLimitPeek(ctx, d.limitedList)
+	if err != nil {
+		return nil, fmt.Errorf("read rate limits: %w", err)
+	}
+	allowance := make(map[string]int, len(rows))
+	for _, r := range rows {
+		allowance[r.Channel] = int(min(math.Floor(r.Tokens), MaxBatch))
+	}
+	return allowance, nil
+}
+
+// takeTokens takes one token per call the claim decided to make on a limited channel (RateLimitTake,
+// which keeps the buckets locked until the claim commits) and returns rows without the calls that got
+// none: the claim leaves those tasks as they are, due again at once. Rows settled or parked at claim
+// time need no token.
+func (d *Dispatcher) takeTokens(ctx context.Context, q *dbgen.Queries, rows []dbgen.TaskClaimRow,
+	decisions map[int64]ClaimDecision, allowance map[string]int, throttled map[string]bool) ([]dbgen.TaskClaimRow, error) {
+	calls := map[string]int32{}
+	for _, row := range rows {
+		if _, limited := allowance[row.Channel]; limited && decisions[row.ID].Kind == ClaimCall {
+			calls[row.Channel]++
+		}
+	}
+	if len(calls) == 0 {
+		return rows, nil
+	}
+	take := dbgen.RateLimitTakeParams{}
+	for _, ch := range slices.Sorted(maps.Keys(calls)) {
+		take.Channels = append(take.Channels, ch)
+		take.Calls = append(take.Calls, calls[ch])
+	}
+	granted, err := q.RateLimitTake(ctx, take)
+	if err != nil {
+		return nil, fmt.Errorf("take rate-limit tokens: %w", err)
+	}
+	left := make(map[string]int32, len(granted))
+	for _, g := range granted {
+		left[g.Channel] = g.Granted
+	}
+	kept := rows[:0:0]
+	for _, row := range rows {
+		n, limited := left[row.Channel] // a bucket deleted since the peek: no limit
+		if limited && decisions[row.ID].Kind == ClaimCall {
+			if n == 0 {
+				d.rateLimited(row.Channel, throttled)
+				continue
+			}
+			left[row.Channel] = n - 1
+		}
+		kept = append(kept, row)
+	}
+	return kept, nil
+}
+
+// rateLimited reports, once per claim and channel, that the channel's bucket held the claim back.
+func (d *Dispatcher) rateLimited(channel string, seen map[string]bool) {
+	if seen[channel] {
+		return
+	}
+	seen[channel] = true
+	if d.cfg.RateLimited != nil {
+		d.cfg.RateLimited(channel)
+	}
+}
+
+// pauseThrottled pauses, for every worker, each limited channel that answered 429 (THROTTLED) in this
+// group of answers: for its longest Retry-After, DefaultThrottlePause without one, at most
+// MaxThrottlePause (RateLimitPause, one autocommit statement per channel). A 429 is the channel's word
+// whether or not its task's finish is recorded, so the pause does not depend on it; it goes before the
+// claim that may ride with the finish, so that claim already sees it. A failed pause is reported and
+// changes nothing else: the throttled task itself waits for its Retry-After anyway.
+func (d *Dispatcher) pauseThrottled(ctx context.Context, attempts []*Attempt, obs []Observation) {
+	if len(d.limited) == 0 {
+		return
+	}
+	pauses := map[string]time.Duration{}
+	for i, a := range attempts {
+		if i >= len(obs) || obs[i].Outcome != OutcomeThrottled || !d.limited[a.Channel] {
+			continue
+		}
+		pause := obs[i].RetryAfter
+		if pause <= 0 {
+			pause = DefaultThrottlePause
+		}
+		pauses[a.Channel] = max(pauses[a.Channel], min(pause, MaxThrottlePause))
+	}
+	if len(pauses) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
+	defer cancel()
+	q := dbgen.New(d.pool)
+	for _, ch := range slices.Sorted(maps.Keys(pauses)) {
+		_, err := q.RateLimitPause(ctx, dbgen.RateLimitPauseParams{Channel: ch, PauseSeconds: pauses[ch].Seconds()})
+		if err != nil {
+			err = fmt.Errorf("pause the rate limit of %s: %w", ch, err)
+		}
+		if d.cfg.Paused != nil {
+			d.cfg.Paused(ch, pauses[ch], err)
+		}
+	}
+}
