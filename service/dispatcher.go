@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -82,6 +83,7 @@ func NewDispatcher(pool *pgxpool.Pool, cfg DispatcherConfig) (*Dispatcher, error
 		}
 		d.channels = append(d.channels, name)
 	}
+	slices.Sort(d.channels) // claims take the channels in turn, in this order: the same on every run
 	setDefault(&d.cfg.Lease, DefaultLease)
 	setDefault(&d.cfg.CallTimeout, DefaultCallTimeout)
 	setDefault(&d.cfg.DBTimeout, DefaultDBTimeout)
