@@ -3,9 +3,10 @@
 # bench-vs-river` starts a throwaway cluster), with the same workload (NOTIFICATIONS events x push and
 # sms, 10% repeated submissions) and the same provider model (CALL_LATENCY MEDIAN,SIGMA and
 # CALL_ERRORS, seed $SEED), four runs:
-#   ours-default   the bench with no tuning flag (notifier work's defaults: one loop, --max-in-flight 256
-#                  --batch 64 --finishers 2); it runs first, and its warm-up warms the cluster for all;
-#   ours-best      the bench with $OURS_BEST (default "--max-in-flight 2048", the best found so far);
+#   ours-default   the bench with no tuning flag (notifier work's defaults: one loop, --max-in-flight 1024
+#                  --batch 256 --finishers 2); it runs first, and its warm-up warms the cluster for all;
+#   ours-best      the bench with $OURS_BEST (default "--workers 2 --max-in-flight 1024 --batch 128",
+#                  the best found so far on a 2-core machine);
 #   river-N        River at MaxWorkers $RIVER_WORKERS (default 1000), FetchCooldown $FETCH_COOLDOWN (1ms):
 #                  River at its best for slow calls;
 #   river-W        River at MaxWorkers = ours-default's window (workers x max-in-flight): equal concurrency.
@@ -17,7 +18,7 @@ set -eu
 notifications=${1:-20000}
 call_latency=${2:-instant}
 call_errors=${3:-0}
-ours_best=${OURS_BEST:---max-in-flight 2048}
+ours_best=${OURS_BEST:---workers 2 --max-in-flight 1024 --batch 128}
 river_workers=${RIVER_WORKERS:-1000}
 cooldown=${FETCH_COOLDOWN:-1ms}
 seed=${SEED:-1}

@@ -94,9 +94,10 @@ Events CLAIMED, CALLED and RESULT are logged on stderr. With --metrics-addr it s
 metrics at /metrics (port 0 picks a free port; the address is logged as "serving metrics").
 
 When to tune (the defaults suit channels answering in 50-500 ms and channels answering at once):
-  --max-in-flight  calls in flight needed ~ deliveries/s x call latency: 256 keeps ~2,000/s at a
+  --max-in-flight  calls in flight needed ~ deliveries/s x call latency: 1024 allows ~10,000/s at a
                    100 ms median. Raise it for slower channels or higher rates; lower it to bound how
-                   many tasks a crash leaves uncertain (each is resent with its key, queried, or parked).
+                   many tasks a crash leaves uncertain (each is resent with its key, queried, or parked)
+                   or how many connections a worker opens to a provider over HTTP/1.1 (one per call).
   --batch          tasks per claim; rarely worth changing.
   --finishers      finish statements at once; raise it only when the database has cores to spare.
 
@@ -120,7 +121,7 @@ func workCommand(e *env) *cli.Command {
 		Name:  "work",
 		Usage: "run a delivery worker (claim, call the channel, record the outcome)",
 		UsageText: "notifier work {--channel NAME=MODE,URL [--channel ...] | --channels-file FILE} [--worker-id W] [--once]\n" +
-			"   [--max-in-flight 256] [--batch 64] [--finishers 2] [--lease 30s] [--timeout 10s] [--backoff 2s] [--poll 200ms]\n" +
+			"   [--max-in-flight 1024] [--batch 256] [--finishers 2] [--lease 30s] [--timeout 10s] [--backoff 2s] [--poll 200ms]\n" +
 			"   [--allow-lease-overlap] [--metrics-addr 127.0.0.1:9464] [--ca-file F]",
 		Description: workDescription,
 		Flags: []cli.Flag{

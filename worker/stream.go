@@ -17,11 +17,13 @@ type Dispatcher interface {
 	FinishBatchThenClaim(ctx context.Context, attempts []*service.Attempt, obs []service.Observation, limit int) service.Handoff
 }
 
-// Defaults of Config, sized for channels that answer in 50-500 ms: a window of 256 calls keeps a
-// worker near 2,000 deliveries/s at a 100 ms median, and costs little when answers come at once.
+// Defaults of Config, sized for channels that answer in 50-500 ms: a window of 1024 calls allows up
+// to ~10,000 deliveries/s at a 100 ms median, more than one database of modest size records, so the
+// database and not the window sets the pace; it costs little when answers come at once. Claims of up
+// to 256 keep claim round trips few at that rate (docs/benchmarks.md has the measurements).
 const (
-	DefaultMaxInFlight = 256
-	DefaultBatch       = 64
+	DefaultMaxInFlight = 1024
+	DefaultBatch       = 256
 	DefaultFinishBatch = 128
 	DefaultFinishers   = 2
 	DefaultFinishDelay = 2 * time.Millisecond

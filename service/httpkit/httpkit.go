@@ -66,7 +66,7 @@ type Options struct {
 	// Proxy chooses the proxy of a request, as http.Transport.Proxy; default http.ProxyFromEnvironment.
 	Proxy func(*http.Request) (*url.URL, error)
 	// MaxIdleConnsPerHost is the keep-alive pool per host; default 1024. Over HTTP/1.1 a worker holds one
-	// connection per call in flight to a provider (its window, 256 by default): a smaller pool would
+	// connection per call in flight to a provider (its window, 1024 by default): a smaller pool would
 	// close most of them after each answer and dial, and shake hands, again for the next call.
 	MaxIdleConnsPerHost int
 }
