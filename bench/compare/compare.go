@@ -33,6 +33,10 @@ type Run struct {
 	CallLatency      latency.Report `json:"call_latency"`
 	Check            string         `json:"check"`
 	Workers          int            `json:"workers"` // ours: worker loops; River: MaxWorkers
+	// CPU of the deliver phase per delivery: the peer's process (the queue, the HTTP client and the
+	// fakes) and the PostgreSQL server's (0 when not measured).
+	CPUMSPerDelivery       float64 `json:"cpu_ms_per_delivery"`
+	ServerCPUMSPerDelivery float64 `json:"server_cpu_ms_per_delivery"`
 	// Ours.
 	MaxInFlight int `json:"max_in_flight,omitempty"`
 	Batch       int `json:"batch,omitempty"`
@@ -118,9 +122,9 @@ func (res Result) Print(w io.Writer) error {
 	for _, r := range res.Runs {
 		width = max(width, len(r.Name))
 	}
-	p("%-*s %14s %8s  %-8s %s\n", width, "run", "deliveries/s", "window", "check", "setting")
+	p("%-*s %14s %8s %13s  %-8s %s\n", width, "run", "deliveries/s", "window", "CPU ms/del.", "check", "setting")
 	for _, r := range res.Runs {
-		p("%-*s %14.0f %8d  %-8s %s\n", width, r.Name, r.DeliveriesPerSec, r.Window, r.Check, r.Setting())
+		p("%-*s %14.0f %8d %13s  %-8s %s\n", width, r.Name, r.DeliveriesPerSec, r.Window, cpu(r), r.Check, r.Setting())
 	}
 	var ours, river []Run
 	for _, r := range res.Runs {
@@ -130,6 +134,7 @@ func (res Result) Print(w io.Writer) error {
 			ours = append(ours, r)
 		}
 	}
+	p("(CPU ms/del.: the peer's process, queue, HTTP client and fakes, + the PostgreSQL server's, per delivery)\n")
 	if len(ours) > 0 && len(river) > 0 {
 		p("\n%-*s", width, "ours / River")
 		for _, r := range river {
@@ -146,6 +151,17 @@ func (res Result) Print(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, sb.String())
 	return err
+}
+
+// cpu is "PROCESS+SERVER" ms per delivery, "-" for what was not measured.
+func cpu(r Run) string {
+	f := func(v float64) string {
+		if v == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.3f", v)
+	}
+	return f(r.CPUMSPerDelivery) + "+" + f(r.ServerCPUMSPerDelivery)
 }
 
 func describe(m latency.Report) string {

@@ -25,7 +25,7 @@ const model = `"call_latency":{"spec":"100ms,0.8","median_ms":100,"sigma":0.8,"p
 
 func TestCompare(t *testing.T) {
 	is := is.New(t)
-	ours := write(t, "ours.json", `{"peer":"notifier","notifications":2000,"duplicates":0.1,"deliveries":4000,"deliveries_per_sec":1800,"workers":1,"max_in_flight":256,"batch":64,"finishers":2,"window":256,`+model+`,"check":"ok","extra":1}`)
+	ours := write(t, "ours.json", `{"peer":"notifier","notifications":2000,"duplicates":0.1,"deliveries":4000,"deliveries_per_sec":1800,"workers":1,"max_in_flight":256,"batch":64,"finishers":2,"window":256,"cpu_ms_per_delivery":0.16,"server_cpu_ms_per_delivery":0.153,`+model+`,"check":"ok","extra":1}`)
 	river := write(t, "river.json", `{"peer":"river","notifications":2000,"duplicates":0.1,"deliveries":4000,"deliveries_per_sec":1200,"workers":1000,"fetch_cooldown_ms":1,`+model+`,"check":"ok"}`)
 	var out bytes.Buffer
 	is.NoErr(Main([]string{"ours=" + ours, "river-1000=" + river}, &out, &bytes.Buffer{})) // one workload, both ok
@@ -34,6 +34,8 @@ func TestCompare(t *testing.T) {
 	is.True(strings.Contains(table, "River MaxWorkers 1000")) // River's setting
 	is.True(strings.Contains(table, "--max-in-flight 256"))   // ours
 	is.True(strings.Contains(table, "1.50"))                  // 1800 / 1200
+	is.True(strings.Contains(table, "0.160+0.153"))           // ours' CPU per delivery, process + server
+	is.True(strings.Contains(table, "-+-"))                   // River's, not measured in this report
 
 	out.Reset()
 	is.NoErr(Main([]string{"--json", "ours=" + ours, "river=" + river}, &out, &bytes.Buffer{}))

@@ -27,6 +27,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/signal"
@@ -44,6 +45,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/notifierhq/notifier/bench/latency"
+	"github.com/notifierhq/notifier/bench/proc"
 	"github.com/notifierhq/notifier/bench/workload"
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
@@ -139,12 +141,18 @@ type report struct {
 	Deliveries         int            `json:"deliveries"`
 	DeliverSeconds     float64        `json:"deliver_seconds"`
 	DeliveriesPerSec   float64        `json:"deliveries_per_sec"`
-	TotalSeconds       float64        `json:"total_seconds"`
-	JobStates          map[string]int `json:"job_states"`
-	Errors             int            `json:"job_errors"` // failed attempts River recorded (then retried)
-	Sends              int            `json:"sends"`
-	Outbound           int            `json:"outbound"`
-	Check              string         `json:"check"`
+	// CPU of the deliver phase per job completed: this process's (River, the HTTP client and the fakes,
+	// as the bench's figure counts ours) and the PostgreSQL server's, from /proc when it runs here.
+	CPUMSPerDelivery       float64        `json:"cpu_ms_per_delivery"`
+	ServerCPUMSPerDelivery float64        `json:"server_cpu_ms_per_delivery,omitempty"`
+	ServerCPUSkipped       string         `json:"server_cpu_skipped,omitempty"`
+	PeakRSSMiB             float64        `json:"peak_rss_mib"`
+	TotalSeconds           float64        `json:"total_seconds"`
+	JobStates              map[string]int `json:"job_states"`
+	Errors                 int            `json:"job_errors"` // failed attempts River recorded (then retried)
+	Sends                  int            `json:"sends"`
+	Outbound               int            `json:"outbound"`
+	Check                  string         `json:"check"`
 }
 
 func main() {
@@ -340,7 +348,10 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		ChanSize: rep.Jobs + 1000, Kinds: []river.EventKind{river.EventKindJobCompleted},
 	})
 	defer unsubscribe()
+	server, notMeasured := findServer(ctx, pool)
+	rep.ServerCPUSkipped = notMeasured
 	t0 = time.Now()
+	cpu0, srv0 := proc.ProcessCPU(), serverUsed(server)
 	if err := client.Start(ctx); err != nil {
 		return rep, fmt.Errorf("river start: %w", err)
 	}
@@ -357,6 +368,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		}
 	}
 	deliverTook := time.Since(t0)
+	cpu, srv := proc.ProcessCPU()-cpu0, serverUsed(server)-srv0
 	stopCtx, stopCancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer stopCancel()
 	if err := client.Stop(stopCtx); err != nil {
@@ -365,6 +377,11 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	rep.Deliveries = completed
 	rep.DeliverSeconds = deliverTook.Seconds()
 	rep.DeliveriesPerSec = float64(completed) / deliverTook.Seconds()
+	rep.CPUMSPerDelivery = msPer(cpu, completed)
+	if server != nil {
+		rep.ServerCPUMSPerDelivery = msPer(srv, completed)
+	}
+	rep.PeakRSSMiB = proc.PeakRSSMiB()
 	rep.TotalSeconds = time.Since(started).Seconds()
 
 	// 3. Check: every job completed once, every message sent once.
@@ -398,6 +415,38 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		return rep, errors.New(rep.Check)
 	}
 	return rep, nil
+}
+
+// findServer finds the PostgreSQL server's processes on this machine, or says why not (as the bench).
+func findServer(ctx context.Context, pool *pgxpool.Pool) (*proc.Server, string) {
+	var pid int
+	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		return nil, "not measured: " + err.Error()
+	}
+	s, err := proc.NewServer(pid)
+	if err != nil {
+		return nil, "not measured: " + err.Error()
+	}
+	return s, ""
+}
+
+// serverUsed is the server's CPU time so far (0 when it is not measured).
+func serverUsed(s *proc.Server) time.Duration {
+	if s == nil {
+		return 0
+	}
+	d, err := s.Used()
+	if err != nil {
+		return 0
+	}
+	return d
+}
+
+func msPer(d time.Duration, n int) float64 {
+	if n == 0 {
+		return 0
+	}
+	return math.Round(float64(d.Microseconds())/float64(n)) / 1000
 }
 
 // mostPerRef is the most messages a fake accepted for one job.
