@@ -37,7 +37,7 @@ var (
 	soakDuration = flag.Duration("soak.duration", 40*time.Second, "how long the faults go on")
 	soakWorkers  = flag.Int("soak.workers", 3, "worker processes")
 	soakSeed     = flag.Uint64("soak.seed", 0, "random seed (0: time-based, printed)")
-	soakBatch    = flag.Int("soak.batch", 1, "tasks each worker cycle claims and finishes together (work --batch)")
+	soakBatch    = flag.Int("soak.batch", 0, "most tasks one claim takes (work --batch; 0: work's default)")
 )
 
 func TestSoak(t *testing.T) {
@@ -49,7 +49,11 @@ func TestSoak(t *testing.T) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	t.Logf("soak: seed %d, %s of faults, %d workers, batch %d", seed, *soakDuration, *soakWorkers, *soakBatch)
+	batch := "work's default"
+	if *soakBatch > 0 {
+		batch = strconv.Itoa(*soakBatch)
+	}
+	t.Logf("soak: seed %d, %s of faults, %d workers, --batch %s", seed, *soakDuration, *soakWorkers, batch)
 	rng := rand.New(rand.NewPCG(seed, 1))
 	var rngMu sync.Mutex
 	chance := func(p float64) bool { rngMu.Lock(); defer rngMu.Unlock(); return rng.Float64() < p }
@@ -206,12 +210,15 @@ func (s *soak) startWorker(i int) {
 	if s.workers == nil {
 		s.workers = map[int]*process{}
 	}
-	p := s.c.start("--log-format", "json", "work", "--worker-id", fmt.Sprintf("soak-%d-%d", i, s.starts),
-		"--channel", "push=idempotent,"+s.push.URL(),
-		"--channel", "sms=queryable,"+s.sms.URL(),
-		"--channel", "none=none,"+s.none.URL(),
-		"--timeout", "300ms", "--lease", "2500ms", "--backoff", "100ms", "--poll", "50ms",
-		"--batch", strconv.Itoa(*soakBatch))
+	args := []string{"--log-format", "json", "work", "--worker-id", fmt.Sprintf("soak-%d-%d", i, s.starts),
+		"--channel", "push=idempotent," + s.push.URL(),
+		"--channel", "sms=queryable," + s.sms.URL(),
+		"--channel", "none=none," + s.none.URL(),
+		"--timeout", "300ms", "--lease", "2500ms", "--backoff", "100ms", "--poll", "50ms"}
+	if *soakBatch > 0 {
+		args = append(args, "--batch", strconv.Itoa(*soakBatch))
+	}
+	p := s.c.start(args...)
 	s.workers[i] = p
 	s.logs = append(s.logs, p.stderr)
 	s.starts++
