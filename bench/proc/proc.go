@@ -8,6 +8,9 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/notifierhq/notifier/internal/cputime"
 )
 
 // LoadAvg is /proc/loadavg (1, 5, 15 minutes); nil where there is none.
@@ -48,3 +51,7 @@ func PeakRSSMiB() float64 {
 	}
 	return 0
 }
+
+// ProcessCPU is the CPU time (user + system) this process has used so far (0 if it cannot be read):
+// the Go benchmarks' own measure (internal/cputime), so that both speak of the same thing.
+func ProcessCPU() time.Duration { return cputime.Process() }
