@@ -29,7 +29,8 @@ type ReceiptApplyRow struct {
 // A receipt's effect on its task (notifier_apply_receipt, schema/015): SETTLED (made SENT with a RECEIPT
 // attempt: the task was waiting, parked, or held under an expired lease), NOTED (SENDING under a live
 // lease: its holder finishes, then the sweep settles it), UNCHANGED (already SENT) or CONTRADICTS (FAILED
-// or SUPPRESSED: final, the receipt is only kept and shown). Locks the task row for the transaction.
+// or SUPPRESSED: final, the receipt is only kept and shown). No row: no such task, so an unknown reference
+// is refused with nothing written. Locks the task row for the transaction.
 func (q *Queries) ReceiptApply(ctx context.Context, arg ReceiptApplyParams) (ReceiptApplyRow, error) {
 	row := q.db.QueryRow(ctx, ReceiptApply, arg.TaskID, arg.ProviderMsgID, arg.Note)
 	var i ReceiptApplyRow
@@ -178,24 +179,8 @@ func (q *Queries) ReceiptSweep(ctx context.Context, maxTasks int32) ([]ReceiptSw
 	return items, nil
 }
 
-const ReceiptTaskExists = `-- name: ReceiptTaskExists :one
-
-SELECT EXISTS (SELECT 1 FROM delivery_task WHERE id = $1) AS found
-`
-
-// Receipts (schema/015): a provider's signed callback about a message it accepted, recorded by notifier
-// receipts. Matching finds our task; notifier_apply_receipt settles it when nobody holds it; the receipt
-// row keeps what came and what it did. Nothing here moves a final state (schema/010 refuses it anyway).
-// Whether a task referred to by our reference (ntf-task-<id>, task-<id>) exists: an unknown reference is
-// refused before anything is written.
-func (q *Queries) ReceiptTaskExists(ctx context.Context, taskID int64) (bool, error) {
-	row := q.db.QueryRow(ctx, ReceiptTaskExists, taskID)
-	var found bool
-	err := row.Scan(&found)
-	return found, err
-}
-
 const ReceiptTasksByProviderMsgID = `-- name: ReceiptTasksByProviderMsgID :many
+
 SELECT id FROM (
     SELECT t.id FROM delivery_task t WHERE t.provider_msg_id = $1::text
     UNION
@@ -205,6 +190,9 @@ ORDER BY id
 LIMIT 2
 `
 
+// Receipts (schema/015): a provider's signed callback about a message it accepted, recorded by notifier
+// receipts. Matching finds our task; notifier_apply_receipt settles it when nobody holds it; the receipt
+// row keeps what came and what it did. Nothing here moves a final state (schema/010 refuses it anyway).
 // The tasks a provider's message id belongs to, for a receipt that carries no reference of ours: the id
 // the finish stored on the task, or one an attempt kept (also as a late observation). At most two rows:
 // one is a match, two are ambiguous (refused), none is unknown (refused). Through the partial indexes

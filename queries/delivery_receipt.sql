@@ -2,11 +2,6 @@
 -- receipts. Matching finds our task; notifier_apply_receipt settles it when nobody holds it; the receipt
 -- row keeps what came and what it did. Nothing here moves a final state (schema/010 refuses it anyway).
 
--- name: ReceiptTaskExists :one
--- Whether a task referred to by our reference (ntf-task-<id>, task-<id>) exists: an unknown reference is
--- refused before anything is written.
-SELECT EXISTS (SELECT 1 FROM delivery_task WHERE id = @task_id) AS found;
-
 -- name: ReceiptTasksByProviderMsgID :many
 -- The tasks a provider's message id belongs to, for a receipt that carries no reference of ours: the id
 -- the finish stored on the task, or one an attempt kept (also as a late observation). At most two rows:
@@ -24,7 +19,8 @@ LIMIT 2;
 -- A receipt's effect on its task (notifier_apply_receipt, schema/015): SETTLED (made SENT with a RECEIPT
 -- attempt: the task was waiting, parked, or held under an expired lease), NOTED (SENDING under a live
 -- lease: its holder finishes, then the sweep settles it), UNCHANGED (already SENT) or CONTRADICTS (FAILED
--- or SUPPRESSED: final, the receipt is only kept and shown). Locks the task row for the transaction.
+-- or SUPPRESSED: final, the receipt is only kept and shown). No row: no such task, so an unknown reference
+-- is refused with nothing written. Locks the task row for the transaction.
 SELECT r.effect::text AS effect, r.state::text AS state
 FROM notifier_apply_receipt(@task_id::bigint, sqlc.narg('provider_msg_id')::text, @note::text) AS r;
 

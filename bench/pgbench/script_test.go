@@ -44,8 +44,6 @@ var pgbenchParams = map[string]string{
 	"@outcome_uncertain::bool[]":     "'{f}'::bool[]",
 	"@worker::text":                  "'pgbench'::text",
 	"@lease_seconds::float8":         ":lease_seconds::float8",
-	"@task_ids::bigint[]":            "ARRAY[:id]::bigint[]",
-	"@attempt_nos::int[]":            "ARRAY[:attempt_count]::int[]",
 	"@attempt_tokens::text[]":        "ARRAY[:attempt_token]::text[]",
 	"@actions::text[]":               "'{SEND}'::text[]",
 	"@states::text[]":                "'{SENT}'::text[]",
@@ -75,7 +73,7 @@ func pgbenchScript(t *testing.T) string {
 -- than tasks:
 --
 --   psql "$DATABASE_URL" -v tasks=40000 -f bench/pgbench/setup.sql
---   PGOPTIONS='-c plan_cache_mode=force_generic_plan' \
+--   PGOPTIONS='-c plan_cache_mode=PLAN_CACHE_MODE' \
 --     pgbench -n -M prepared -c 8 -j 2 -t 5000 -f bench/pgbench/claim_finish.sql "$DATABASE_URL"
 --
 -- Same statements, not the same round trips: at --max-in-flight 1 the worker sends TaskFinish of the
