@@ -177,7 +177,7 @@ func (e *env) newPool(maxConns int32, worker bool) (*pgxpool.Pool, error) {
 		// The string goes last: redaction hides everything after a password=... it cannot delimit.
 		return nil, usagef("invalid database URL: %s: %s", parseConfigReason(err, e.dbURL), redact.URL(e.dbURL))
 	}
-	if pw, ok := redact.URLPassword(e.dbURL); ok && pw != cfg.ConnConfig.Password {
+	if redact.Misread(e.dbURL, cfg.ConnConfig.Password) {
 		// pgx read the URL otherwise than the conservative reading: its password holds an unescaped
 		// '@', '/', '?', '#' or space, so pgx would connect with part of it as a host or database name,
 		// and every error would quote that part.

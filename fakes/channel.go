@@ -23,7 +23,6 @@ import (
 	"net/http"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -108,7 +107,7 @@ type Channel struct {
 	throttled  map[string]int // sends answered 429 by limit, per ref
 	acceptedAt []time.Time    // when each new outbound message was accepted, in order
 
-	conns atomic.Int64 // TCP connections accepted
+	conns ConnCounter // TCP connections accepted
 }
 
 // queues holds scripted steps: one queue per ref plus a shared default, and a generator for when both
@@ -173,11 +172,7 @@ func StartOn(kind Kind, addr string) (*Channel, error) {
 	c := newChannel(kind)
 	c.url = "http://" + l.Addr().String()
 	c.srv = &http.Server{Handler: http.HandlerFunc(c.serveHTTP), ReadHeaderTimeout: 10 * time.Second,
-		ConnState: func(_ net.Conn, state http.ConnState) {
-			if state == http.StateNew {
-				c.conns.Add(1)
-			}
-		}}
+		ConnState: c.conns.ConnState}
 	go func() { _ = c.srv.Serve(l) }()
 	return c, nil
 }
@@ -316,7 +311,7 @@ func (c *Channel) TotalOutbound() int { return c.total(c.outbound) }
 
 // Conns counts the TCP connections the fake has accepted, so a test can tell
 // whether a request came on a kept-alive (reused) connection.
-func (c *Channel) Conns() int { return int(c.conns.Load()) }
+func (c *Channel) Conns() int { return c.conns.Count() }
 
 // TotalQueries is Queries summed over all refs.
 func (c *Channel) TotalQueries() int { return c.total(c.queries) }

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"strconv"
@@ -153,7 +152,7 @@ func (c *Channel) finish(w http.ResponseWriter, r *http.Request, step Step, repl
 		c.sleep(r, -1)
 	}
 	if step.Drop {
-		drop(w, r)
+		Drop(w, r)
 		return
 	}
 	body, err := json.Marshal(reply)
@@ -170,20 +169,6 @@ func (c *Channel) finish(w http.ResponseWriter, r *http.Request, step Step, repl
 		return
 	}
 	c.dribble(w, r, body, step.SlowBody)
-}
-
-// drop closes the request's connection without a byte of answer. The request
-// body is read to its end first, so the close is an orderly FIN after a
-// request the server took whole (unread data would make it a reset).
-func drop(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
-	conn, _, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		// HTTP/2 cannot hand its connection over; aborting the handler resets
-		// this request's stream, which is what a drop is to one request there.
-		panic(http.ErrAbortHandler)
-	}
-	_ = conn.Close()
 }
 
 // dribble sends the first byte at once and the rest one byte at a time,

@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -188,20 +187,14 @@ type hookReceiver struct {
 	mu         sync.Mutex
 	requests   map[string]int // by webhook-id
 	deliveries map[string]int
-	conns      int
+	conns      fakes.ConnCounter
 	dropNext   bool
 }
 
 func newHookReceiver(t *testing.T) *hookReceiver {
 	r := &hookReceiver{requests: map[string]int{}, deliveries: map[string]int{}}
 	r.srv = httptest.NewUnstartedServer(http.HandlerFunc(r.serve))
-	r.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			r.mu.Lock()
-			r.conns++
-			r.mu.Unlock()
-		}
-	}
+	r.srv.Config.ConnState = r.conns.ConnState
 	r.srv.Start()
 	t.Cleanup(r.srv.Close)
 	return r
@@ -219,7 +212,7 @@ func (r *hookReceiver) serve(w http.ResponseWriter, req *http.Request) {
 	r.dropNext = false
 	r.mu.Unlock()
 	if drop {
-		dropConn(w)
+		fakes.Drop(w, req)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -228,16 +221,7 @@ func (r *hookReceiver) serve(w http.ResponseWriter, req *http.Request) {
 func (r *hookReceiver) counts(id string) (requests, deliveries, conns int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.requests[id], r.deliveries[id], r.conns
-}
-
-// dropConn closes the request's connection without an answer.
-func dropConn(w http.ResponseWriter) {
-	conn, _, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		panic(http.ErrAbortHandler)
-	}
-	_ = conn.Close()
+	return r.requests[id], r.deliveries[id], r.conns.Count()
 }
 
 // TestWorkerWebhookDropOnReusedConnection: the webhook adapter (IDEMPOTENT via webhook-id).
@@ -278,7 +262,7 @@ type pushReceiver struct {
 	caFile   string
 	mu       sync.Mutex
 	requests int
-	conns    int
+	conns    fakes.ConnCounter
 	dropNext bool
 }
 
@@ -292,19 +276,13 @@ func newPushReceiver(t *testing.T) *pushReceiver {
 		p.dropNext = false
 		p.mu.Unlock()
 		if drop {
-			dropConn(w)
+			fakes.Drop(w, r)
 			return
 		}
 		w.Header().Set("Location", fmt.Sprintf("%s/msg/%d", p.srv.URL, n))
 		w.WriteHeader(http.StatusCreated)
 	}))
-	p.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			p.mu.Lock()
-			p.conns++
-			p.mu.Unlock()
-		}
-	}
+	p.srv.Config.ConnState = p.conns.ConnState
 	p.srv.StartTLS()
 	t.Cleanup(p.srv.Close)
 	p.caFile = filepath.Join(t.TempDir(), "ca.pem")
@@ -332,7 +310,7 @@ func (p *pushReceiver) subscription(t *testing.T) string {
 func (p *pushReceiver) counts() (requests, conns int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.requests, p.conns
+	return p.requests, p.conns.Count()
 }
 
 // TestWorkerWebPushDropOnReusedConnection: the Web Push adapter (NONE), parked, and with

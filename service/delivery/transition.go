@@ -130,13 +130,15 @@ func Decide(f ClaimFacts) ClaimDecision {
 	}
 	uncertain := f.Uncertain || f.LeaseExpired
 	if !f.PrefEnabled || f.Expired {
-		outcome, state, reason := OutcomePrefDisabled, StateSuppressed, "channel disabled by the user before the call"
+		outcome, uncertainOutcome, state, reason := OutcomePrefDisabled, OutcomePrefDisabledUncertain, StateSuppressed,
+			"channel disabled by the user before the call"
 		if f.PrefEnabled {
-			outcome, state, reason = OutcomeTTLExpired, StateFailed, "notification expired before the call"
+			outcome, uncertainOutcome, state, reason = OutcomeTTLExpired, OutcomeTTLExpiredUncertain, StateFailed,
+				"notification expired before the call"
 		}
 		if uncertain {
 			return ClaimDecision{Kind: ClaimSettle, Uncertain: true, State: StateUnknown,
-				Outcome: outcome + "_UNCERTAIN", Reason: reason + "; an earlier attempt may have been accepted"}
+				Outcome: uncertainOutcome, Reason: reason + "; an earlier attempt may have been accepted"}
 		}
 		return ClaimDecision{Kind: ClaimSettle, State: state, Outcome: outcome, Reason: reason}
 	}

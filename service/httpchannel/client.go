@@ -34,6 +34,9 @@ const MaxRetryAfter = httpkit.MaxRetryAfter
 type Client struct {
 	base *url.URL
 	kit  *httpkit.Client
+	// sendURL and queryPrefix are built from base once: Send posts to sendURL, Query gets
+	// queryPrefix + the escaped ref.
+	sendURL, queryPrefix string
 }
 
 // Options tune the transport. The zero value verifies TLS against the system roots.
@@ -48,20 +51,19 @@ func New(base string, opt Options) (*Client, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
 		return nil, fmt.Errorf("%w: channel URL %q: want http(s)://host[:port][/path]", delivery.ErrInvalidInput, redact.URL(base))
 	}
-	if pw, ok := redact.URLPassword(base); ok {
-		if got, _ := u.User.Password(); got != pw {
-			// A password with an unescaped '/', '?' or '#' makes net/url read part of it as the host,
-			// port or path: the client would call somewhere else, with a wrong password.
-			return nil, fmt.Errorf("%w: channel URL %q: its password holds a character a URL needs percent-encoded ('/' as %%2F, '?' as %%3F, '#' as %%23)",
-				delivery.ErrInvalidInput, redact.URL(base))
-		}
+	if got, _ := u.User.Password(); redact.Misread(base, got) {
+		// A password with an unescaped '/', '?' or '#' makes net/url read part of it as the host,
+		// port or path: the client would call somewhere else, with a wrong password.
+		return nil, fmt.Errorf("%w: channel URL %q: its password holds a character a URL needs percent-encoded ('/' as %%2F, '?' as %%3F, '#' as %%23)",
+			delivery.ErrInvalidInput, redact.URL(base))
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
 	kit, err := httpkit.New(httpkit.Options{CAFile: opt.CAFile})
 	if err != nil {
 		return nil, err
 	}
-	return &Client{base: u, kit: kit}, nil
+	b := u.String()
+	return &Client{base: u, kit: kit, sendURL: b + "/send", queryPrefix: b + "/messages?ref="}, nil
 }
 
 // String is the base URL without credentials, for logs.
@@ -79,7 +81,7 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 	if err != nil {
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "encode request: " + err.Error()}
 	}
-	resp, failed := c.kit.Do(ctx, httpkit.Request{Method: http.MethodPost, URL: c.base.String() + "/send", Body: payload,
+	resp, failed := c.kit.Do(ctx, httpkit.Request{Method: http.MethodPost, URL: c.sendURL, Body: payload,
 		Header: http.Header{"Content-Type": {"application/json"}, "Idempotency-Key": {msg.IdempotencyKey}}})
 	if resp == nil {
 		return failed
@@ -93,7 +95,7 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 
 // Query asks the channel whether it accepted a message for ref; see ClassifyQuery.
 func (c *Client) Query(ctx context.Context, ref string) delivery.Observation {
-	resp, failed := c.kit.Do(ctx, httpkit.Request{Method: http.MethodGet, URL: c.base.String() + "/messages?ref=" + url.QueryEscape(ref)})
+	resp, failed := c.kit.Do(ctx, httpkit.Request{Method: http.MethodGet, URL: c.queryPrefix + url.QueryEscape(ref)})
 	if resp == nil {
 		failed.Detail = string(failed.Outcome) + ": " + failed.Detail
 		failed.Outcome = delivery.OutcomeQueryFailed
@@ -138,10 +140,7 @@ func classifySend(resp *httpkit.Response) delivery.Observation {
 	// 429, 5xx and gateways' answers as every adapter reads them. The fakes promise a 5xx is
 	// answered before acceptance; a real channel without that promise is configured so that its
 	// 5xx counts as uncertain (server_errors_uncertain).
-	if obs, ok := resp.ServerAnswer(); ok {
-		return obs
-	}
-	return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + httpkit.Snippet(body)}
+	return resp.Refused()
 }
 
 type queryResponse struct {

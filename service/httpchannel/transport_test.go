@@ -14,6 +14,7 @@ import (
 
 	"github.com/matryer/is"
 
+	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
@@ -130,8 +131,7 @@ func TestQueryDropped(t *testing.T) {
 			_, _ = w.Write([]byte(`{"found":0}`)) // the first query keeps the connection open
 			return
 		}
-		conn, _, _ := http.NewResponseController(w).Hijack()
-		_ = conn.Close()
+		fakes.Drop(w, r)
 	}))
 	defer srv.Close()
 	c, err := httpchannel.New(srv.URL, httpchannel.Options{})

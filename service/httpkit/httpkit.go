@@ -56,8 +56,9 @@ const MaxResponseBytes = 64 << 10
 // MaxRetryAfter caps a channel's Retry-After so a bad header cannot stall a task for days.
 const MaxRetryAfter = time.Hour
 
-// backstopTimeout bounds a call whose context has no deadline (callers pass the real timeout).
-const backstopTimeout = 5 * time.Minute
+// BackstopTimeout bounds a call whose context has no deadline (callers pass the real timeout): an
+// HTTP call here, an SMTP session in service/smtpchannel.
+const BackstopTimeout = 5 * time.Minute
 
 // Options tune the transport. The zero value verifies TLS against the system roots and takes the
 // proxy from the environment (HTTPS_PROXY, HTTP_PROXY, NO_PROXY).
@@ -164,14 +165,13 @@ type Response struct {
 }
 
 // call is what one Do learns about its request while the transport works: whether any byte of it
-// may be on the wire, and through which proxy it went. The transport calls the hooks from its own
-// goroutines.
+// may be on the wire, and through which proxy it went (whether that proxy relayed the request itself
+// follows from the two schemes: see relays). The transport calls the hooks from its own goroutines.
 type call struct {
 	connected atomic.Bool // the transport handed the request a connection (GotConn)
 	wrote     atomic.Bool // a header field was written, at least into the connection's buffer
 	reused    atomic.Bool
 	proxy     atomic.Pointer[url.URL] // any proxy the transport chose for the request
-	relayed   atomic.Bool             // ... and it relays the request itself (plain http)
 }
 
 // progress is what the call knows about its request so far.
@@ -181,19 +181,22 @@ func (c *call) progress() Progress {
 
 type callKey struct{}
 
-// recordProxy wraps the transport's proxy choice to note it on the request's call, and whether the
-// proxy relays the request itself: a plain-http request through an HTTP proxy. An https request
-// through a proxy is a CONNECT tunnel, and a SOCKS proxy tunnels too: the answer comes end to end
-// from the provider.
+// recordProxy wraps the transport's proxy choice to note it on the request's call.
 func recordProxy(next func(*http.Request) (*url.URL, error)) func(*http.Request) (*url.URL, error) {
 	return func(req *http.Request) (*url.URL, error) {
 		u, err := next(req)
 		if c, ok := req.Context().Value(callKey{}).(*call); ok && err == nil && u != nil {
 			c.proxy.Store(u)
-			c.relayed.Store(req.URL.Scheme == "http" && (u.Scheme == "http" || u.Scheme == "https"))
 		}
 		return u, err
 	}
+}
+
+// relays reports whether proxy (nil for none) relays a request to target itself: a plain-http
+// request through an HTTP proxy. An https request through a proxy is a CONNECT tunnel, and a SOCKS
+// proxy tunnels too: the answer comes end to end from the provider.
+func relays(target, proxy *url.URL) bool {
+	return proxy != nil && target.Scheme == "http" && (proxy.Scheme == "http" || proxy.Scheme == "https")
 }
 
 // newRequest builds a request that neither HTTP/1 nor HTTP/2 will send twice. Its body is never nil
@@ -207,7 +210,7 @@ func recordProxy(next func(*http.Request) (*url.URL, error)) func(*http.Request)
 //     GetBody is resent only after errClientConnUnusable, which means the connection could not take
 //     the stream at all (awaitOpenSlotForStreamLocked), before any frame of it was written. By then
 //     the body counts as closed, so the HTTP/1 transport's loop cannot rewind it and the call fails
-//     with nothing sent (TransportObservation: CONNECT_FAILED).
+//     with nothing sent (transportObservation: CONNECT_FAILED).
 //
 // The one retry left is the HTTP/1 transport's after http2isNoCachedConnError with the body
 // untouched: the HTTP/2 pool had no usable connection for a request it never started, which then
@@ -250,7 +253,7 @@ func newRequest(ctx context.Context, r Request) (*http.Request, error) {
 func (c *Client) Do(ctx context.Context, r Request) (*Response, delivery.Observation) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, backstopTimeout)
+		ctx, cancel = context.WithTimeout(ctx, BackstopTimeout)
 		defer cancel()
 	}
 	cl := &call{}
@@ -271,13 +274,13 @@ func (c *Client) Do(ctx context.Context, r Request) (*Response, delivery.Observa
 	}
 	resp, err := c.rt.RoundTrip(req)
 	if err != nil {
-		return nil, TransportObservation(ctx, err, cl.progress())
+		return nil, transportObservation(ctx, err, cl.progress())
 	}
 	defer resp.Body.Close()
 	body, bodyErr := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
 	out := &Response{Status: resp.StatusCode, Header: resp.Header, Body: body, BodyErr: bodyErr, Proto: resp.Proto}
-	if cl.relayed.Load() {
-		out.Proxy = cl.proxy.Load()
+	if p := cl.proxy.Load(); relays(req.URL, p) {
+		out.Proxy = p
 	}
 	return out, delivery.Observation{}
 }
@@ -306,13 +309,13 @@ func (p Progress) MayHaveSent() bool { return p.Connected || p.Wrote }
 // call is reported uncertain, which is safe.
 const errCannotRewind = "net/http: cannot rewind body after connection loss"
 
-// TransportObservation maps a call that got no status line. Nothing of the request written is
-// certain, whatever the error says: CONNECT_FAILED (no connection, TLS refused, a proxy refusing or
-// not answering CONNECT, a timeout before writing). Once something may have been written, the channel
-// may have the request: TIMEOUT when the deadline passed, otherwise IO_ERROR. A caller without a
-// trace passes Progress{Connected: true}.
-func TransportObservation(ctx context.Context, err error, p Progress) delivery.Observation {
-	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || isTimeout(err)
+// transportObservation maps a Do that got no status line, with what Do's trace learned (p). Nothing
+// of the request written is certain, whatever the error says: CONNECT_FAILED (no connection, TLS
+// refused, a proxy refusing or not answering CONNECT, a timeout before writing). Once something may
+// have been written, the channel may have the request: TIMEOUT when the deadline passed, otherwise
+// IO_ERROR.
+func transportObservation(ctx context.Context, err error, p Progress) delivery.Observation {
+	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded) || IsTimeout(err)
 	if !p.Wrote && err.Error() == errCannotRewind {
 		// The transport proved nothing of the request was written and could not send it again.
 		return delivery.Observation{Outcome: delivery.OutcomeConnectFailed,
@@ -347,9 +350,12 @@ func TransportObservation(ctx context.Context, err error, p Progress) delivery.O
 		Detail: where + " broke after the request was sent, without an answer: " + redact.Error(err)}
 }
 
-func isTimeout(err error) bool {
+// IsTimeout reports whether err is a deadline's: context.DeadlineExceeded anywhere in its chain, or
+// the first error in the chain with a Timeout method (a net.Error, a *url.Error) says so. Both are
+// checked: a wrapper's Timeout may answer false above a DeadlineExceeded. The SMTP adapter uses it too.
+func IsTimeout(err error) bool {
 	var t interface{ Timeout() bool }
-	return errors.As(err, &t) && t.Timeout()
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &t) && t.Timeout())
 }
 
 // Success reports a 2xx status.
@@ -394,6 +400,16 @@ func (r *Response) ServerAnswer() (delivery.Observation, bool) {
 		return delivery.Observation{Outcome: delivery.OutcomeHTTP5xx, RetryAfter: RetryAfter(r.Header), Detail: code}, true
 	}
 	return delivery.Observation{}, false
+}
+
+// Refused is the observation of an answer that no adapter-specific rule took: ServerAnswer's for
+// 429, 5xx and gateways, otherwise REJECTED with "HTTP <status>" and the body's Snippet. An adapter
+// handles its 2xx, 3xx and other special statuses before calling it.
+func (r *Response) Refused() delivery.Observation {
+	if obs, ok := r.ServerAnswer(); ok {
+		return obs
+	}
+	return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(r.Status) + Snippet(r.Body)}
 }
 
 // RetryAfter reads Retry-After as seconds or an HTTP date, capped at MaxRetryAfter.

@@ -22,6 +22,7 @@ import (
 
 	"github.com/matryer/is"
 
+	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpkit"
 )
@@ -75,11 +76,11 @@ func h2cKit(t *testing.T, strict bool) *httpkit.Client {
 	return httpkit.NewClient(tr)
 }
 
-// counter counts requests by path, and connections.
+// counter counts requests by path, and connections (conns.ConnState goes to http.Server.ConnState).
 type counter struct {
 	mu     sync.Mutex
 	byPath map[string]int
-	conns  int
+	conns  fakes.ConnCounter
 }
 
 func (c *counter) add(path string) int {
@@ -98,30 +99,6 @@ func (c *counter) get(path string) int {
 	return c.byPath[path]
 }
 
-func (c *counter) connState(_ net.Conn, s http.ConnState) {
-	if s == http.StateNew {
-		c.mu.Lock()
-		c.conns++
-		c.mu.Unlock()
-	}
-}
-
-func (c *counter) connCount() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.conns
-}
-
-// dropConn closes the request's connection without a byte of answer (HTTP/1), or resets its stream
-// (HTTP/2, which cannot give its connection away).
-func dropConn(w http.ResponseWriter) {
-	conn, _, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		panic(http.ErrAbortHandler)
-	}
-	_ = conn.Close()
-}
-
 // TestOneRequestWhenAKeptAliveConnectionDrops is issue 15 over HTTP/1.1: the server answers a first
 // request (the connection stays open), then reads the second, counts it, and closes the connection
 // without answering. The Transport used to send that request again on a new connection; the server
@@ -134,12 +111,12 @@ func TestOneRequestWhenAKeptAliveConnectionDrops(t *testing.T) {
 			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				_, _ = io.Copy(io.Discard, r.Body)
 				if seen.add(r.URL.Path) == 1 && r.URL.Path == "/second" {
-					dropConn(w) // accepted, then the connection broke
+					fakes.Drop(w, r) // accepted, then the connection broke
 					return
 				}
 				_, _ = w.Write([]byte(`{"id":"m-1"}`))
 			}))
-			srv.Config.ConnState = seen.connState
+			srv.Config.ConnState = seen.conns.ConnState
 			srv.Start()
 			defer srv.Close()
 			kit := newKit(t, httpkit.Options{})
@@ -151,7 +128,7 @@ func TestOneRequestWhenAKeptAliveConnectionDrops(t *testing.T) {
 
 			resp, obs = kit.Do(ctxFor(t, 5*time.Second), v.request(srv.URL+"/second"))
 			is.Equal(seen.get("/second"), 1)                    // the channel got it once
-			is.Equal(seen.connCount(), 1)                       // on the kept-alive connection, and none was dialed to resend it
+			is.Equal(seen.conns.Count(), 1)                     // on the kept-alive connection, and none was dialed to resend it
 			is.True(resp == nil)                                // no answer came
 			is.Equal(obs.Outcome, delivery.OutcomeIOError)      // uncertain: it may have been accepted
 			is.True(strings.Contains(obs.Detail, "kept-alive")) // and the detail says where it broke
@@ -537,7 +514,7 @@ func TestUnreadableBody(t *testing.T) {
 		w.WriteHeader(code)
 		_, _ = w.Write([]byte(`{"id":`))
 		_ = http.NewResponseController(w).Flush()
-		dropConn(w)
+		fakes.Drop(w, r)
 	}))
 	defer srv.Close()
 	kit := newKit(t, httpkit.Options{})

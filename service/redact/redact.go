@@ -200,3 +200,14 @@ func URLPassword(raw string) (password string, ok bool) {
 	}
 	return pw, true
 }
+
+// Misread reports whether a parser read raw's password otherwise than the conservative reading
+// (URLPassword): parsedPassword is what the parser found ("" for none). When they differ, the
+// password holds an unescaped '@', '/', '?', '#' or space, so part of it went into the host, port,
+// path or query: the URL would reach somewhere else with a wrong password, and every error would
+// quote that part. Callers refuse such a URL, each with its own message; a raw without a password in
+// its userinfo is never misread.
+func Misread(raw, parsedPassword string) bool {
+	pw, ok := URLPassword(raw)
+	return ok && pw != parsedPassword
+}

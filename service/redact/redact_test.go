@@ -114,6 +114,24 @@ func TestURLPassword(t *testing.T) {
 	}
 }
 
+func TestMisread(t *testing.T) {
+	is := is.New(t)
+	for _, raw := range []string{"https://u:a#b@host/x", "https://u:12/ss@host/x", "https://u:a?b@host"} {
+		u, err := url.Parse(raw)
+		var got string
+		if err == nil {
+			got, _ = u.User.Password()
+		}
+		is.True(redact.Misread(raw, got)) // net/url read another password (or none) than the conservative reading
+	}
+	for _, raw := range []string{"https://u:S3cr%40tPass%21@host/x", "https://u@host/x", "https://host/x?password=y"} {
+		u, err := url.Parse(raw)
+		is.NoErr(err)
+		got, _ := u.User.Password()
+		is.True(!redact.Misread(raw, got)) // read alike, or no userinfo password at all
+	}
+}
+
 // marker cannot occur in the fixed parts of the strings FuzzRedact builds, so any occurrence in the
 // output is a piece of the password.
 const marker = "pW9"

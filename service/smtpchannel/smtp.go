@@ -88,9 +88,6 @@ func ParseTLSMode(s string) (TLSMode, error) {
 	return "", fmt.Errorf("%w: starttls %q: want required, opportunistic or none", delivery.ErrInvalidInput, s)
 }
 
-// backstopTimeout bounds a Send whose context has no deadline.
-const backstopTimeout = 5 * time.Minute
-
 // MaxSubjectRunes bounds the Subject (prefix + the body's first line).
 const MaxSubjectRunes = 120
 
@@ -205,7 +202,7 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 	defer conn.Close()
 	deadline, ok := ctx.Deadline()
 	if !ok {
-		deadline = time.Now().Add(backstopTimeout) // callers pass the real timeout; this only bounds a caller that forgot
+		deadline = time.Now().Add(httpkit.BackstopTimeout) // callers pass the real timeout; this only bounds a caller that forgot
 	}
 	_ = conn.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
@@ -261,7 +258,7 @@ type session struct {
 // before is a failure before the end-of-data indication: certainly not accepted.
 func (s *session) before(step string, err error) delivery.Observation {
 	what := "connection lost"
-	if s.ctx.Err() != nil || isTimeout(err) {
+	if s.ctx.Err() != nil || httpkit.IsTimeout(err) {
 		what = "timeout"
 	}
 	return delivery.Observation{Outcome: delivery.OutcomeConnectFailed,
@@ -374,7 +371,7 @@ func (s *session) run(msg delivery.Message, to *mail.Address) delivery.Observati
 
 // after is a failure once the final "." may have reached the relay: the outcome is unknown.
 func (s *session) after(err error) delivery.Observation {
-	if s.ctx.Err() != nil || isTimeout(err) {
+	if s.ctx.Err() != nil || httpkit.IsTimeout(err) {
 		return delivery.Observation{Outcome: delivery.OutcomeTimeout, Detail: "no reply to the end of data within the client timeout: outcome unknown"}
 	}
 	return delivery.Observation{Outcome: delivery.OutcomeIOError, Detail: "connection lost after the end of data: outcome unknown: " + errText(err)}
@@ -467,11 +464,6 @@ func containsFold(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-func isTimeout(err error) bool {
-	var t interface{ Timeout() bool }
-	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &t) && t.Timeout())
 }
 
 func isLoopback(host string) bool {

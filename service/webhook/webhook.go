@@ -38,9 +38,6 @@ import (
 	"github.com/notifierhq/notifier/service/redact"
 )
 
-// MaxResponseBytes bounds how much of a response body is read.
-const MaxResponseBytes = httpkit.MaxResponseBytes
-
 // SecretPrefix starts every Standard Webhooks signing secret; base64 of the key bytes follows it.
 const SecretPrefix = "whsec_"
 
@@ -147,7 +144,8 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 	if resp == nil {
 		return failed
 	}
-	// Any 2xx is the acceptance: a body that could not be read does not change it (Unreadable(false)).
+	// Any 2xx is the acceptance: a body that could not be read does not change it, so Unreadable is
+	// not called (with needBody=false it never reports one).
 	return classify(resp, msg.IdempotencyKey)
 }
 
@@ -161,13 +159,10 @@ func classify(resp *httpkit.Response, webhookID string) delivery.Observation {
 	if resp.Success() {
 		return delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: webhookID}
 	}
-	if obs, ok := resp.ServerAnswer(); ok { // 429, 5xx, gateways
-		return obs
-	}
 	if status >= 300 && status < 400 {
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + ": redirects are not followed"}
 	}
-	return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "HTTP " + strconv.Itoa(status) + httpkit.Snippet(resp.Body)}
+	return resp.Refused() // 429, 5xx, gateways; any other status is a rejection
 }
 
 // Query is not offered: Standard Webhooks has no way to ask a receiver what it got.
@@ -184,10 +179,8 @@ func checkURL(raw string) (*url.URL, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Fragment != "" {
 		return nil, fmt.Errorf("subscriber address is not an http(s) URL: %q", redact.Origin(raw))
 	}
-	if pw, ok := redact.URLPassword(raw); ok {
-		if got, _ := u.User.Password(); got != pw {
-			return nil, fmt.Errorf("subscriber address %q: its password holds a character a URL needs percent-encoded", redact.Origin(raw))
-		}
+	if got, _ := u.User.Password(); redact.Misread(raw, got) {
+		return nil, fmt.Errorf("subscriber address %q: its password holds a character a URL needs percent-encoded", redact.Origin(raw))
 	}
 	return u, nil
 }

@@ -16,12 +16,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/matryer/is"
 
+	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/webhook"
 )
@@ -75,17 +75,13 @@ type receiver struct {
 	rejectWith int           // answered before recording (e.g. 400, 503); 0: none
 	drop       bool          // after recording: close the connection without an answer
 	lastHeader http.Header
-	conns      atomic.Int32 // TCP connections accepted
+	conns      fakes.ConnCounter // TCP connections accepted
 }
 
 func newReceiver(t *testing.T, key []byte) *receiver {
 	r := &receiver{key: key, seen: map[string]bool{}}
 	r.srv = httptest.NewUnstartedServer(http.HandlerFunc(r.serve))
-	r.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			r.conns.Add(1)
-		}
-	}
+	r.srv.Config.ConnState = r.conns.ConnState
 	r.srv.Start()
 	t.Cleanup(r.srv.Close)
 	return r
@@ -124,11 +120,7 @@ func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 	status, delay, drop := r.status, r.delay, r.drop
 	r.mu.Unlock()
 	if drop {
-		conn, _, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			panic(http.ErrAbortHandler)
-		}
-		_ = conn.Close()
+		fakes.Drop(w, req)
 		return
 	}
 	if delay > 0 {
@@ -269,7 +261,7 @@ func TestChannelWebhookDropOnKeptAliveConnection(t *testing.T) {
 	obs := send(t, c, message(r.srv.URL+"/hooks/u1"), 5*time.Second)
 	requests, deliveries := r.counts()
 	is.Equal(requests, 2)                          // one request for this attempt, not a resend behind our back
-	is.Equal(r.conns.Load(), int32(1))             // on the kept-alive connection
+	is.Equal(r.conns.Count(), 1)                   // on the kept-alive connection
 	is.Equal(obs.Outcome, delivery.OutcomeIOError) // uncertain: the receiver has it
 	is.Equal(deliveries, 2)                        // recorded
 

@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"io"
 	"math/big"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -30,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service/webpush"
 )
 
@@ -47,7 +47,7 @@ type pushService struct {
 	devices    map[string]*device
 	nextMsg    int
 	requests   int
-	conns      int
+	conns      fakes.ConnCounter
 	lastHeader http.Header
 	script     []step // consumed one per request; empty: store and answer 201 at once
 }
@@ -79,13 +79,7 @@ func newPushService(t *testing.T, appKey *ecdsa.PublicKey) *pushService {
 	t.Helper()
 	p := &pushService{appKey: appKey, devices: map[string]*device{}}
 	p.srv = httptest.NewUnstartedServer(http.HandlerFunc(p.serve))
-	p.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			p.mu.Lock()
-			p.conns++
-			p.mu.Unlock()
-		}
-	}
+	p.srv.Config.ConnState = p.conns.ConnState
 	p.srv.StartTLS()
 	t.Cleanup(p.srv.Close)
 	p.audience = p.srv.URL // https://127.0.0.1:port
@@ -154,11 +148,7 @@ func (p *pushService) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if st.drop { // stored, and the connection breaks before the answer
-		conn, _, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			panic(http.ErrAbortHandler)
-		}
-		_ = conn.Close()
+		fakes.Drop(w, r)
 		return
 	}
 	if st.delay > 0 { // stored: the message is accepted, only the answer is late
@@ -258,11 +248,7 @@ func (p *pushService) header() http.Header {
 	return p.lastHeader.Clone()
 }
 
-func (p *pushService) connCount() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.conns
-}
+func (p *pushService) connCount() int { return p.conns.Count() }
 
 func (p *pushService) requestCount() int {
 	p.mu.Lock()

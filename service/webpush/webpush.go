@@ -69,8 +69,6 @@ const (
 	MaxTTL = 28 * 24 * time.Hour
 	// TopicLength is the length of the Topic header (RFC 8030 section 5.4 allows at most 32).
 	TopicLength = 32
-	// MaxResponseBytes bounds how much of a response body is read.
-	MaxResponseBytes = httpkit.MaxResponseBytes
 	// vapidLifetime is the JWT's validity; RFC 8292 section 2 allows at most 24 hours.
 	vapidLifetime = 12 * time.Hour
 )
@@ -310,8 +308,8 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 	if resp == nil {
 		return failed
 	}
-	// The acceptance is the status and Location: a body that could not be read changes nothing
-	// (Unreadable(false)).
+	// The acceptance is the status and Location: a body that could not be read changes nothing, so
+	// Unreadable is not called (with needBody=false it never reports one).
 	return classify(resp)
 }
 
@@ -338,10 +336,7 @@ func classify(resp *httpkit.Response) delivery.Observation {
 	case status >= 300 && status < 400:
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: code + ": redirects are not followed"}
 	}
-	if obs, ok := resp.ServerAnswer(); ok { // 429, 5xx, gateways
-		return obs
-	}
-	return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: code + httpkit.Snippet(resp.Body)}
+	return resp.Refused() // 429, 5xx, gateways; any other status is a rejection
 }
 
 // Query is not offered: a push service cannot be asked whether it holds a message.
