@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"net/http"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,9 +22,6 @@ import (
 	"github.com/notifierhq/notifier/service/redact"
 	"github.com/notifierhq/notifier/worker"
 )
-
-// maxInFlight bounds --max-in-flight: each call in flight is a goroutine and an open HTTP request.
-const maxInFlight = 100_000
 
 // leaseMargin is how much longer than the client timeout a lease must be: the time from the claim's
 // commit (when the database starts the lease) to the call, the client's own timer slack, and the
@@ -131,9 +129,9 @@ func workCommand(e *env) *cli.Command {
 			&cli.IntFlag{Name: "concurrency", Hidden: true}, // replaced: parseWork says so
 			&cli.StringFlag{Name: "worker-id", Usage: "recorded on every claim and attempt (default: hostname-pid)"},
 			&cli.BoolFlag{Name: "once", Usage: "run one cycle, print its result as JSON and exit"},
-			&cli.IntFlag{Name: "max-in-flight", Value: worker.DefaultMaxInFlight, Usage: fmt.Sprintf("calls in flight at once, each with its own lease (1-%d; see the description)", maxInFlight)},
+			&cli.IntFlag{Name: "max-in-flight", Value: worker.DefaultMaxInFlight, Usage: fmt.Sprintf("calls in flight at once, each with its own lease (1-%d; see the description)", worker.MaxInFlightLimit)},
 			&cli.IntFlag{Name: "batch", Value: worker.DefaultBatch, Usage: fmt.Sprintf("most tasks one claim takes (1-%d; not with --once)", service.MaxBatch)},
-			&cli.IntFlag{Name: "finishers", Value: worker.DefaultFinishers, Usage: "finish statements running at once (1-64)"},
+			&cli.IntFlag{Name: "finishers", Value: worker.DefaultFinishers, Usage: fmt.Sprintf("finish statements running at once (1-%d)", worker.MaxFinishersLimit)},
 			&cli.DurationFlag{Name: "lease", Value: service.DefaultLease, Usage: "how long a claim holds a task"},
 			&cli.DurationFlag{Name: "timeout", Value: service.DefaultCallTimeout, Usage: "client timeout of one channel call"},
 			&cli.DurationFlag{Name: "backoff", Value: service.DefaultBackoff, Usage: "first retry delay, doubled per attempt"},
@@ -215,16 +213,16 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 			return workConfig{}, usagef("invalid --%s %s: must be more than 0", name, v)
 		}
 	}
-	if n := c.Int("max-in-flight"); n < 1 || n > maxInFlight {
-		return workConfig{}, usagef("invalid --max-in-flight %d: want 1 to %d", n, maxInFlight)
+	if n := c.Int("max-in-flight"); n < 1 || n > worker.MaxInFlightLimit {
+		return workConfig{}, usagef("invalid --max-in-flight %d: want 1 to %d", n, worker.MaxInFlightLimit)
 	}
 	if n := c.Int("batch"); n < 1 || n > service.MaxBatch {
 		return workConfig{}, usagef("invalid --batch %d: want 1 to %d", n, service.MaxBatch)
 	} else if c.IsSet("batch") && cfg.once {
 		return workConfig{}, usagef("--batch %d with --once: --once runs one task and prints one result", n)
 	}
-	if n := c.Int("finishers"); n < 1 || n > 64 {
-		return workConfig{}, usagef("invalid --finishers %d: want 1 to 64", n)
+	if n := c.Int("finishers"); n < 1 || n > worker.MaxFinishersLimit {
+		return workConfig{}, usagef("invalid --finishers %d: want 1 to %d", n, worker.MaxFinishersLimit)
 	}
 	if need := d.CallTimeout + leaseMargin(d.CallTimeout); d.Lease <= need && !c.Bool("allow-lease-overlap") {
 		return workConfig{}, usagef("--lease %s is not longer than --timeout %s plus a margin of %s: two workers could call the channel for one task at once; use a lease over %s, or --allow-lease-overlap",
@@ -242,12 +240,7 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 		if err != nil {
 			return workConfig{}, usagef("invalid --channels-file: %v", err)
 		}
-		names := make([]string, 0, len(routes))
-		for name := range routes {
-			names = append(names, name)
-		}
-		sort.Strings(names)
-		for _, name := range names {
+		for _, name := range slices.Sorted(maps.Keys(routes)) {
 			r := routes[name]
 			d.Routes[name], fromFile[name] = r, true
 			cfg.specs = append(cfg.specs, channelSpec{Name: name, Mode: r.Mode, URL: fmt.Sprint(r.Client)})
@@ -386,12 +379,7 @@ func work(c *cli.Context, e *env) error {
 // worker whose claim found no token waits --poll before it claims again, and a bucket that fills up
 // sooner stops filling, so the channel would run below its limit (at most burst per poll).
 func checkBurstCoversPoll(routes map[string]service.Route, poll time.Duration) error {
-	names := make([]string, 0, len(routes))
-	for name := range routes {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(routes)) {
 		r := routes[name].RateLimit
 		if need := r.PerSecond * poll.Seconds(); r.Burst > 0 && r.Burst < need {
 			return usagef("invalid --channels-file: channel %q: burst %g is less than one --poll %s of rate_limit (%.4g calls): a worker that found no token waits --poll, so the channel would run below its limit; raise burst to at least %d or lower --poll",

@@ -35,7 +35,7 @@ func refusedForRow(err error) bool {
 //
 // A claim failing for any other reason ends the loop: with what was claimed so far when there is
 // something (an Attempt returned with an error would be held but never called), else with the error.
-func (d *Dispatcher) claimEach(ctx context.Context, limit int, locked []lockedTask, refused error) ([]*Attempt, []Result, error) {
+func (d *Dispatcher) claimEach(ctx context.Context, limit int, locked []dbgen.TaskClaimRow, refused error) ([]*Attempt, []Result, error) {
 	var (
 		attempts []*Attempt
 		settled  []Result
@@ -43,7 +43,7 @@ func (d *Dispatcher) claimEach(ctx context.Context, limit int, locked []lockedTa
 	if len(locked) == 1 { // the one task of this claim is at fault
 		res, err := d.setAside(ctx, locked[0], refused)
 		if err != nil {
-			return nil, nil, fmt.Errorf("claim: %w (and setting task %d aside failed: %w)", refused, locked[0].id, err)
+			return nil, nil, err
 		}
 		settled = append(settled, res)
 	}
@@ -58,7 +58,7 @@ func (d *Dispatcher) claimEach(ctx context.Context, limit int, locked []lockedTa
 		case refusedForRow(err) && len(one) == 1:
 			res, aerr := d.setAside(ctx, one[0], err)
 			if aerr != nil {
-				return d.partial(attempts, settled, fmt.Errorf("claim: %w (and setting task %d aside failed: %w)", err, one[0].id, aerr))
+				return d.partial(attempts, settled, aerr)
 			}
 			settled = append(settled, res)
 		default:
@@ -77,17 +77,18 @@ func (d *Dispatcher) partial(attempts []*Attempt, settled []Result, err error) (
 }
 
 // setAside moves a task the server refused to claim out of the claim's way for the longest backoff,
-// in its own statement, and reports it as a SET_ASIDE result (logged as an error by the worker).
-func (d *Dispatcher) setAside(ctx context.Context, t lockedTask, refused error) (Result, error) {
+// in its own statement, and reports it as a SET_ASIDE result (logged as an error by the worker). When
+// that statement fails, its error is the claim's: the refusal, and the failure to set the task aside.
+func (d *Dispatcher) setAside(ctx context.Context, t dbgen.TaskClaimRow, refused error) (Result, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
 	defer cancel()
 	delay := d.cfg.Backoff.Max
 	why := truncate(fmt.Sprintf("SET_ASIDE: the database refused to claim this task: %v; tried again after %s",
 		refused, delay.Round(time.Second)), MaxNoteLength)
 	if _, err := dbgen.New(d.pool).TaskSetAside(ctx, dbgen.TaskSetAsideParams{
-		ID: t.id, DelaySeconds: delay.Seconds(), LastError: why,
+		ID: t.ID, DelaySeconds: delay.Seconds(), LastError: why,
 	}); err != nil {
-		return Result{}, err
+		return Result{}, fmt.Errorf("claim: %w (and setting task %d aside failed: %w)", refused, t.ID, err)
 	}
-	return Result{Kind: ResultSetAside, TaskID: t.id, Channel: t.channel, Detail: why}, nil
+	return Result{Kind: ResultSetAside, TaskID: t.ID, Channel: t.Channel, Detail: why}, nil
 }

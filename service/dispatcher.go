@@ -57,9 +57,9 @@ type Dispatcher struct {
 	channels  []string
 	turn      atomic.Uint32 // which channel the next claim starts with
 	pipelines bool          // the pool's connections can carry a finish ahead of a claim (FinishBatchThenClaim)
-	// The channels whose rate-limit bucket the claims consult, set once by ConfigureRateLimits.
-	limited     map[string]bool
-	limitedList []string
+	// The channels whose rate-limit bucket the claims consult, set once by ConfigureRateLimits: few,
+	// so a list.
+	limited []string
 }
 
 // NewDispatcher checks the configuration and fills defaults.
@@ -175,15 +175,9 @@ func (d *Dispatcher) claimBatch(ctx context.Context, limit int, pre *prelude) ([
 	return attempts, settled, nil
 }
 
-// lockedTask is a task a claim locked: enough to set it aside if the claim is refused because of it.
-type lockedTask struct {
-	id      int64
-	channel string
-}
-
-// claimOnce runs one claim transaction for up to limit tasks. locked lists the tasks TaskClaim locked,
+// claimOnce runs one claim transaction for up to limit tasks. locked lists the rows TaskClaim locked,
 // also when a later statement of the transaction failed.
-func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (attempts []*Attempt, settled []Result, locked []lockedTask, err error) {
+func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (attempts []*Attempt, settled []Result, locked []dbgen.TaskClaimRow, err error) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.DBTimeout)
 	defer cancel()
 	err = inClaimTx(ctx, d.pool, pre, func(q *dbgen.Queries, tx *claimTx) error {
@@ -191,17 +185,15 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 		if err != nil {
 			return err
 		}
-		throttled := map[string]bool{}
-		rows, err := d.lockDue(ctx, q, limit, allowance, throttled)
+		var throttled map[string]bool // made by the first rateLimited
+		rows, err := d.lockDue(ctx, q, limit, allowance, &throttled)
 		if err != nil {
 			return err
 		}
 		if len(rows) == 0 {
 			return nil
 		}
-		for _, row := range rows {
-			locked = append(locked, lockedTask{id: row.ID, channel: row.Channel})
-		}
+		locked = rows // takeTokens returns a new slice and leaves these rows as they are
 		claimed := time.Now()
 		var (
 			expiredTokens []string
@@ -219,7 +211,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 			})
 		}
 		// Calls on a limited channel need a token each; the tasks left without one stay as they are.
-		if rows, err = d.takeTokens(ctx, q, rows, decisions, allowance, throttled); err != nil {
+		if rows, err = d.takeTokens(ctx, q, rows, decisions, allowance, &throttled); err != nil {
 			return err
 		}
 		for _, row := range rows {
@@ -285,7 +277,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 // one channel's part of the claim indexes), starting with the channel after the one the previous claim
 // started with, so that a busy channel does not starve the others. A channel in allowance (it has a
 // rate-limit bucket) gets no more tasks locked than its whole tokens, and none looked at without one.
-func (d *Dispatcher) lockDue(ctx context.Context, q *dbgen.Queries, limit int, allowance map[string]int, throttled map[string]bool) ([]dbgen.TaskClaimRow, error) {
+func (d *Dispatcher) lockDue(ctx context.Context, q *dbgen.Queries, limit int, allowance map[string]int, throttled *map[string]bool) ([]dbgen.TaskClaimRow, error) {
 	var rows []dbgen.TaskClaimRow
 	start := int(d.turn.Add(1))
 	for i := range d.channels {

@@ -112,12 +112,11 @@ func (d *Dispatcher) ConfigureRateLimits(ctx context.Context) ([]Bucket, error) 
 		return nil, fmt.Errorf("read rate limits: %w", err)
 	}
 	var buckets []Bucket
-	d.limited, d.limitedList = map[string]bool{}, nil
+	d.limited = nil
 	for _, r := range rows {
 		if _, mine := d.cfg.Routes[r.Channel]; mine {
 			buckets = append(buckets, bucket(r))
-			d.limited[r.Channel] = true
-			d.limitedList = append(d.limitedList, r.Channel)
+			d.limited = append(d.limited, r.Channel)
 		}
 	}
 	return buckets, nil
@@ -144,10 +143,10 @@ func (n *Notifier) RateLimits(ctx context.Context) ([]Bucket, error) {
 // whole tokens each could grant now. Channels absent from the result have no bucket (any more): no
 // limit. nil when this worker consults no bucket, at no cost.
 func (d *Dispatcher) peekTokens(ctx context.Context, q *dbgen.Queries) (map[string]int, error) {
-	if len(d.limitedList) == 0 {
+	if len(d.limited) == 0 {
 		return nil, nil
 	}
-	rows, err := q.RateLimitPeek(ctx, d.limitedList)
+	rows, err := q.RateLimitPeek(ctx, d.limited)
 	if err != nil {
 		return nil, fmt.Errorf("read rate limits: %w", err)
 	}
@@ -163,7 +162,7 @@ func (d *Dispatcher) peekTokens(ctx context.Context, q *dbgen.Queries) (map[stri
 // none: the claim leaves those tasks as they are, due again at once. Rows settled or parked at claim
 // time need no token.
 func (d *Dispatcher) takeTokens(ctx context.Context, q *dbgen.Queries, rows []dbgen.TaskClaimRow,
-	decisions map[int64]ClaimDecision, allowance map[string]int, throttled map[string]bool) ([]dbgen.TaskClaimRow, error) {
+	decisions map[int64]ClaimDecision, allowance map[string]int, throttled *map[string]bool) ([]dbgen.TaskClaimRow, error) {
 	calls := map[string]int32{}
 	for _, row := range rows {
 		if _, limited := allowance[row.Channel]; limited && decisions[row.ID].Kind == ClaimCall {
@@ -186,7 +185,7 @@ func (d *Dispatcher) takeTokens(ctx context.Context, q *dbgen.Queries, rows []db
 	for _, g := range granted {
 		left[g.Channel] = g.Granted
 	}
-	kept := rows[:0:0]
+	kept := rows[:0:0] // a new slice: the claim keeps rows as locked, to set a task aside (claimEach)
 	for _, row := range rows {
 		n, limited := left[row.Channel] // a bucket deleted since the peek: no limit
 		if limited && decisions[row.ID].Kind == ClaimCall {
@@ -201,12 +200,16 @@ func (d *Dispatcher) takeTokens(ctx context.Context, q *dbgen.Queries, rows []db
 	return kept, nil
 }
 
-// rateLimited reports, once per claim and channel, that the channel's bucket held the claim back.
-func (d *Dispatcher) rateLimited(channel string, seen map[string]bool) {
-	if seen[channel] {
+// rateLimited reports, once per claim and channel, that the channel's bucket held the claim back. It
+// makes *seen on first use: most claims are held back by no bucket.
+func (d *Dispatcher) rateLimited(channel string, seen *map[string]bool) {
+	if (*seen)[channel] {
 		return
 	}
-	seen[channel] = true
+	if *seen == nil {
+		*seen = map[string]bool{}
+	}
+	(*seen)[channel] = true
 	if d.cfg.RateLimited != nil {
 		d.cfg.RateLimited(channel)
 	}
@@ -222,14 +225,17 @@ func (d *Dispatcher) pauseThrottled(ctx context.Context, attempts []*Attempt, ob
 	if len(d.limited) == 0 {
 		return
 	}
-	pauses := map[string]time.Duration{}
+	var pauses map[string]time.Duration // made by the first 429: most finishes have none
 	for i, a := range attempts {
-		if i >= len(obs) || obs[i].Outcome != OutcomeThrottled || !d.limited[a.Channel] {
+		if i >= len(obs) || obs[i].Outcome != OutcomeThrottled || !slices.Contains(d.limited, a.Channel) {
 			continue
 		}
 		pause := obs[i].RetryAfter
 		if pause <= 0 {
 			pause = DefaultThrottlePause
+		}
+		if pauses == nil {
+			pauses = map[string]time.Duration{}
 		}
 		pauses[a.Channel] = max(pauses[a.Channel], min(pause, MaxThrottlePause))
 	}

@@ -103,18 +103,9 @@ type ParkedTask struct {
 
 // Parked lists up to limit parked tasks with id > afterID, oldest first.
 func (n *Notifier) Parked(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
-	rows, err := n.q.TaskListParked(ctx, dbgen.TaskListParkedParams{AfterID: afterID, MaxRows: int32(limit)})
+	out, err := n.parked(ctx, afterID, limit)
 	if err != nil {
-		return nil, fmt.Errorf("list parked tasks: %w", err)
-	}
-	out := make([]ParkedTask, len(rows))
-	for i, r := range rows {
-		out[i] = ParkedTask{
-			Task: Task{ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, State: State(r.State),
-				AttemptCount: int(r.AttemptCount), MaxAttempts: int(r.MaxAttempts), OutcomeUncertain: true,
-				NeedsReview: true, ProviderMsgID: deref(r.ProviderMsgID), LastError: deref(r.LastError), UpdatedAt: r.UpdatedAt},
-			Review: ReviewParked, UserID: r.UserID, EventKey: r.EventKey,
-		}
+		return nil, err
 	}
 	return n.withAttempts(ctx, out)
 }
@@ -122,18 +113,9 @@ func (n *Notifier) Parked(ctx context.Context, afterID int64, limit int) ([]Park
 // LateAccepted lists up to limit FAILED or SUPPRESSED tasks with id > afterID that a late answer says
 // were accepted (ReviewLateAccepted), oldest first.
 func (n *Notifier) LateAccepted(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
-	rows, err := n.q.TaskListLateAccepted(ctx, dbgen.TaskListLateAcceptedParams{AfterID: afterID, MaxRows: int32(limit)})
+	out, err := n.lateAccepted(ctx, afterID, limit)
 	if err != nil {
-		return nil, fmt.Errorf("list late-accepted tasks: %w", err)
-	}
-	out := make([]ParkedTask, len(rows))
-	for i, r := range rows {
-		out[i] = ParkedTask{
-			Task: Task{ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, State: State(r.State),
-				AttemptCount: int(r.AttemptCount), MaxAttempts: int(r.MaxAttempts),
-				ProviderMsgID: deref(r.ProviderMsgID), LastError: deref(r.LastError), UpdatedAt: r.UpdatedAt},
-			Review: ReviewLateAccepted, UserID: r.UserID, EventKey: r.EventKey,
-		}
+		return nil, err
 	}
 	return n.withAttempts(ctx, out)
 }
@@ -142,17 +124,55 @@ func (n *Notifier) LateAccepted(ctx context.Context, afterID int64, limit int) (
 // tasks (to resolve) and final "not sent" tasks a late answer contradicts (to know about). Paging by
 // the last id printed covers both.
 func (n *Notifier) Review(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
-	parked, err := n.Parked(ctx, afterID, limit)
+	parked, err := n.parked(ctx, afterID, limit)
 	if err != nil {
 		return nil, err
 	}
-	late, err := n.LateAccepted(ctx, afterID, limit)
+	late, err := n.lateAccepted(ctx, afterID, limit)
 	if err != nil {
 		return nil, err
 	}
 	all := append(parked, late...)
 	slices.SortFunc(all, func(a, b ParkedTask) int { return cmp.Compare(a.ID, b.ID) })
-	return all[:min(limit, len(all))], nil
+	return n.withAttempts(ctx, all[:min(limit, len(all))]) // the history of the tasks shown only
+}
+
+// parked is Parked without the tasks' histories.
+func (n *Notifier) parked(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
+	rows, err := n.q.TaskListParked(ctx, dbgen.TaskListParkedParams{AfterID: afterID, MaxRows: int32(limit)})
+	if err != nil {
+		return nil, fmt.Errorf("list parked tasks: %w", err)
+	}
+	out := make([]ParkedTask, len(rows))
+	for i, r := range rows {
+		out[i] = reviewTask(r, ReviewParked)
+	}
+	return out, nil
+}
+
+// lateAccepted is LateAccepted without the tasks' histories.
+func (n *Notifier) lateAccepted(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
+	rows, err := n.q.TaskListLateAccepted(ctx, dbgen.TaskListLateAcceptedParams{AfterID: afterID, MaxRows: int32(limit)})
+	if err != nil {
+		return nil, fmt.Errorf("list late-accepted tasks: %w", err)
+	}
+	out := make([]ParkedTask, len(rows))
+	for i, r := range rows {
+		out[i] = reviewTask(dbgen.TaskListParkedRow(r), ReviewLateAccepted)
+	}
+	return out, nil
+}
+
+// reviewTask is a listed task shown to a human for kind, without its history. A parked task is UNKNOWN,
+// uncertain and needs review; a late-accepted one is final and neither.
+func reviewTask(r dbgen.TaskListParkedRow, kind ReviewKind) ParkedTask {
+	parked := kind == ReviewParked
+	return ParkedTask{
+		Task: Task{ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, State: State(r.State),
+			AttemptCount: int(r.AttemptCount), MaxAttempts: int(r.MaxAttempts), OutcomeUncertain: parked,
+			NeedsReview: parked, ProviderMsgID: deref(r.ProviderMsgID), LastError: deref(r.LastError), UpdatedAt: r.UpdatedAt},
+		Review: kind, UserID: r.UserID, EventKey: r.EventKey,
+	}
 }
 
 func (n *Notifier) withAttempts(ctx context.Context, tasks []ParkedTask) ([]ParkedTask, error) {

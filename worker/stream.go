@@ -31,6 +31,14 @@ const (
 	DefaultMaxBackoff  = 10 * time.Second
 )
 
+// Bounds of Config that the command lines accept (`notifier work` and the load bench).
+const (
+	// MaxInFlightLimit bounds MaxInFlight: each call in flight is a goroutine and an open HTTP request.
+	MaxInFlightLimit = 100_000
+	// MaxFinishersLimit bounds Finishers: each finish at once holds a database connection.
+	MaxFinishersLimit = 64
+)
+
 // Hooks let a caller time the loop's database work (the bench does). Each runs on the loop's own
 // goroutine: keep it short.
 type Hooks struct {
@@ -132,7 +140,7 @@ type finishDone struct {
 func Run(ctx context.Context, d Dispatcher, cfg Config) {
 	cfg = cfg.WithDefaults()
 	s := &stream{
-		d: d, cfg: cfg, log: cfg.Logger, health: &dbHealth{log: cfg.Logger},
+		d: d, cfg: cfg, health: &dbHealth{log: cfg.Logger},
 		answers:  make(chan answer, cfg.MaxInFlight),
 		claims:   make(chan claimDone, 1),
 		finishes: make(chan finishDone, cfg.Finishers),
@@ -143,7 +151,6 @@ func Run(ctx context.Context, d Dispatcher, cfg Config) {
 type stream struct {
 	d        Dispatcher
 	cfg      Config
-	log      *slog.Logger
 	health   *dbHealth
 	answers  chan answer
 	claims   chan claimDone
@@ -234,14 +241,14 @@ func (s *stream) run(ctx context.Context) {
 			switch {
 			case c.err != nil && ctx.Err() == nil:
 				s.health.failed(c.err)
-				backoff = min(max(2*backoff, s.cfg.Poll), s.cfg.MaxBackoff)
+				backoff = s.longer(backoff)
 				nextClaim = time.Now().Add(backoff)
 			case c.err == nil:
 				s.health.ok()
 				if c.finish == nil || c.finish.err == nil {
 					backoff = 0
 				}
-				logSettled(s.log, c.settled)
+				logSettled(s.cfg.Logger, c.settled)
 				s.report(c.settled)
 				calling += len(c.attempts)
 				for _, a := range c.attempts {
@@ -267,14 +274,12 @@ func (s *stream) run(ctx context.Context) {
 // startCall calls the attempt's channel on its own goroutine and hands the answer back. The call is
 // bounded by the client timeout and not cancelled by ctx: a stopping worker records it.
 func (s *stream) startCall(ctx context.Context, a *service.Attempt) {
-	s.log.Info("CLAIMED", "task", a.TaskID, "channel", a.Channel, "attempt", a.No, "action", a.Action,
-		"uncertain", a.PriorUncertain, "token", prefix(a.Token))
+	logClaimed(s.cfg.Logger, a)
 	go func() {
 		started := time.Now()
 		obs := s.d.Call(ctx, a)
 		took := time.Since(started)
-		s.log.Info("CALLED", "task", a.TaskID, "attempt", a.No, "action", a.Action, "outcome", obs.Outcome,
-			"msg", obs.ProviderMsgID, "ms", took.Milliseconds(), "token", prefix(a.Token))
+		logCalled(s.cfg.Logger, a, obs, took)
 		s.answers <- answer{attempt: a, obs: obs, took: took}
 	}()
 }
@@ -308,16 +313,22 @@ func (s *stream) recorded(f finishDone, backoff time.Duration) time.Duration {
 		s.cfg.Hooks.Finished(f.took, len(f.answers), f.err)
 	}
 	if f.err != nil {
-		logFinishFailed(s.log, len(f.answers), f.err)
+		logFinishFailed(s.cfg.Logger, len(f.answers), f.err)
 		s.health.failed(f.err)
-		return min(max(2*backoff, s.cfg.Poll), s.cfg.MaxBackoff)
+		return s.longer(backoff)
 	}
 	elapsed := make([]time.Duration, len(f.answers))
 	for i, a := range f.answers {
 		elapsed[i] = a.took
 	}
-	s.report(logFinished(s.log, f.results, elapsed))
+	s.report(logFinished(s.cfg.Logger, f.results, elapsed))
 	return backoff
+}
+
+// longer is the backoff after a failed claim or finish: double the last one, at least Poll, at most
+// MaxBackoff.
+func (s *stream) longer(backoff time.Duration) time.Duration {
+	return min(max(2*backoff, s.cfg.Poll), s.cfg.MaxBackoff)
 }
 
 func (s *stream) report(results []service.Result) {

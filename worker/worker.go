@@ -9,15 +9,41 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/notifierhq/notifier/service"
 )
 
-// RunOnce performs one cycle on one task and logs its events: CLAIMED, CALLED and RESULT.
+// RunOnce performs one cycle on one task and logs its events: CLAIMED, CALLED and RESULT. It claims
+// one task in one transaction, calls its channel, and records the answer in one finish transaction.
 func RunOnce(ctx context.Context, d Dispatcher, log *slog.Logger) (service.Result, error) {
-	results, err := runBatch(ctx, d, 1, log)
+	if log == nil {
+		log = slog.Default()
+	}
+	attempts, settled, err := d.ClaimBatch(ctx, 1)
+	if err != nil {
+		return service.Result{Kind: service.ResultNothing}, err
+	}
+	logSettled(log, settled)
+	results := settled
+	if len(attempts) > 0 { // a claim of one: one attempt, called here
+		obs := make([]service.Observation, len(attempts))
+		elapsed := make([]time.Duration, len(attempts))
+		for i, a := range attempts {
+			logClaimed(log, a)
+			started := time.Now()
+			obs[i] = d.Call(ctx, a)
+			elapsed[i] = time.Since(started)
+			logCalled(log, a, obs[i], elapsed[i])
+		}
+		finished, ferr := d.FinishBatch(ctx, attempts, obs)
+		if ferr != nil {
+			logFinishFailed(log, len(attempts), ferr)
+			err = ferr
+		} else {
+			results = append(settled, logFinished(log, finished, elapsed)...)
+		}
+	}
 	if len(results) == 0 {
 		return service.Result{Kind: service.ResultNothing}, err
 	}
@@ -30,49 +56,16 @@ func RunOnce(ctx context.Context, d Dispatcher, log *slog.Logger) (service.Resul
 	return results[0], err
 }
 
-// runBatch performs one cycle on up to batch tasks: one claim transaction, the calls concurrently, one
-// finish transaction. It logs CLAIMED, CALLED and RESULT per task. No result means nothing was due.
-func runBatch(ctx context.Context, d Dispatcher, batch int, log *slog.Logger) ([]service.Result, error) {
-	if log == nil {
-		log = slog.Default()
-	}
-	attempts, settled, err := d.ClaimBatch(ctx, batch)
-	if err != nil {
-		return nil, err
-	}
-	logSettled(log, settled)
-	if len(attempts) == 0 {
-		return settled, nil
-	}
-	obs, elapsed := call(ctx, d, attempts, log)
-	results, err := d.FinishBatch(ctx, attempts, obs)
-	if err != nil {
-		logFinishFailed(log, len(attempts), err)
-		return settled, err
-	}
-	return append(settled, logFinished(log, results, elapsed)...), nil
+// logClaimed logs CLAIMED for an attempt, before its call.
+func logClaimed(log *slog.Logger, a *service.Attempt) {
+	log.Info("CLAIMED", "task", a.TaskID, "channel", a.Channel, "attempt", a.No, "action", a.Action,
+		"uncertain", a.PriorUncertain, "token", prefix(a.Token))
 }
 
-// call calls the attempts' channels concurrently and logs CLAIMED and CALLED per task.
-func call(ctx context.Context, d Dispatcher, attempts []*service.Attempt, log *slog.Logger) ([]service.Observation, []time.Duration) {
-	obs := make([]service.Observation, len(attempts))
-	elapsed := make([]time.Duration, len(attempts))
-	var wg sync.WaitGroup
-	for i, a := range attempts {
-		log.Info("CLAIMED", "task", a.TaskID, "channel", a.Channel, "attempt", a.No, "action", a.Action,
-			"uncertain", a.PriorUncertain, "token", prefix(a.Token))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			started := time.Now()
-			obs[i] = d.Call(ctx, a)
-			elapsed[i] = time.Since(started)
-			log.Info("CALLED", "task", a.TaskID, "attempt", a.No, "action", a.Action, "outcome", obs[i].Outcome,
-				"msg", obs[i].ProviderMsgID, "ms", elapsed[i].Milliseconds(), "token", prefix(a.Token))
-		}()
-	}
-	wg.Wait()
-	return obs, elapsed
+// logCalled logs CALLED for an attempt whose call answered obs after took.
+func logCalled(log *slog.Logger, a *service.Attempt, obs service.Observation, took time.Duration) {
+	log.Info("CALLED", "task", a.TaskID, "attempt", a.No, "action", a.Action, "outcome", obs.Outcome,
+		"msg", obs.ProviderMsgID, "ms", took.Milliseconds(), "token", prefix(a.Token))
 }
 
 func logSettled(log *slog.Logger, settled []service.Result) {
@@ -108,17 +101,15 @@ func logFinishFailed(log *slog.Logger, tasks int, err error) {
 	log.Error("finish failed; the tasks will be recovered after their lease", "tasks", tasks, "error", err)
 }
 
-// dbHealth logs one line when cycles start failing and one when they recover, not one per retry.
+// dbHealth logs one line when cycles start failing and one when they recover, not one per retry. Only
+// the loop's own goroutine uses it (claims and finishes report back to it over channels).
 type dbHealth struct {
-	mu      sync.Mutex
 	failing bool
 	since   time.Time
 	log     *slog.Logger
 }
 
 func (h *dbHealth) failed(err error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	if !h.failing {
 		h.failing, h.since = true, time.Now()
 		h.log.Error("cycles failing; retrying with backoff", "error", err)
@@ -126,8 +117,6 @@ func (h *dbHealth) failed(err error) {
 }
 
 func (h *dbHealth) ok() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.failing {
 		h.failing = false
 		h.log.Info("cycles recovered", "after", time.Since(h.since).Round(time.Millisecond).String())

@@ -48,8 +48,8 @@ type Config struct {
 // Limits of the flags.
 const (
 	maxWorkers   = 64
-	maxInFlight  = 100_000 // as `notifier work --max-in-flight`
-	maxFinishers = 64
+	maxInFlight  = worker.MaxInFlightLimit // as `notifier work --max-in-flight`
+	maxFinishers = worker.MaxFinishersLimit
 )
 
 // loop is the worker.Config of each loop (Logger, OnResult and Hooks are set per phase).
