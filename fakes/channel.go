@@ -309,6 +309,18 @@ func (c *Channel) TotalSends() int { return c.total(c.sends) }
 // TotalOutbound is Outbound summed over all refs.
 func (c *Channel) TotalOutbound() int { return c.total(c.outbound) }
 
+// MaxOutboundPerRef is the most new messages accepted for any one ref (0 before any): above 1, some
+// ref's message went out more than once.
+func (c *Channel) MaxOutboundPerRef() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, v := range c.outbound {
+		n = max(n, v)
+	}
+	return n
+}
+
 // Conns counts the TCP connections the fake has accepted, so a test can tell
 // whether a request came on a kept-alive (reused) connection.
 func (c *Channel) Conns() int { return c.conns.Count() }

@@ -31,9 +31,6 @@ const (
 	MaxErrors = 0.5
 )
 
-// z99 is the standard normal's 99th percentile: a lognormal's p99 is median x exp(sigma x z99).
-const z99 = 2.326348
-
 // Model is a provider's latency and refusals. The zero Model answers at once and never refuses.
 type Model struct {
 	Median time.Duration // median delay between acceptance and the answer; 0: at once

@@ -7,7 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/notifierhq/notifier/bench/proc"
+	"github.com/notifierhq/notifier/bench/pgbench"
+	"github.com/notifierhq/notifier/internal/cputime"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/worker"
 )
@@ -21,9 +22,7 @@ type loopStats struct {
 	emptyClaims int
 	claimTasks  int
 	finishes    int
-	answers     int // answers the finishes recorded
-	claimErrors int
-	finishErrs  int
+	answers     int             // answers the finishes recorded
 	claimLat    []time.Duration // claims that brought tasks, alone or behind a finish
 	finishLat   []time.Duration
 	callLat     []time.Duration // each recorded call, from the worker's own timing (Result.CallDuration)
@@ -64,7 +63,7 @@ type deliverStats struct {
 func (b *bench) deliver(ctx context.Context, label string, target int, shape worker.Config, claimsAlone bool) (deliverStats, error) {
 	// Open every loop's connections first: connecting is not part of the figures.
 	for _, l := range b.loops {
-		if err := warmPool(ctx, l, shape.WithDefaults().Connections()); err != nil {
+		if err := warmPool(ctx, l, shape.Connections()); err != nil {
 			return deliverStats{}, err
 		}
 	}
@@ -89,7 +88,7 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 	bar := startProgress(b.bar, label, target)
 	per := make([]*loopStats, len(b.loops))
 	dispatchers := make([]*countingDispatcher, len(b.loops))
-	started, cpu0, srv0 := time.Now(), proc.ProcessCPU(), b.serverUsed()
+	started, cpu0, srv0 := time.Now(), cputime.Process(), b.server.CPUUsed()
 	for i, l := range b.loops {
 		st := &loopStats{other: map[string]int{}}
 		per[i] = st
@@ -109,7 +108,6 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 		cfg.Hooks = worker.Hooks{
 			Claimed: func(took time.Duration, tasks int, err error) {
 				if err != nil {
-					st.claimErrors++
 					fail(fmt.Errorf("%s: claim: %w", l.name, err))
 					return
 				}
@@ -117,7 +115,6 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 			},
 			Finished: func(took time.Duration, tasks int, err error) {
 				if err != nil {
-					st.finishErrs++
 					fail(fmt.Errorf("%s: finish: %w", l.name, err))
 					return
 				}
@@ -139,7 +136,7 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
-	took, cpu, srv := time.Since(started), proc.ProcessCPU()-cpu0, b.serverUsed()-srv0
+	took, cpu, srv := time.Since(started), cputime.Process()-cpu0, b.server.CPUUsed()-srv0
 	stopping.Store(true)
 	cancel()
 	wg.Wait()
@@ -188,8 +185,6 @@ func (st *loopStats) add(o *loopStats) {
 	st.claimTasks += o.claimTasks
 	st.finishes += o.finishes
 	st.answers += o.answers
-	st.claimErrors += o.claimErrors
-	st.finishErrs += o.finishErrs
 	st.claimLat = append(st.claimLat, o.claimLat...)
 	st.finishLat = append(st.finishLat, o.finishLat...)
 	st.callLat = append(st.callLat, o.callLat...)
@@ -200,24 +195,24 @@ func (st deliverStats) cpuMSPerDelivery() (client, server float64) {
 	if st.sent == 0 {
 		return 0, 0
 	}
-	return msPer(st.clientCPU, st.sent), msPer(st.serverCPU, st.sent)
+	return pgbench.MSPer(st.clientCPU, st.sent), pgbench.MSPer(st.serverCPU, st.sent)
 }
 
 // fill sets the deliver phase's figures of the report.
 func (st deliverStats) fill(rep *Report) {
-	rep.Deliveries, rep.DeliverSeconds = st.sent, round3(st.seconds)
-	rep.DeliveriesPerSec = round3(float64(st.sent) / st.seconds)
+	rep.Deliveries, rep.DeliverSeconds = st.sent, pgbench.Round3(st.seconds)
+	rep.DeliveriesPerSec = pgbench.Round3(float64(st.sent) / st.seconds)
 	rep.OtherResults = st.other
 	rep.Claims, rep.EmptyClaims, rep.ClaimsWithFinish, rep.Finishes = st.claims, st.emptyClaims, st.claimsWithFinish, st.finishes
 	if st.claims > 0 {
-		rep.TasksPerClaim = round3(float64(st.claimTasks) / float64(st.claims))
+		rep.TasksPerClaim = pgbench.Round3(float64(st.claimTasks) / float64(st.claims))
 	}
 	if st.finishes > 0 {
-		rep.AnswersPerFinish = round3(float64(st.answers) / float64(st.finishes))
+		rep.AnswersPerFinish = pgbench.Round3(float64(st.answers) / float64(st.finishes))
 	}
 	rep.ClaimMS, rep.FinishMS, rep.CallMS = percentiles(st.claimLat), percentiles(st.finishLat), percentiles(st.callLat)
 	client, server := st.cpuMSPerDelivery()
-	rep.CPUMSPerDelivery, rep.ServerCPUMSPerDelivery = round3(client), round3(server)
+	rep.CPUMSPerDelivery, rep.ServerCPUMSPerDelivery = pgbench.Round3(client), pgbench.Round3(server)
 }
 
 // terminal reports whether a result settles a task for good (or for a human).
@@ -246,5 +241,3 @@ func warmPool(ctx context.Context, l *loop, n int) error {
 	}
 	return nil
 }
-
-func msPer(d time.Duration, n int) float64 { return d.Seconds() * 1000 / float64(n) }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/notifierhq/notifier/bench/dbgen"
+	"github.com/notifierhq/notifier/bench/pgbench"
 	"github.com/notifierhq/notifier/bench/proc"
 	"github.com/notifierhq/notifier/bench/workload"
 	"github.com/notifierhq/notifier/worker"
@@ -165,7 +166,7 @@ func (b *bench) historyRun(ctx context.Context, before *probeReport) (*historyRe
 		bar.Add(int(inserted))
 	}
 	bar.Done()
-	h := &historyReport{Rows: rows, FillSeconds: round3(time.Since(started).Seconds()), Before: before}
+	h := &historyReport{Rows: rows, FillSeconds: pgbench.Round3(time.Since(started).Seconds()), Before: before}
 	b.notef("history: %d finished tasks added in %.1fs", rows, h.FillSeconds)
 	after, err := b.probe(ctx, "p1")
 	if err != nil {

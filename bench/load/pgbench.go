@@ -33,10 +33,7 @@ func (b *bench) pgbenchCompare(ctx context.Context, rep *Report) error {
 	}
 	defer cleanup()
 	runner := pgbench.Runner{Bin: bin, Scripts: scripts, DBURL: b.cfg.DBURL, PlanCacheMode: rep.Server.PlanCacheMode,
-		Clients: b.cfg.Workers, Notef: b.notef}
-	if b.server != nil {
-		runner.ServerCPU = b.serverUsed
-	}
+		Clients: b.cfg.Workers, Server: b.server, Notef: b.notef}
 	g, err := runner.Run(ctx, rep.Deliveries)
 	if err != nil {
 		return err
@@ -47,9 +44,9 @@ func (b *bench) pgbenchCompare(ctx context.Context, rep *Report) error {
 	if b.cfg.Rounds < 2 {
 		return nil
 	}
-	rep.Rounds = []roundReport{{Round: 1, Deliveries: rep.Deliveries, DeliveriesPerSec: round3(rep.DeliveriesPerSec),
-		PgbenchTPS: g.TPS, GoVsPgbench: g.GoVsPgbench, CPUMSPerDelivery: round3(rep.CPUMSPerDelivery),
-		ServerCPUMSPerDelivery: round3(rep.ServerCPUMSPerDelivery), PgbenchCPUMSPerDelivery: g.ClientCPUMSPerDelivery,
+	rep.Rounds = []roundReport{{Round: 1, Deliveries: rep.Deliveries, DeliveriesPerSec: pgbench.Round3(rep.DeliveriesPerSec),
+		PgbenchTPS: g.TPS, GoVsPgbench: g.GoVsPgbench, CPUMSPerDelivery: pgbench.Round3(rep.CPUMSPerDelivery),
+		ServerCPUMSPerDelivery: pgbench.Round3(rep.ServerCPUMSPerDelivery), PgbenchCPUMSPerDelivery: g.ClientCPUMSPerDelivery,
 		PgbenchServerCPUMSPerDelivery: g.ServerCPUMSPerDelivery}}
 	for n := 2; n <= b.cfg.Rounds; n++ {
 		r, err := b.compareRound(ctx, n, runner)
@@ -62,7 +59,7 @@ func (b *bench) pgbenchCompare(ctx context.Context, rep *Report) error {
 	for i, r := range rep.Rounds {
 		ratios[i] = r.GoVsPgbench
 	}
-	rep.MedianGoVsPgbench = round3(median(ratios))
+	rep.MedianGoVsPgbench = pgbench.Round3(median(ratios))
 	b.notef("rounds: Go / pgbench %v, median %.2f", ratios, rep.MedianGoVsPgbench)
 	return nil
 }
@@ -97,8 +94,8 @@ func (b *bench) compareRound(ctx context.Context, n int, runner pgbench.Runner) 
 		return roundReport{}, err
 	}
 	client, server := ds.cpuMSPerDelivery()
-	r := roundReport{Round: n, Deliveries: ds.sent, DeliveriesPerSec: round3(float64(ds.sent) / ds.seconds),
-		CPUMSPerDelivery: round3(client), ServerCPUMSPerDelivery: round3(server)}
+	r := roundReport{Round: n, Deliveries: ds.sent, DeliveriesPerSec: pgbench.Round3(float64(ds.sent) / ds.seconds),
+		CPUMSPerDelivery: pgbench.Round3(client), ServerCPUMSPerDelivery: pgbench.Round3(server)}
 	g, err := runner.Run(ctx, ds.sent)
 	if err != nil {
 		return roundReport{}, err

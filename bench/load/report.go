@@ -207,7 +207,7 @@ func percentiles(ds []time.Duration) Latency {
 	slices.Sort(s)
 	at := func(p float64) float64 {
 		i := int(math.Ceil(p*float64(len(s)))) - 1
-		return round3(float64(s[max(0, min(i, len(s)-1))]) / float64(time.Millisecond))
+		return pgbench.Round3(float64(s[max(0, min(i, len(s)-1))]) / float64(time.Millisecond))
 	}
 	return Latency{P50: at(0.50), P99: at(0.99)}
 }
@@ -216,7 +216,5 @@ func ratio(a, b float64) float64 {
 	if b == 0 {
 		return 0
 	}
-	return round3(a / b)
+	return pgbench.Round3(a / b)
 }
-
-func round3(f float64) float64 { return math.Round(f*1000) / 1000 }

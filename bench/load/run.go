@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/notifierhq/notifier/bench/dbgen"
+	"github.com/notifierhq/notifier/bench/pgbench"
 	"github.com/notifierhq/notifier/bench/proc"
 	"github.com/notifierhq/notifier/bench/workload"
 	productdb "github.com/notifierhq/notifier/dbgen"
@@ -27,7 +28,6 @@ import (
 // bench is one load run: the database, the fakes, the worker loops, and what was measured.
 type bench struct {
 	cfg       Config
-	stdout    io.Writer
 	stderr    io.Writer
 	log       *slog.Logger // the loops' logger: warnings and errors only (per-task events cost and say nothing here)
 	pool      *pgxpool.Pool
@@ -58,7 +58,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 		return err
 	}
 	defer pool.Close()
-	b := &bench{cfg: cfg, stdout: stdout, stderr: stderr, pool: pool, q: dbgen.New(pool), n: service.NewNotifier(pool),
+	b := &bench{cfg: cfg, stderr: stderr, pool: pool, q: dbgen.New(pool), n: service.NewNotifier(pool),
 		log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		run: "bench-" + strconv.FormatInt(time.Now().UnixMilli(), 36) + fmt.Sprintf("%03d", rand.IntN(1000))}
 	if !cfg.JSON && isTerminal(stderr) {
@@ -114,7 +114,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 		}
 	}
 	checkErr := b.finalCheck(ctx, rep)
-	rep.PeakRSSMiB = round3(proc.PeakRSSMiB())
+	rep.PeakRSSMiB = pgbench.Round3(proc.PeakRSSMiB())
 	rep.LoadAvgEnd = proc.LoadAvg()
 	rep.Check = "ok"
 	if checkErr != nil {
@@ -150,26 +150,7 @@ func (b *bench) findServer(ctx context.Context) (*proc.Server, string) {
 	dctx, cancel := context.WithTimeout(ctx, b.cfg.DBTimeout)
 	defer cancel()
 	pid, err := b.q.BenchBackendPID(dctx)
-	if err != nil {
-		return nil, "not measured: " + err.Error()
-	}
-	s, err := proc.NewServer(int(pid))
-	if err != nil {
-		return nil, "not measured: " + err.Error()
-	}
-	return s, ""
-}
-
-// serverUsed is the server's CPU time so far (0 when it is not measured).
-func (b *bench) serverUsed() time.Duration {
-	if b.server == nil {
-		return 0
-	}
-	d, err := b.server.Used()
-	if err != nil {
-		return 0
-	}
-	return d
+	return proc.Find(int(pid), err)
 }
 
 // start starts the fakes with the latency model, one dispatcher, channel clients and pool per worker
@@ -315,8 +296,8 @@ func (b *bench) mainRun(ctx context.Context, rep *Report) error {
 		return err
 	}
 	rep.CreateCalls, rep.Created, rep.DuplicateAnswers = cs.calls, cs.created, cs.calls-cs.created
-	rep.Tasks, rep.CreateSeconds = cs.tasks, round3(cs.seconds)
-	rep.CreatesPerSec = round3(float64(cs.calls) / cs.seconds)
+	rep.Tasks, rep.CreateSeconds = cs.tasks, pgbench.Round3(cs.seconds)
+	rep.CreatesPerSec = pgbench.Round3(float64(cs.calls) / cs.seconds)
 	rep.CreateCallMS = percentiles(cs.latencies)
 	if err := b.analyze(ctx); err != nil {
 		return err
@@ -344,7 +325,7 @@ func (b *bench) mainRun(ctx context.Context, rep *Report) error {
 	}
 	ds.fill(rep)
 	if ds.sent > 0 {
-		rep.DBXactsPerDelivery = round3(float64(commits1-commits0) / float64(ds.sent))
+		rep.DBXactsPerDelivery = pgbench.Round3(float64(commits1-commits0) / float64(ds.sent))
 	}
 	dctx, cancel := context.WithTimeout(ctx, b.cfg.DBTimeout)
 	defer cancel()
@@ -352,7 +333,7 @@ func (b *bench) mainRun(ctx context.Context, rep *Report) error {
 	if err != nil {
 		return fmt.Errorf("create -> SENT latency: %w", err)
 	}
-	rep.CreateToSentMS = Latency{P50: round3(lat.P50MS), P99: round3(lat.P99MS)}
+	rep.CreateToSentMS = Latency{P50: pgbench.Round3(lat.P50MS), P99: pgbench.Round3(lat.P99MS)}
 	b.notef("created %d (%d calls, %.0f/s), delivered %d (%.0f/s)", cs.created, cs.calls, rep.CreatesPerSec, ds.sent, rep.DeliveriesPerSec)
 	return nil
 }
@@ -428,20 +409,11 @@ func (b *bench) finalCheck(ctx context.Context, rep *Report) error {
 		if rep.Outbound != b.delivered {
 			errs = append(errs, fmt.Errorf("the fakes sent %d messages for %d delivered tasks", rep.Outbound, b.delivered))
 		}
-		if n := max(maxPerRef(b.push), maxPerRef(b.sms)); n > 1 {
+		if n := max(b.push.MaxOutboundPerRef(), b.sms.MaxOutboundPerRef()); n > 1 {
 			errs = append(errs, fmt.Errorf("a task's message was sent %d times", n))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// maxPerRef is the most messages a fake accepted for one task.
-func maxPerRef(c *fakes.Channel) int {
-	n := 0
-	for _, v := range c.Snapshot().Outbound {
-		n = max(n, v)
-	}
-	return n
-}
-
-func ms(d time.Duration) float64 { return round3(float64(d) / float64(time.Millisecond)) }
+func ms(d time.Duration) float64 { return pgbench.Round3(float64(d) / float64(time.Millisecond)) }

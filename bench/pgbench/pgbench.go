@@ -21,6 +21,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/notifierhq/notifier/bench/proc"
 )
 
 //go:embed setup.sql claim_finish.sql
@@ -86,8 +88,8 @@ type Runner struct {
 	DBURL         string
 	PlanCacheMode string // the Go workers' connections': the plans are part of what is replayed
 	Clients       int
-	// ServerCPU reads the PostgreSQL server's CPU so far; nil when it is not measured.
-	ServerCPU func() time.Duration
+	// Server is the PostgreSQL server whose CPU is measured; nil when it is not.
+	Server *proc.Server
 	// Notef reports progress (may be nil).
 	Notef func(format string, args ...any)
 }
@@ -127,16 +129,10 @@ func (r Runner) Run(ctx context.Context, deliveries int) (*Report, error) {
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	serverUsed := func() time.Duration {
-		if r.ServerCPU == nil {
-			return 0
-		}
-		return r.ServerCPU()
-	}
-	started, srv0 := time.Now(), serverUsed()
+	started, srv0 := time.Now(), r.Server.CPUUsed()
 	err = cmd.Run()
-	srv := serverUsed() - srv0
-	g.Seconds = round3(time.Since(started).Seconds())
+	srv := r.Server.CPUUsed() - srv0
+	g.Seconds = Round3(time.Since(started).Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("pgbench: %w: %s", err, lastLines(stderr.String()+stdout.String(), 5))
 	}
@@ -144,17 +140,19 @@ func (r Runner) Run(ctx context.Context, deliveries int) (*Report, error) {
 		return nil, fmt.Errorf("pgbench: %w", err)
 	}
 	if st := cmd.ProcessState; st != nil && g.Transactions > 0 {
-		g.ClientCPUMSPerDelivery = round3(msPer(st.UserTime()+st.SystemTime(), g.Transactions))
-		if r.ServerCPU != nil {
-			g.ServerCPUMSPerDelivery = round3(msPer(srv, g.Transactions))
+		g.ClientCPUMSPerDelivery = Round3(MSPer(st.UserTime()+st.SystemTime(), g.Transactions))
+		if r.Server != nil {
+			g.ServerCPUMSPerDelivery = Round3(MSPer(srv, g.Transactions))
 		}
 	}
 	return g, nil
 }
 
-func msPer(d time.Duration, n int) float64 { return d.Seconds() * 1000 / float64(n) }
+// MSPer is d in milliseconds per one of n (n > 0): the bench's CPU per delivery.
+func MSPer(d time.Duration, n int) float64 { return d.Seconds() * 1000 / float64(n) }
 
-func round3(f float64) float64 { return math.Round(f*1000) / 1000 }
+// Round3 rounds f to 3 decimals, as the bench reports its figures.
+func Round3(f float64) float64 { return math.Round(f*1000) / 1000 }
 
 var (
 	pgbenchTPS       = regexp.MustCompile(`(?m)^tps = ([0-9.]+) \(without initial connection time\)`)

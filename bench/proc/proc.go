@@ -1,7 +1,7 @@
-// Package proc reads what the bench reports about the machine from the operating system: the CPU this
-// process and a PostgreSQL server on the same machine have used, the load average and this process's
-// peak resident memory. Each reading is best effort: where it cannot be read it is zero or nil, and
-// the report says so.
+// Package proc reads what the bench reports about the machine from the operating system: the CPU a
+// PostgreSQL server on the same machine has used (this process's own is internal/cputime's), the load
+// average and this process's peak resident memory. Each reading is best effort: where it cannot be
+// read it is zero or nil, and the report says so.
 package proc
 
 import (
@@ -9,8 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/notifierhq/notifier/internal/cputime"
 )
 
 // LoadAvg is /proc/loadavg (1, 5, 15 minutes); nil where there is none.
@@ -52,6 +50,27 @@ func PeakRSSMiB() float64 {
 	return 0
 }
 
-// ProcessCPU is the CPU time (user + system) this process has used so far (0 if it cannot be read):
-// the Go benchmarks' own measure (internal/cputime), so that both speak of the same thing.
-func ProcessCPU() time.Duration { return cputime.Process() }
+// Find finds the PostgreSQL server's processes on this machine from the pid of one of its backends
+// (and the error of reading it), or says why not: nil and "not measured: ..." then.
+func Find(backendPID int, err error) (*Server, string) {
+	if err != nil {
+		return nil, "not measured: " + err.Error()
+	}
+	s, err := NewServer(backendPID)
+	if err != nil {
+		return nil, "not measured: " + err.Error()
+	}
+	return s, ""
+}
+
+// CPUUsed is the server's CPU time so far: 0 when s is nil (not measured) or cannot be read.
+func (s *Server) CPUUsed() time.Duration {
+	if s == nil {
+		return 0
+	}
+	d, err := s.Used()
+	if err != nil {
+		return 0
+	}
+	return d
+}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/internal/cputime"
 )
 
 func TestReadings(t *testing.T) {
@@ -14,12 +16,12 @@ func TestReadings(t *testing.T) {
 		t.Skip("/proc readings: Linux only")
 	}
 	is := is.New(t)
-	before := ProcessCPU()
+	before := cputime.Process()
 	for start := time.Now(); time.Since(start) < 30*time.Millisecond; { // burn a little CPU
 	}
-	is.True(ProcessCPU() > before)   // this process's CPU grows as it works
-	is.Equal(len(LoadAvg()), 3)      // 1, 5 and 15 minutes
-	is.True(PeakRSSMiB() > 1)        // VmHWM read
-	_, err := NewServer(os.Getpid()) // this process's parent is no postmaster
-	is.True(err != nil)              // so no server is measured through it
+	is.True(cputime.Process() > before) // this process's CPU grows as it works
+	is.Equal(len(LoadAvg()), 3)         // 1, 5 and 15 minutes
+	is.True(PeakRSSMiB() > 1)           // VmHWM read
+	_, err := NewServer(os.Getpid())    // this process's parent is no postmaster
+	is.True(err != nil)                 // so no server is measured through it
 }

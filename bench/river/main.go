@@ -48,6 +48,7 @@ import (
 	"github.com/notifierhq/notifier/bench/proc"
 	"github.com/notifierhq/notifier/bench/workload"
 	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/internal/cputime"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
@@ -348,10 +349,12 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		ChanSize: rep.Jobs + 1000, Kinds: []river.EventKind{river.EventKindJobCompleted},
 	})
 	defer unsubscribe()
-	server, notMeasured := findServer(ctx, pool)
+	var pid int
+	err = pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid)
+	server, notMeasured := proc.Find(pid, err) // the server's processes on this machine, or why not (as the bench)
 	rep.ServerCPUSkipped = notMeasured
 	t0 = time.Now()
-	cpu0, srv0 := proc.ProcessCPU(), serverUsed(server)
+	cpu0, srv0 := cputime.Process(), server.CPUUsed()
 	if err := client.Start(ctx); err != nil {
 		return rep, fmt.Errorf("river start: %w", err)
 	}
@@ -368,7 +371,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		}
 	}
 	deliverTook := time.Since(t0)
-	cpu, srv := proc.ProcessCPU()-cpu0, serverUsed(server)-srv0
+	cpu, srv := cputime.Process()-cpu0, server.CPUUsed()-srv0
 	stopCtx, stopCancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer stopCancel()
 	if err := client.Stop(stopCtx); err != nil {
@@ -408,7 +411,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	rep.Sends = push.TotalSends() + sms.TotalSends()
 	rep.Outbound = push.TotalOutbound() + sms.TotalOutbound()
 	rep.Check = "ok"
-	perJob := max(mostPerRef(push), mostPerRef(sms))
+	perJob := max(push.MaxOutboundPerRef(), sms.MaxOutboundPerRef())
 	if rep.JobStates["completed"] != rep.Jobs || rep.Outbound != rep.Jobs || perJob > 1 {
 		rep.Check = fmt.Sprintf("FAILED: %d jobs, %d completed, %d messages sent, at most %d for one job",
 			rep.Jobs, rep.JobStates["completed"], rep.Outbound, perJob)
@@ -417,45 +420,11 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	return rep, nil
 }
 
-// findServer finds the PostgreSQL server's processes on this machine, or says why not (as the bench).
-func findServer(ctx context.Context, pool *pgxpool.Pool) (*proc.Server, string) {
-	var pid int
-	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		return nil, "not measured: " + err.Error()
-	}
-	s, err := proc.NewServer(pid)
-	if err != nil {
-		return nil, "not measured: " + err.Error()
-	}
-	return s, ""
-}
-
-// serverUsed is the server's CPU time so far (0 when it is not measured).
-func serverUsed(s *proc.Server) time.Duration {
-	if s == nil {
-		return 0
-	}
-	d, err := s.Used()
-	if err != nil {
-		return 0
-	}
-	return d
-}
-
 func msPer(d time.Duration, n int) float64 {
 	if n == 0 {
 		return 0
 	}
 	return math.Round(float64(d.Microseconds())/float64(n)) / 1000
-}
-
-// mostPerRef is the most messages a fake accepted for one job.
-func mostPerRef(c *fakes.Channel) int {
-	n := 0
-	for _, v := range c.Snapshot().Outbound {
-		n = max(n, v)
-	}
-	return n
 }
 
 // riverVersion is the River module version this program was built with.

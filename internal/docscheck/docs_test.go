@@ -27,6 +27,8 @@ import (
 	"unicode"
 
 	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/internal/pgtest"
 )
 
 var strict = flag.Bool("docscheck.strict", true, "fail on citations of the SPEC or of README sections left in code (=false to list them only)")
@@ -379,24 +381,14 @@ func resolveCitationIn(root, citation string, docs map[string]doc) string {
 
 // ---- helpers ----
 
-// repoRoot is the module's root: tests run in their package's directory.
+// repoRoot is the module's root (pgtest.RepoRoot: tests run in their package's directory).
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	dir, err := filepath.Abs(".")
+	dir, err := pgtest.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		if mod, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
-			strings.HasPrefix(string(mod), "module github.com/notifierhq/notifier\n") {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod of github.com/notifierhq/notifier above the test's directory")
-		}
-		dir = parent
-	}
+	return dir
 }
 
 func write(t *testing.T, root, name, text string) {
