@@ -3,14 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
 
@@ -172,10 +170,9 @@ func (e *env) newPool(maxConns int32, worker bool) (*pgxpool.Pool, error) {
 	if e.dbURL == "" {
 		return nil, usagef("no database: set --database-url or DATABASE_URL")
 	}
-	cfg, err := pgxpool.ParseConfig(e.dbURL)
+	cfg, err := service.ParsePoolConfig(e.dbURL)
 	if err != nil {
-		// The string goes last: redaction hides everything after a password=... it cannot delimit.
-		return nil, usagef("invalid database URL: %s: %s", parseConfigReason(err, e.dbURL), redact.URL(e.dbURL))
+		return nil, &usageError{err: err}
 	}
 	if redact.Misread(e.dbURL, cfg.ConnConfig.Password) {
 		// pgx read the URL otherwise than the conservative reading: its password holds an unescaped
@@ -198,29 +195,6 @@ func (e *env) newPool(maxConns int32, worker bool) (*pgxpool.Pool, error) {
 	e.log.Debug("database", "host", cfg.ConnConfig.Host, "port", cfg.ConnConfig.Port,
 		"database", cfg.ConnConfig.Database, "user", cfg.ConnConfig.User)
 	return pool, nil
-}
-
-// parseConfigReason is why pgx refused a connection string, without the string: pgx quotes it with
-// its own best-effort redaction, which printed the password of malformed strings (an unterminated
-// quote, a '@' in a URL password). The reason and the wrapped error are kept, scrubbed again.
-func parseConfigReason(err error, conn string) string {
-	var pe *pgconn.ParseConfigError
-	if !errors.As(err, &pe) {
-		return redact.Scrub(err.Error(), conn)
-	}
-	text, inner := pe.Error(), pe.Unwrap()
-	if inner != nil {
-		text = strings.TrimSuffix(text, " ("+inner.Error()+")")
-	}
-	// "cannot parse `<string>`: <reason>": the reason follows the last "`: ".
-	reason := "cannot parse it"
-	if i := strings.LastIndex(text, "`: "); i >= 0 {
-		reason = text[i+len("`: "):]
-	}
-	if inner != nil {
-		reason += ": " + redact.Error(inner)
-	}
-	return redact.Scrub(reason, conn)
 }
 
 // dbContext bounds one database call.

@@ -2,13 +2,16 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/notifierhq/notifier/dbgen"
+	"github.com/notifierhq/notifier/service/redact"
 )
 
 // WorkerPlanCacheMode is the plan_cache_mode a worker's connections run with. The dispatcher's
@@ -51,4 +54,39 @@ func CheckPoolShare(ctx context.Context, pool *pgxpool.Pool) error {
 			want, available)}
 	}
 	return nil
+}
+
+// ParsePoolConfig is pgxpool.ParseConfig(raw) with an error that shows raw only through redact.URL:
+// "invalid database URL: <pgx's reason, scrubbed>: <raw, redacted>". notifier's commands and both
+// sides of the load bench read their database URL with it.
+func ParsePoolConfig(raw string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(raw)
+	if err != nil {
+		// The string goes last: redaction hides everything after a password=... it cannot delimit.
+		return nil, fmt.Errorf("invalid database URL: %s: %s", parseConfigReason(err, raw), redact.URL(raw))
+	}
+	return cfg, nil
+}
+
+// parseConfigReason is why pgx refused a connection string, without the string: pgx quotes it with its own
+// best-effort redaction, which printed the password of malformed strings (an unterminated quote, an
+// escaped space in a key=value password). The reason and the wrapped error are kept, scrubbed again.
+func parseConfigReason(err error, conn string) string {
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return redact.Scrub(err.Error(), conn)
+	}
+	text, inner := pe.Error(), pe.Unwrap()
+	if inner != nil {
+		text = strings.TrimSuffix(text, " ("+inner.Error()+")")
+	}
+	// "cannot parse `<string>`: <reason>": the reason follows the last "`: ".
+	why := "cannot parse it"
+	if i := strings.LastIndex(text, "`: "); i >= 0 {
+		why = text[i+len("`: "):]
+	}
+	if inner != nil {
+		why += ": " + redact.Error(inner)
+	}
+	return redact.Scrub(why, conn)
 }

@@ -206,6 +206,32 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 	}
 }
 
+// A malformed database URL is refused without its password: pgx's own error quotes the string with a
+// redaction that shows part of a malformed one.
+func TestBenchBadDatabaseURLHidesPassword(t *testing.T) {
+	for _, tc := range []struct {
+		url    string
+		pieces []string // no piece of the password may show
+	}{
+		{"postgres://u:secret@127.0.0.1:1/x?sslmode=sometimes", []string{"secret"}},
+		{"postgres://u:pa ss@127.0.0.1:1/x", []string{"pa ss", "ss@"}},
+		{"host=127.0.0.1 user=u password='abc def dbname=x", []string{"abc", "def"}},
+		{`host=127.0.0.1 password=abc\ def sslmode=bogus`, []string{"abc", "def"}},
+	} {
+		err := Main(context.Background(), []string{"--database-url", tc.url}, func(string) string { return "" }, &bytes.Buffer{}, &bytes.Buffer{})
+		var usage *UsageError
+		if !errors.As(err, &usage) || !strings.Contains(err.Error(), "invalid database URL") {
+			t.Errorf("%s: want a usage error about the URL, got %v", tc.url, err)
+			continue
+		}
+		for _, p := range tc.pieces {
+			if strings.Contains(err.Error(), p) {
+				t.Errorf("%s: the error shows %q of the password: %v", tc.url, p, err)
+			}
+		}
+	}
+}
+
 // The final check catches what it claims to: a task not SENT, and a message accepted twice for one
 // task (negative controls, on a bench whose run did not deliver).
 func TestFinalCheckCatchesFailures(t *testing.T) {

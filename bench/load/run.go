@@ -132,9 +132,9 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 // newPool opens a pool whose connections are set up as a worker's (service.ConfigureWorkerConn) with at
 // least maxConns connections, as `notifier work` opens its own.
 func newPool(dbURL string, maxConns int) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(dbURL)
+	cfg, err := service.ParsePoolConfig(dbURL)
 	if err != nil {
-		return nil, &UsageError{Err: fmt.Errorf("invalid database URL: %w", err)}
+		return nil, &UsageError{Err: err}
 	}
 	cfg.MaxConns = max(cfg.MaxConns, int32(maxConns))
 	service.ConfigureWorkerConn(cfg.ConnConfig)

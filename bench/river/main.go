@@ -178,7 +178,8 @@ func main() {
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("bench-river", flag.ContinueOnError)
 	cfg := config{}
-	fs.StringVar(&cfg.dbURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default $DATABASE_URL); River's tables are created there")
+	// Not os.Getenv("DATABASE_URL") as the default: the usage text of a bad flag would print it, password and all.
+	fs.StringVar(&cfg.dbURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL); River's tables are created there")
 	fs.IntVar(&cfg.notifications, "notifications", 20000, "events to insert (each gets a push and an sms job)")
 	fs.IntVar(&cfg.workers, "workers", 1000, "River MaxWorkers of the queue: jobs worked at once (1-100000)")
 	fs.Float64Var(&cfg.duplicates, "duplicates", 0.1, "extra submissions of already-submitted events, as a share of --notifications (0-10)")
@@ -188,6 +189,9 @@ func parseFlags(args []string) (config, error) {
 	model := latency.Flags(fs)
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
+	}
+	if cfg.dbURL == "" {
+		cfg.dbURL = os.Getenv("DATABASE_URL")
 	}
 	var err error
 	if cfg.latency, err = model(); err != nil {
@@ -219,9 +223,9 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	// No connection is held while a job is worked (the call makes none): the pool serves the inserters,
 	// the fetches and the completions, whatever MaxWorkers is, as the bench's pool for creates does.
 	poolSize := workload.Submitters + 2
-	pcfg, err := pgxpool.ParseConfig(cfg.dbURL)
+	pcfg, err := service.ParsePoolConfig(cfg.dbURL)
 	if err != nil {
-		return nil, fmt.Errorf("database URL: %w", err)
+		return nil, err
 	}
 	pcfg.MaxConns = int32(poolSize)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
