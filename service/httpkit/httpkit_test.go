@@ -3,6 +3,7 @@ package httpkit_test
 import (
 	"bufio"
 	"context"
+	"crypto/x509"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -466,6 +467,20 @@ func TestGatewayAnswers(t *testing.T) {
 	is.True(strings.Contains(obs.Detail, "forward proxy")) // and the detail says so
 	is.True(strings.Contains(obs.Detail, forwardURL.Host)) // naming the proxy
 
+	// A forward proxy reached over TLS relays a plain-http request just the same.
+	forwardTLS := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		relayed.Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer forwardTLS.Close()
+	forwardTLSURL, _ := url.Parse(forwardTLS.URL)
+	viaTLSProxy := newKit(t, httpkit.Options{Proxy: http.ProxyURL(forwardTLSURL), CAFile: caFile(t, forwardTLS)})
+	resp, _ = viaTLSProxy.Do(ctxFor(t, 5*time.Second), replayable[0].request("http://channel.invalid/send"))
+	is.True(resp != nil)               // the proxy answered
+	is.Equal(relayed.Load(), int32(2)) // relayed by the proxy
+	obs, _ = resp.ServerAnswer()
+	is.Equal(obs.Outcome, delivery.OutcomeGatewayError) // maybe the proxy's own answer
+
 	// https through a proxy is a CONNECT tunnel: the 503 comes from the channel, end to end.
 	tlsChannel := httptest.NewTLSServer(channel)
 	defer tlsChannel.Close()
@@ -576,6 +591,15 @@ func TestTLSConfig(t *testing.T) {
 	is.NoErr(os.WriteFile(empty, []byte("no certificate"), 0o600))
 	_, err = httpkit.TLSConfig(empty, "")
 	is.True(err != nil) // as is one without a certificate
+
+	private := httptest.NewTLSServer(http.NotFoundHandler())
+	defer private.Close()
+	conf, err = httpkit.TLSConfig(caFile(t, private), "")
+	is.NoErr(err)
+	want, err := x509.SystemCertPool()
+	is.NoErr(err)
+	want.AddCert(private.Certificate())
+	is.True(conf.RootCAs.Equal(want)) // the CA file's roots join the system's, which stay trusted
 }
 
 // TestBasicAuthFromURL: credentials in a channel URL are sent as Basic authentication, as http.Client
