@@ -43,6 +43,8 @@ func TestReportedLeaks(t *testing.T) {
 		{"postgres://u:pw@h1:5432,h2:5432/db", "postgres://u:xxxxx@h1:5432,h2:5432/db", "pw@"},
 		{`cannot parse "postgres://u:S3cr@tPass!@host/db": invalid userinfo`, `cannot parse "postgres://u:xxxxx@host/db": invalid userinfo`, "tPass"},
 		{"dial postgres://u:pw@h/db failed; mail ops@example.com", "dial postgres://u:xxxxx@example.com", "pw"},
+		// An empty user name: the password is still one.
+		{"postgres://:s3cret@host/db", "postgres://:xxxxx@host/db", "s3cret"},
 		// Nothing secret: unchanged.
 		{"https://host:8443/path?q=1", "https://host:8443/path?q=1", ""},
 		{"https://token@github.com/x", "https://token@github.com/x", ""}, // a user name is not a password
@@ -91,8 +93,53 @@ func TestError(t *testing.T) {
 func TestKnown(t *testing.T) {
 	is := is.New(t)
 	out := redact.Known(`auth failed for s3cr#t-pw, url postgres://app:s3cr%23t-pw@h/db, raw s3cr%23t-pw`, "s3cr#t-pw")
-	is.True(!strings.Contains(out, "s3cr"))       // every form of a known password
-	is.Equal(redact.Known("a b a", "a"), "a b a") // too short to replace safely: left to Text
+	is.True(!strings.Contains(out, "s3cr"))                         // every form of a known password
+	is.Equal(redact.Known("a b a", "a"), "a b a")                   // too short to replace safely: left to Text
+	is.Equal(redact.Known("ab abc abcd", "abc"), "ab xxxxx xxxxxd") // three bytes are replaced
+}
+
+// TestScrub: each reading of a connection's password is hidden wherever it appears in the text,
+// even where Text alone would not see a password (a server's message, a misparsed host name).
+func TestScrub(t *testing.T) {
+	cases := []struct {
+		name, conn, text string
+		secrets          []string // none of them may be left in the output
+		want             string   // the whole output, when given
+	}{
+		{"a URL password, percent-decoded and as written", "postgres://u:p%41ss@h/db",
+			"password authentication failed for pAss (p%41ss)", []string{"pAss", "p%41ss"}, ""},
+		{"net/url's reading, shorter than the conservative one", "postgres://u:pwd1@h/db?email=a@b",
+			"host pwd1 unreachable", []string{"pwd1"}, "host xxxxx unreachable"},
+		{"a query password, decoded", "postgres://h/db?password=q%20s",
+			"auth failed: q s.", []string{"q s"}, "auth failed: xxxxx."},
+		{"a key=value password", "host=h password=kv-secret user=u",
+			"FATAL: kv-secret rejected", []string{"kv-secret"}, "FATAL: xxxxx rejected"},
+		{"every password= of a connection string", "password=first-pw sslpassword=second-pw",
+			"first-pw, second-pw", []string{"first-pw", "second-pw"}, "xxxxx, xxxxx"},
+		{"a quoted value, whole and to its first space", "host=h password='s3 cret' user=u",
+			"bad s3 cret, bad s3x", []string{"s3 cret"}, "bad xxxxx, bad s3x"},
+		{"a double-quoted value", `host=h password="dq pw" user=u`,
+			"was dq pw", []string{"dq pw"}, "was xxxxx"},
+		{"an escaped quote", `host=h password='it\'s' user=u`,
+			`it's or it\'s`, []string{"it's", `it\'s`}, ""},
+		{"an unterminated quote", "host=h password='unterminated",
+			"saw unterminated", []string{"unterminated"}, "saw xxxxx"},
+		{"an empty query password hides nothing else", "postgres://h/db?password=&user=app&db=d",
+			"query &user=app&db=d", nil, "query &user=app&db=d"},
+		{"no password", "postgres://u@h/db", "user u on h", nil, "user u on h"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			is := is.New(t)
+			got := redact.Scrub(c.text, c.conn)
+			for _, s := range c.secrets {
+				is.True(!strings.Contains(got, s)) // no reading of the password survives
+			}
+			if c.want != "" {
+				is.Equal(got, c.want) // and nothing more is taken
+			}
+		})
+	}
 }
 
 func TestURLPassword(t *testing.T) {
