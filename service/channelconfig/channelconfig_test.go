@@ -163,14 +163,30 @@ burst = 3
 kind = "http"
 mode = "none"
 url = "https://free.internal.example"
+
+[channels.one]
+kind = "http"
+mode = "none"
+url = "https://one.internal.example"
+rate_limit = "5/s"
+burst = 1
+
+[channels.most]
+kind = "http"
+mode = "none"
+url = "https://most.internal.example"
+rate_limit = "1000000/s"
+burst = 1000000
 `})
 	routes, err := channelconfig.Load(path, env(map[string]string{"S": webhookSecret}))
-	is.NoErr(err)                                                                    // valid
-	is.Equal(routes["push"].RateLimit, service.RateLimit{PerSecond: 50, Burst: 50})  // one second's worth
-	is.Equal(routes["sms"].RateLimit, service.RateLimit{PerSecond: 2, Burst: 10})    // per minute, with a burst
-	is.Equal(routes["slow"].RateLimit, service.RateLimit{PerSecond: 0.01, Burst: 1}) // per hour: at least one at once
-	is.Equal(routes["hooks"].RateLimit, service.RateLimit{PerSecond: 0.5, Burst: 3}) // any kind
-	is.Equal(routes["free"].RateLimit, service.RateLimit{})                          // none
+	is.NoErr(err)                                                                                             // valid
+	is.Equal(routes["push"].RateLimit, service.RateLimit{PerSecond: 50, Burst: 50})                           // one second's worth
+	is.Equal(routes["sms"].RateLimit, service.RateLimit{PerSecond: 2, Burst: 10})                             // per minute, with a burst
+	is.Equal(routes["slow"].RateLimit, service.RateLimit{PerSecond: 0.01, Burst: 1})                          // per hour: at least one at once
+	is.Equal(routes["hooks"].RateLimit, service.RateLimit{PerSecond: 0.5, Burst: 3})                          // any kind
+	is.Equal(routes["free"].RateLimit, service.RateLimit{})                                                   // none
+	is.Equal(routes["one"].RateLimit, service.RateLimit{PerSecond: 5, Burst: 1})                              // the smallest burst
+	is.Equal(routes["most"].RateLimit, service.RateLimit{PerSecond: service.MaxRate, Burst: service.MaxRate}) // the largest
 }
 
 func TestConfigSecretsFromEnv(t *testing.T) {
@@ -222,6 +238,8 @@ func TestConfigInvalid(t *testing.T) {
 		{"settle on idempotent", httpOK + "query_settle = \"30s\"\n", nil, []string{"query_settle applies to mode queryable only"}, ""},
 		{"bad duration", httpOK + "idempotency_window = \"1 day\"\n", nil, []string{`channel "push"`, `idempotency_window "1 day"`}, ""},
 		{"negative duration", httpOK + "max_in_flight_age = \"-1h\"\n", nil, []string{`max_in_flight_age "-1h"`}, ""},
+		{"zero duration", "[channels.sms]\nkind = \"http\"\nmode = \"queryable\"\nurl = \"https://sms.example\"\nquery_settle = \"0s\"\n",
+			nil, []string{`channel "sms"`, `query_settle "0s": want a positive duration`}, ""},
 		{"wrong type", httpOK + "server_errors_uncertain = \"yes\"\n", nil, []string{"server_errors_uncertain"}, ""},
 		{"bad url", "[channels.push]\nkind = \"http\"\nmode = \"none\"\nurl = \"ftp://u:hunter2@example.com\"\n",
 			nil, []string{`channel "push"`, "url:"}, "hunter2"},
@@ -253,6 +271,7 @@ func TestConfigInvalid(t *testing.T) {
 		{"rate limit a number", httpOK + "rate_limit = 50\n", nil, []string{"rate_limit"}, ""},
 		{"burst zero", httpOK + "rate_limit = \"50/s\"\nburst = 0\n", nil, []string{`channel "push"`, "burst 0: want a whole number of calls from 1"}, ""},
 		{"burst negative", httpOK + "rate_limit = \"50/s\"\nburst = -5\n", nil, []string{"burst -5"}, ""},
+		{"burst too high", httpOK + "rate_limit = \"50/s\"\nburst = 1000001\n", nil, []string{`channel "push"`, "burst 1000001: want a whole number of calls from 1 to 1000000"}, ""},
 		{"burst fraction", httpOK + "rate_limit = \"50/s\"\nburst = 2.5\n", nil, []string{"burst"}, ""},
 		{"burst without rate limit", httpOK + "burst = 10\n", nil, []string{`channel "push"`, "burst: applies only with rate_limit"}, ""},
 		{"syntax error", "[channels.push\nkind = \"http\"\n", nil, []string{"channels.toml"}, ""},
