@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/matryer/is"
@@ -288,29 +289,72 @@ func TestStopRecordsCallsInFlight(t *testing.T) {
 
 // A failing database is logged once when it starts failing and once when it recovers; claims back off
 // in between instead of spinning.
+// claimClock is a memDispatcher that notes when each claim was made.
+type claimClock struct {
+	*memDispatcher
+	at []time.Time
+}
+
+func (c *claimClock) ClaimBatch(ctx context.Context, limit int) ([]*service.Attempt, []service.Result, error) {
+	c.mu.Lock()
+	c.at = append(c.at, time.Now())
+	c.mu.Unlock()
+	return c.memDispatcher.ClaimBatch(ctx, limit)
+}
+
+// gaps are the waits between the claims made so far.
+func (c *claimClock) gaps() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []time.Duration
+	for i := 1; i < len(c.at); i++ {
+		out = append(out, c.at[i].Sub(c.at[i-1]))
+	}
+	return out
+}
+
+// TestClaimFailuresBackOff: while claims fail, the wait between them doubles from Poll up to
+// MaxBackoff; once a claim succeeds, the loop delivers and polls at Poll again. One log line when the
+// failures start, one when they end. In a synctest bubble, so the waits are measured exactly on its
+// fake clock.
 func TestClaimFailuresBackOff(t *testing.T) {
-	is := is.New(t)
-	var buf syncBuf
-	m := newMem(3, accepted)
-	m.claimErr = errors.New("connection refused")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		Run(ctx, m, Config{Logger: slog.New(slog.NewTextHandler(&buf, nil)), Poll: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})
-		close(done)
-	}()
-	time.Sleep(200 * time.Millisecond)
-	m.mu.Lock()
-	tries := len(m.claims)
-	m.claimErr = nil
-	m.mu.Unlock()
-	waitCond(t, func() bool { return len(m.finishedIDs()) == 3 })
-	cancel()
-	<-done
-	is.True(tries >= 3 && tries <= 40) // retried, with backoff (200 ms at 5-20 ms apart), not spinning
-	log := buf.String()
-	is.Equal(strings.Count(log, "cycles failing"), 1)   // one line when it starts
-	is.Equal(strings.Count(log, "cycles recovered"), 1) // one when it ends
+	synctest.Test(t, func(t *testing.T) {
+		is := is.New(t)
+		var buf syncBuf
+		m := &claimClock{memDispatcher: newMem(3, accepted)}
+		m.claimErr = errors.New("connection refused")
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			Run(ctx, m, Config{Logger: slog.New(slog.NewTextHandler(&buf, nil)), Poll: 5 * time.Millisecond, MaxBackoff: 40 * time.Millisecond})
+			close(done)
+		}()
+		stop := func() { cancel(); <-done }
+		defer stop() // also when an assertion fails: the bubble ends only with its goroutines
+		time.Sleep(200 * time.Millisecond)
+		synctest.Wait()
+		failing := m.gaps()
+		ms := time.Millisecond
+		is.Equal(failing, []time.Duration{5 * ms, 10 * ms, 20 * ms, 40 * ms, 40 * ms, 40 * ms, 40 * ms}) // doubled from Poll, capped at MaxBackoff
+
+		m.mu.Lock()
+		m.claimErr = nil
+		m.mu.Unlock()
+		for len(m.finishedIDs()) < 3 {
+			time.Sleep(ms)
+		}
+		time.Sleep(20 * ms) // a few empty claims
+		synctest.Wait()
+		after := m.gaps()[len(failing):]
+		is.True(len(after) > 2)   // the loop went on claiming
+		is.Equal(after[0], 40*ms) // the first claim after the failures waited the backoff, and succeeded
+		for _, gap := range after[2:] {
+			is.Equal(gap, 5*ms) // then empty claims poll at Poll: the backoff ended with the failures
+		}
+		log := buf.String()
+		is.Equal(strings.Count(log, "cycles failing"), 1)   // one line when it starts
+		is.Equal(strings.Count(log, "cycles recovered"), 1) // one when it ends
+	})
 }
 
 // The connections a worker needs do not grow with its window: no connection is held during a call.
