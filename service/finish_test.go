@@ -129,33 +129,37 @@ func refusingBatch(t *testing.T, errcode string) (*env, *dispatcher, []*service.
 // A row the server refuses costs its own observation only: the batch's finish is refused whole, then
 // each attempt is finished alone. The refused one is UNRECORDED: still SENDING with an open attempt,
 // recovered after its lease like a crashed holder's; the others are SENT. Both finishes do it: alone,
-// and carried by the next claim (which still claims).
+// and carried by the next claim (which still claims). It holds for each SQLSTATE class that
+// docs/reliability.md#a-bad-row-costs-only-itself names: 22, 23, P0, and 40 (a deadlock or a
+// serialization failure rolled the statement back: nothing of it was written either).
 func TestRefusedRowCostsOnlyItsOwnObservation(t *testing.T) {
-	for _, carried := range []bool{false, true} {
-		t.Run(map[bool]string{false: "FinishBatch", true: "FinishBatchThenClaim"}[carried], func(t *testing.T) {
-			is := is.New(t)
-			e, d, attempts, obs := refusingBatch(t, "check_violation")
-			var results []service.Result
-			if carried {
-				h := d.FinishBatchThenClaim(e.ctx, attempts, obs, 1)
-				is.NoErr(h.FinishErr)    // the rows not at fault are recorded
-				is.NoErr(h.ClaimErr)     // and the claim went on
-				is.Equal(len(h.Next), 1) // the fourth task
-				results = h.Finished
-			} else {
-				var err error
-				results, err = d.FinishBatch(e.ctx, attempts, obs)
-				is.NoErr(err) // the rows not at fault are recorded
-			}
-			kinds := []service.ResultKind{results[0].Kind, results[1].Kind, results[2].Kind}
-			is.Equal(kinds, []service.ResultKind{service.ResultSent, service.ResultUnrecorded, service.ResultSent})
-			is.True(strings.Contains(results[1].Detail, "refused by the test")) // the server's reason
-			is.Equal(e.task(attempts[0].TaskID).State, service.StateSent)
-			is.Equal(e.task(attempts[2].TaskID).State, service.StateSent)
-			is.Equal(e.task(attempts[1].TaskID).State, service.StateSending)            // left to lease expiry
-			is.Equal(e.outcomes(attempts[1].TaskID), []service.Outcome{""})             // its attempt still open
-			is.Equal(e.outcomes(attempts[0].TaskID), outcomes(service.OutcomeAccepted)) // the others' recorded
-		})
+	for _, errcode := range []string{"invalid_text_representation", "check_violation", "raise_exception", "deadlock_detected", "serialization_failure"} {
+		for _, carried := range []bool{false, true} {
+			t.Run(errcode+"/"+map[bool]string{false: "FinishBatch", true: "FinishBatchThenClaim"}[carried], func(t *testing.T) {
+				is := is.New(t)
+				e, d, attempts, obs := refusingBatch(t, errcode)
+				var results []service.Result
+				if carried {
+					h := d.FinishBatchThenClaim(e.ctx, attempts, obs, 1)
+					is.NoErr(h.FinishErr)    // the rows not at fault are recorded
+					is.NoErr(h.ClaimErr)     // and the claim went on
+					is.Equal(len(h.Next), 1) // the fourth task
+					results = h.Finished
+				} else {
+					var err error
+					results, err = d.FinishBatch(e.ctx, attempts, obs)
+					is.NoErr(err) // the rows not at fault are recorded
+				}
+				kinds := []service.ResultKind{results[0].Kind, results[1].Kind, results[2].Kind}
+				is.Equal(kinds, []service.ResultKind{service.ResultSent, service.ResultUnrecorded, service.ResultSent})
+				is.True(strings.Contains(results[1].Detail, "refused by the test")) // the server's reason
+				is.Equal(e.task(attempts[0].TaskID).State, service.StateSent)
+				is.Equal(e.task(attempts[2].TaskID).State, service.StateSent)
+				is.Equal(e.task(attempts[1].TaskID).State, service.StateSending)            // left to lease expiry
+				is.Equal(e.outcomes(attempts[1].TaskID), []service.Outcome{""})             // its attempt still open
+				is.Equal(e.outcomes(attempts[0].TaskID), outcomes(service.OutcomeAccepted)) // the others' recorded
+			})
+		}
 	}
 }
 
