@@ -454,6 +454,33 @@ func TestRateLimit429PausesEveryWorker(t *testing.T) {
 		WHERE t.channel = 'push' AND n.event_key LIKE 'next-%' AND t.state = 'SENDING'`), int64(3)) // all three
 }
 
+// Several 429s of one channel in one finish pause it once, for the longest Retry-After among them
+// (a missing one counting as DefaultThrottlePause), wherever that one stands in the group: the channel
+// asked every caller to wait at least that long.
+func TestRateLimitPauseTakesTheLongestRetryAfter(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.dueTasks(4)
+	var pauses []time.Duration
+	d := e.dispatcher(dcfg{rateLimits: map[string]service.RateLimit{"push": {PerSecond: 100, Burst: 100}},
+		onPause: func(ch string, pause time.Duration, err error) {
+			is.NoErr(err)
+			pauses = append(pauses, pause)
+		}})
+	attempts, _, err := d.ClaimBatch(e.ctx, 4)
+	is.NoErr(err)
+	is.Equal(len(attempts), 4) // one group of four push tasks
+	throttled := func(retryAfter time.Duration) service.Observation {
+		return service.Observation{Outcome: service.OutcomeThrottled, RetryAfter: retryAfter, Detail: "HTTP 429"}
+	}
+	// The longest is neither the first nor the last; one has no Retry-After at all.
+	obs := []service.Observation{throttled(2 * time.Second), throttled(7 * time.Second), throttled(0), throttled(3 * time.Second)}
+	_, err = d.FinishBatch(e.ctx, attempts, obs)
+	is.NoErr(err)
+	is.Equal(pauses, []time.Duration{7 * time.Second}) // one pause, the longest
+	is.Equal(e.bucket("push").pause, 7.0)              // as the bucket holds it, on the database clock
+}
+
 // A 429 without Retry-After pauses the channel for DefaultThrottlePause; a longer pause already
 // running is kept.
 func TestRateLimitPauseWithoutRetryAfter(t *testing.T) {
