@@ -129,3 +129,30 @@ func TestClaimFailureNotARowIsNotSetAside(t *testing.T) {
 	is.Equal(e.firstDue(), first)                                                              // still first in line
 	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENDING'`), int64(0)) // nothing claimed
 }
+
+// A claim that fails inside its transaction rolls it back on its own connection before it returns:
+// the tasks it had locked are free at once, and the connection goes back to the pool for the next
+// claim. Left to the pool, a connection still inside the failed transaction is closed instead, so a
+// worker whose claims keep failing would dial, authenticate and set up a new connection for each.
+func TestFailedClaimRollsBackOnItsConnection(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.dueTasks(2)
+	first := e.firstDue()
+	refuseClaimOf(t, e, first, "disk_full", false) // the server's trouble, not a row's: the claim fails
+	d := e.dispatcher(dcfg{})
+	_, _, err := d.ClaimBatch(e.ctx, 2)
+	is.True(err != nil)                                     // the claim failed, after TaskClaim locked both tasks
+	is.Equal(e.workerPool.Stat().TotalConns(), int32(1))    // its connection is still the pool's
+	is.Equal(e.workerPool.Stat().NewConnsCount(), int64(1)) // the one it dialled
+	is.Equal(e.scalar(`SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND state LIKE 'idle in transaction%'`), int64(0)) // no transaction left open
+	is.Equal(e.scalar(`SELECT count(*) FROM (SELECT id FROM delivery_task FOR UPDATE SKIP LOCKED) AS free`), int64(2)) // no lock left
+
+	_, err = e.pool.Exec(e.ctx, `DROP TRIGGER refuse_claim ON delivery_attempt`)
+	is.NoErr(err)
+	attempts, _, err := d.ClaimBatch(e.ctx, 2)
+	is.NoErr(err)
+	is.Equal(len(attempts), 2)                              // the next claim takes both tasks
+	is.Equal(e.workerPool.Stat().NewConnsCount(), int64(1)) // on the same connection
+}
