@@ -170,3 +170,32 @@ func TestCreateNeedsTheCreatorRole(t *testing.T) {
 	is.True(strings.Contains(r.stdout, `"created":true`))
 	is.Equal(rowCounts(t, pool)[2], before[2]+1) // one task
 }
+
+// TestReviewAndStatusNeedTheOperatorRole: review and status run by a user whose role may not read what
+// they show exit 1 naming the operator role (they printed the database's "permission denied for table
+// delivery_attempt" alone); with the role they print.
+func TestReviewAndStatusNeedTheOperatorRole(t *testing.T) {
+	t.Parallel()
+	c, pool := newCLI(t)
+	id := parkedTask(t, pool)
+	for _, cmd := range []string{"review", "status"} {
+		for _, group := range []string{service.RoleCreator, service.RoleWorker} {
+			t.Run(cmd+"/"+group, func(t *testing.T) {
+				is := is.New(t)
+				r := c.in(t).loginAs(pool, group).run("", cmd)
+				is.Equal(r.code, 1) // a runtime error
+				oneErrorLine(t, r)
+				is.True(strings.Contains(r.stderr, cmd+" needs the notifier_operator role: permission denied for table ")) // the role to grant, and the privilege missing
+				is.Equal(r.stdout, "")
+			})
+		}
+	}
+	is := is.New(t)
+	operator := c.loginAs(pool, service.RoleOperator)
+	r := operator.run("", "review")
+	is.Equal(r.code, 0)                                                             // the operator reviews
+	is.True(strings.Contains(r.stdout, `"task_id":`+strconv.FormatInt(id, 10)+`,`)) // the parked task
+	r = operator.run("", "status")
+	is.Equal(r.code, 0)                           // and sees the status
+	is.True(strings.Contains(r.stdout, "parked")) // with the parked count
+}

@@ -122,8 +122,14 @@ func (n *Notifier) LateAccepted(ctx context.Context, afterID int64, limit int) (
 
 // Review lists what a human should look at, up to limit tasks with id > afterID in id order: parked
 // tasks (to resolve) and final "not sent" tasks a late answer contradicts (to know about). Paging by
-// the last id printed covers both.
+// the last id printed covers both. A user the database refuses gets a *PermissionError naming
+// RoleOperator.
 func (n *Notifier) Review(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
+	tasks, err := n.review(ctx, afterID, limit)
+	return tasks, needsRole("review", RoleOperator, err)
+}
+
+func (n *Notifier) review(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
 	parked, err := n.parked(ctx, afterID, limit)
 	if err != nil {
 		return nil, err
@@ -216,8 +222,14 @@ type ReceiptCount struct {
 }
 
 // Status counts tasks by channel and state and receipts by kind, measures how long the oldest due task
-// has waited, and lists the rate limits.
+// has waited, and lists the rate limits. A user the database refuses gets a *PermissionError naming
+// RoleOperator.
 func (n *Notifier) Status(ctx context.Context) (Status, error) {
+	s, err := n.status(ctx)
+	return s, needsRole("status", RoleOperator, err)
+}
+
+func (n *Notifier) status(ctx context.Context) (Status, error) {
 	rows, err := n.q.TaskCountByChannelState(ctx)
 	if err != nil {
 		return Status{}, fmt.Errorf("count tasks: %w", err)
