@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -343,4 +344,110 @@ func TestOnceReportsARefusedFinish(t *testing.T) {
 	task, err := service.NewNotifier(pool).Task(context.Background(), taskID)
 	is.NoErr(err)
 	is.Equal(task.State, service.StateSending) // left to lease expiry
+}
+
+// TestLogLinesNameEachKeyOnce: a worker's log lines, JSON and text, never repeat a key. The CALLED line
+// named the provider's message id "msg", the key of the event's own name, so `jq .msg` (and any JSON
+// reader that keeps the last of two keys) found no CALLED line at all.
+func TestLogLinesNameEachKeyOnce(t *testing.T) {
+	t.Parallel()
+	c, pool := newCLI(t)
+	n := service.NewNotifier(pool)
+	ctx := context.Background()
+	push := startFake(t, fakes.Push)
+	_, err := n.SetPreference(ctx, "u1", "push", "device-1", true)
+	is.New(t).NoErr(err)
+	for _, format := range []string{"json", "text"} {
+		t.Run(format, func(t *testing.T) {
+			is := is.New(t)
+			_, _, _, err := n.Create(ctx, "u1", "order-"+format, "shipped", time.Hour, 3)
+			is.NoErr(err) // a due task
+			r := c.run("", "--log-format", format, "work", "--once", "--channel", "push=idempotent,"+push.URL())
+			is.Equal(r.code, 0) // delivered
+			called := 0
+			for _, line := range strings.Split(strings.TrimSpace(r.stderr), "\n") {
+				logKeys := jsonLogKeys
+				if format == "text" {
+					logKeys = textLogKeys
+				}
+				keys, values := logKeys(t, line)
+				seen := map[string]bool{}
+				for _, k := range keys {
+					if seen[k] {
+						t.Fatalf("key %q twice in %s", k, line)
+					}
+					seen[k] = true
+				}
+				if values["msg"] == "CALLED" {
+					called++
+					is.True(strings.HasPrefix(values["provider_msg_id"], "push-")) // the provider's id, under its own name
+				}
+			}
+			is.Equal(called, 1) // the call's line, found by its msg
+		})
+	}
+}
+
+// jsonLogKeys are the keys of a JSON log line in order, repeats included (encoding/json keeps only
+// the last of two), and the last value of each (a string's text, another value as written).
+func jsonLogKeys(t *testing.T, line string) ([]string, map[string]string) {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(line))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		t.Fatalf("not a JSON object: %s (%v)", line, err)
+	}
+	var keys []string
+	values := map[string]string{}
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		value := string(raw)
+		_ = json.Unmarshal(raw, &value) // a string's text; other values stay as written
+		keys, values[k.(string)] = append(keys, k.(string)), value
+	}
+	return keys, values
+}
+
+// textLogKeys are the keys of a log/slog text line (key=value, a value quoted when it needs it) in
+// order, repeats included, and the last value of each.
+func textLogKeys(t *testing.T, line string) ([]string, map[string]string) {
+	t.Helper()
+	var keys []string
+	values := map[string]string{}
+	for rest := line; rest != ""; {
+		eq := strings.IndexByte(rest, '=')
+		if eq <= 0 {
+			t.Fatalf("not key=value at %q in %s", rest, line)
+		}
+		key, v := rest[:eq], rest[eq+1:]
+		var value string
+		if strings.HasPrefix(v, `"`) {
+			end := 1
+			for end < len(v) && v[end] != '"' {
+				if v[end] == '\\' {
+					end++
+				}
+				end++
+			}
+			if end >= len(v) {
+				t.Fatalf("unterminated value in %s", line)
+			}
+			var err error
+			if value, err = strconv.Unquote(v[:end+1]); err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			v = v[end+1:]
+		} else {
+			value, v, _ = strings.Cut(v, " ")
+		}
+		keys, values[key] = append(keys, key), value
+		rest = strings.TrimPrefix(v, " ")
+	}
+	return keys, values
 }

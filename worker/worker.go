@@ -65,7 +65,7 @@ func logClaimed(log *slog.Logger, a *service.Attempt) {
 // logCalled logs CALLED for an attempt whose call answered obs after took.
 func logCalled(log *slog.Logger, a *service.Attempt, obs service.Observation, took time.Duration) {
 	log.Info("CALLED", "task", a.TaskID, "attempt", a.No, "action", a.Action, "outcome", obs.Outcome,
-		"msg", obs.ProviderMsgID, "ms", took.Milliseconds(), "token", prefix(a.Token))
+		"provider_msg_id", obs.ProviderMsgID, "ms", took.Milliseconds(), "token", prefix(a.Token))
 }
 
 func logSettled(log *slog.Logger, settled []service.Result) {
