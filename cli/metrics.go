@@ -96,10 +96,16 @@ type measuredChannel struct {
 	m    *metrics
 }
 
+// Send counts the call under its action: SEND, or TOPIC_RESEND (a Web Push resend that replaces an
+// undelivered copy).
 func (c measuredChannel) Send(ctx context.Context, msg service.Message) service.Observation {
+	action := msg.Action
+	if action == "" {
+		action = service.ActionSend
+	}
 	start := time.Now()
 	obs := c.next.Send(ctx, msg)
-	c.m.observeCall(c.name, service.ActionSend, obs.Outcome, time.Since(start))
+	c.m.observeCall(c.name, action, obs.Outcome, time.Since(start))
 	return obs
 }
 
