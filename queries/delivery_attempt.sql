@@ -30,3 +30,13 @@ SELECT id, task_id, attempt_no, attempt_token, action, worker, started_at, finis
 FROM delivery_attempt
 WHERE task_id = @task_id
 ORDER BY attempt_no;
+
+-- name: AttemptListByTasks :many
+-- The whole histories of a page of tasks (notifier review) in one statement rather than one per task:
+-- every attempt of each task in @task_ids, by task and in order, verbatim as AttemptListByTask reads
+-- them. Read only; each task's rows come from the (task_id, attempt_no) unique index.
+SELECT id, task_id, attempt_no, attempt_token, action, worker, started_at, finished_at, outcome,
+       provider_msg_id, error, late_outcome, late_at, note
+FROM delivery_attempt
+WHERE task_id = ANY (@task_ids::bigint[])
+ORDER BY task_id, attempt_no;

@@ -11,7 +11,7 @@ import (
 )
 
 // TestArrayParamsEncodeFirstTime checks that every parameter of the statements that take arrays (the
-// claim, start and finish of every delivery) encodes in the format pgx tries first. When it does not,
+// claim, start and finish of every delivery, review's histories) encodes in the format pgx tries first. When it does not,
 // pgx still succeeds by retrying in the other format, so nothing fails: it only searches for a plan,
 // formats an error and encodes twice on every call (as a []string for a uuid[] parameter did).
 func TestArrayParamsEncodeFirstTime(t *testing.T) {
@@ -25,6 +25,7 @@ func TestArrayParamsEncodeFirstTime(t *testing.T) {
 		{"TaskStartAttempts", dbgen.TaskStartAttempts, dbgen.TaskStartAttemptsParams{}},
 		{"TaskFinish", dbgen.TaskFinish, dbgen.TaskFinishParams{}},
 		{"AttemptMarkLeaseExpired", dbgen.AttemptMarkLeaseExpired, struct{ AttemptTokens []string }{}},
+		{"AttemptListByTasks", dbgen.AttemptListByTasks, struct{ TaskIDs []int64 }{}},
 	}
 	conn, err := e.pool.Acquire(e.ctx)
 	if err != nil {

@@ -71,13 +71,17 @@ func (n *Notifier) Attempts(ctx context.Context, taskID int64) ([]AttemptRecord,
 	}
 	out := make([]AttemptRecord, len(rows))
 	for i, r := range rows {
-		out[i] = AttemptRecord{
-			No: int(r.AttemptNo), Action: Action(r.Action), Worker: r.Worker, StartedAt: r.StartedAt,
-			FinishedAt: r.FinishedAt, Outcome: Outcome(deref(r.Outcome)), ProviderMsgID: deref(r.ProviderMsgID),
-			Error: deref(r.Error), LateOutcome: Outcome(deref(r.LateOutcome)), Note: deref(r.Note),
-		}
+		out[i] = attemptRecord(r)
 	}
 	return out, nil
+}
+
+func attemptRecord(r dbgen.DeliveryAttempt) AttemptRecord {
+	return AttemptRecord{
+		No: int(r.AttemptNo), Action: Action(r.Action), Worker: r.Worker, StartedAt: r.StartedAt,
+		FinishedAt: r.FinishedAt, Outcome: Outcome(deref(r.Outcome)), ProviderMsgID: deref(r.ProviderMsgID),
+		Error: deref(r.Error), LateOutcome: Outcome(deref(r.LateOutcome)), Note: deref(r.Note),
+	}
 }
 
 // ReviewKind says why a task is shown to a human.
@@ -181,13 +185,28 @@ func reviewTask(r dbgen.TaskListParkedRow, kind ReviewKind) ParkedTask {
 	}
 }
 
+// withAttempts adds each task's history, read for the whole page in one statement.
 func (n *Notifier) withAttempts(ctx context.Context, tasks []ParkedTask) ([]ParkedTask, error) {
+	if len(tasks) == 0 {
+		return tasks, nil
+	}
+	ids := make([]int64, len(tasks))
+	for i, t := range tasks {
+		ids[i] = t.ID
+	}
+	rows, err := n.q.AttemptListByTasks(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read the attempts of %d tasks: %w", len(tasks), err)
+	}
+	byTask := make(map[int64][]AttemptRecord, len(tasks))
+	for _, r := range rows {
+		byTask[r.TaskID] = append(byTask[r.TaskID], attemptRecord(r))
+	}
 	for i := range tasks {
-		attempts, err := n.Attempts(ctx, tasks[i].ID)
-		if err != nil {
-			return nil, err
+		tasks[i].Attempts = byTask[tasks[i].ID]
+		if tasks[i].Attempts == nil {
+			tasks[i].Attempts = []AttemptRecord{}
 		}
-		tasks[i].Attempts = attempts
 	}
 	return tasks, nil
 }

@@ -3,6 +3,7 @@ package service_test
 import (
 	"context"
 	"net"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -152,4 +153,51 @@ func TestFinishThenClaimWithoutPreparedStatements(t *testing.T) {
 	results, err := d.FinishBatch(e.ctx, h.Next, d.CallAll(e.ctx, h.Next))
 	is.NoErr(err)                                 // last finish
 	is.Equal(results[0].Kind, service.ResultSent) // delivered too
+}
+
+// Review reads a page's histories in one statement: its round trips do not grow with the tasks it
+// shows (it read each task's attempts with a statement of its own), and each task gets its own
+// history, as Attempts reads it.
+func TestReviewRoundTripsDoNotGrowWithThePage(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "push")
+	const tasks = 6
+	for i := range tasks {
+		e.create("u1", "e"+strconv.Itoa(i), time.Hour, 3)
+	}
+	parker, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{Worker: "w-park",
+		Routes: map[string]service.Route{"push": {Mode: service.ModeNone, Client: answering{Outcome: service.OutcomeTimeout}}}})
+	is.NoErr(err)
+	for range tasks {
+		res, err := parker.RunOnce(e.ctx)
+		is.NoErr(err)
+		is.Equal(res.Kind, service.ResultParked) // a NONE channel's timeout parks at once
+	}
+
+	cfg, err := pgxpool.ParseConfig(e.pool.Config().ConnString())
+	is.NoErr(err)
+	trips := &roundTrips{}
+	cfg.ConnConfig.DialFunc = trips.dial
+	cfg.MaxConns = 1 // one connection, whose prepared statements every Review reuses
+	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
+	is.NoErr(err)
+	t.Cleanup(pool.Close)
+	n := service.NewNotifier(pool)
+	review := func(limit int) ([]service.ParkedTask, int64) {
+		start := trips.n.Load()
+		list, err := n.Review(e.ctx, 0, limit)
+		is.NoErr(err)
+		return list, trips.n.Load() - start
+	}
+	review(tasks) // connects and prepares
+	one, tripsForOne := review(1)
+	all, tripsForAll := review(tasks)
+	is.Equal(len(one), 1)              // a page of one
+	is.Equal(len(all), tasks)          // a page of all
+	is.Equal(tripsForAll, tripsForOne) // the same round trips
+	for _, p := range all {
+		is.Equal(p.Attempts, e.attempts(p.ID)) // each task's own history
+		is.Equal(len(p.Attempts), 1)           // its one timed-out attempt
+	}
 }
