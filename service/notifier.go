@@ -230,5 +230,3 @@ func checkMaxAttempts(n int) error {
 	}
 	return nil
 }
-
-func ptr[T any](v T) *T { return &v }

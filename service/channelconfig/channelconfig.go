@@ -180,7 +180,8 @@ func checkKeys(md toml.MetaData, f file) error {
 			}
 		}
 	}
-	for _, key := range md.Undecoded() {
+	if undecoded := md.Undecoded(); len(undecoded) > 0 { // the first one is enough to refuse the file
+		key := undecoded[0]
 		if len(key) == 3 && key[0] == "channels" {
 			return fmt.Errorf("channel %q: unknown key %q", key[1], key[2])
 		}

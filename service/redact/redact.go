@@ -148,9 +148,7 @@ func passwords(conn string) []string {
 		if pw, ok := u.User.Password(); ok {
 			out = append(out, pw)
 		}
-		for _, pw := range u.Query()["password"] {
-			out = append(out, pw)
-		}
+		out = append(out, u.Query()["password"]...)
 	}
 	for _, loc := range passwordKey.FindAllStringIndex(conn, -1) {
 		v := conn[loc[1]:]
