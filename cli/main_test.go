@@ -18,6 +18,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/service"
 )
 
 // binary is the notifier command built once for all tests: they run it as a user or a script would.
@@ -169,4 +170,15 @@ func startFake(t *testing.T, kind fakes.Kind) *fakes.Channel {
 	c := fakes.Start(kind)
 	t.Cleanup(c.Close)
 	return c
+}
+
+// refOf is a task's channel reference (random, stored with the task: schema/016), what the fakes file
+// its requests under.
+func refOf(t *testing.T, pool *pgxpool.Pool, taskID int64) string {
+	t.Helper()
+	task, err := service.NewNotifier(pool).Task(context.Background(), taskID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return task.Ref
 }

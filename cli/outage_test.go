@@ -28,7 +28,7 @@ func TestDatabaseOutage(t *testing.T) {
 	ctx := context.Background()
 	push := startFake(t, fakes.Push)
 	taskID := oneTask(t, pool, "push")
-	ref := service.Ref(taskID)
+	ref := refOf(t, pool, taskID)
 	push.ScriptSend(ref, fakes.Step{Delay: 2 * time.Second}) // accepted; the answer comes while the database is down
 
 	w := c.start("work", "--worker-id", "W", "--channel", "push=idempotent,"+push.URL(),

@@ -67,7 +67,7 @@ func TestP1KilledWorkerLeaseExpires(t *testing.T) {
 			ctx := context.Background()
 			fake := startFake(t, tc.kind)
 			taskID := oneTask(t, pool, string(tc.kind))
-			ref := service.Ref(taskID)
+			ref := refOf(t, pool, taskID)
 			fake.ScriptSend(ref, fakes.Step{Hang: true})
 			channel := string(tc.kind) + "=" + tc.mode + "," + fake.URL()
 
@@ -122,7 +122,7 @@ func TestP2StoppedWorkerIsStale(t *testing.T) {
 	ctx := context.Background()
 	push := startFake(t, fakes.Push)
 	taskID := oneTask(t, pool, "push")
-	ref := service.Ref(taskID)
+	ref := refOf(t, pool, taskID)
 	push.ScriptSend(ref, fakes.Step{Delay: 10 * time.Second}) // accepted, answered far too late
 	channel := "push=idempotent," + push.URL()
 
@@ -172,7 +172,7 @@ func TestP2StaleFinishWhileNewHolderCalls(t *testing.T) {
 	ctx := context.Background()
 	push := startFake(t, fakes.Push)
 	taskID := oneTask(t, pool, "push")
-	ref := service.Ref(taskID)
+	ref := refOf(t, pool, taskID)
 	push.ScriptSend(ref,
 		fakes.Step{Delay: 10 * time.Second}, // A: accepted, answered far too late
 		fakes.Step{Delay: 8 * time.Second})  // B: replayed, answered after A's finish has landed
@@ -225,7 +225,7 @@ func stoppedHolder(t *testing.T, c notifierCLI, pool *pgxpool.Pool, push *fakes.
 		"--lease", "1s", "--timeout", "1500ms", "--allow-lease-overlap")
 	waitCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	is.NoErr(push.WaitOutbound(waitCtx, service.Ref(taskID), 1))    // A's send was accepted
+	is.NoErr(push.WaitOutbound(waitCtx, refOf(t, pool, taskID), 1))    // A's send was accepted
 	is.NoErr(a.cmd.Process.Signal(syscall.SIGSTOP))                 // A freezes mid-call
 	t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) }) // never leave it stopped
 	waitLeaseExpired(t, pool, taskID)

@@ -55,7 +55,7 @@ func TestScript(t *testing.T) {
 	is.Equal(sent.Attempt, 1)                       // first attempt
 	is.Equal(sent.Action, service.ActionSend)       // a send
 	is.Equal(sent.Outcome, service.OutcomeAccepted) // accepted
-	is.Equal(push.Outbound(service.Ref(taskID)), 1) // one message went out
+	is.Equal(push.Outbound(refOf(t, pool, taskID)), 1) // one message went out
 	for _, event := range []string{"CLAIMED", "CALLED", "RESULT"} {
 		is.True(strings.Contains(r.stderr, event)) // the cycle's events are logged on stderr
 	}
@@ -84,7 +84,7 @@ func TestScript(t *testing.T) {
 	decode(t, r.stdout, &second)
 	is.Equal(len(second.Tasks), 1) // one task on the none channel
 	parkedID := second.Tasks[0].TaskID
-	none.ScriptSend(service.Ref(parkedID), fakes.Step{Delay: 1200 * time.Millisecond})
+	none.ScriptSend(refOf(t, pool, parkedID), fakes.Step{Delay: 1200 * time.Millisecond})
 	r = c.ok("work", "--once", "--channel", "none=none,"+none.URL(), "--timeout", "400ms")
 	var parked service.Result
 	decode(t, r.stdout, &parked)

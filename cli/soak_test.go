@@ -323,14 +323,15 @@ func (s *soak) check(is *is.I) {
 	}
 	type task struct {
 		id                int64
-		channel, state    string
+		channel, ref      string
+		state             string
 		uncertain, parked bool
 		manualSent        bool
 		calls, answered   int // attempt rows that call the channel; those of them the channel answered
 	}
 	// answered: outcomes (or late outcomes of a superseded holder) that only an answer of the channel
 	// produces, so the fake certainly received that attempt's request.
-	rows, err := s.pool.Query(ctx, `SELECT t.id, t.channel, t.state, t.outcome_uncertain, t.needs_review,
+	rows, err := s.pool.Query(ctx, `SELECT t.id, t.channel, t.ref, t.state, t.outcome_uncertain, t.needs_review,
 		EXISTS (SELECT FROM delivery_attempt a WHERE a.task_id = t.id AND a.outcome = 'MANUAL_SENT'),
 		(SELECT count(*) FROM delivery_attempt a WHERE a.task_id = t.id AND a.action IN ('SEND', 'QUERY', 'TOPIC_RESEND')),
 		(SELECT count(*) FROM delivery_attempt a WHERE a.task_id = t.id AND a.action IN ('SEND', 'QUERY', 'TOPIC_RESEND')
@@ -341,7 +342,7 @@ func (s *soak) check(is *is.I) {
 	var tasks []task
 	for rows.Next() {
 		var tk task
-		is.NoErr(rows.Scan(&tk.id, &tk.channel, &tk.state, &tk.uncertain, &tk.parked, &tk.manualSent, &tk.calls, &tk.answered))
+		is.NoErr(rows.Scan(&tk.id, &tk.channel, &tk.ref, &tk.state, &tk.uncertain, &tk.parked, &tk.manualSent, &tk.calls, &tk.answered))
 		tasks = append(tasks, tk)
 	}
 	is.NoErr(rows.Err())
@@ -368,13 +369,13 @@ func (s *soak) check(is *is.I) {
 	}
 	var sent, parked, failed, suppressed, wire, calls, equal int
 	for _, tk := range tasks {
-		out := accepted[tk.channel][service.Ref(tk.id)]
+		out := accepted[tk.channel][tk.ref]
 		// I8 (R3): every request on the wire has its attempt row. A request is never sent twice for
 		// one row (a transport's resend would be), so the fake's count for a task is at most its call
 		// attempts, and at least the attempts it answered. It may be less than the rows: a worker
 		// killed, or frozen past its timeout, between the claim's commit and writing the request
 		// leaves a row without a request.
-		got := requests[tk.channel][service.Ref(tk.id)]
+		got := requests[tk.channel][tk.ref]
 		wire, calls = wire+got, calls+tk.calls
 		if got == tk.calls {
 			equal++
@@ -510,8 +511,8 @@ func tail(s string, n int) string {
 func (s *soak) unfinished(kind fakes.Kind, refs []string) []string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	rows, err := s.pool.Query(ctx, `SELECT 'task-' || id FROM delivery_task
-		WHERE channel = $1 AND state IN ('PENDING', 'SENDING', 'UNKNOWN') AND 'task-' || id = ANY ($2)`, string(kind), refs)
+	rows, err := s.pool.Query(ctx, `SELECT ref FROM delivery_task
+		WHERE channel = $1 AND state IN ('PENDING', 'SENDING', 'UNKNOWN') AND ref = ANY ($2)`, string(kind), refs)
 	if err != nil {
 		return nil // the database may be restarting
 	}
@@ -541,7 +542,7 @@ func newSoakReceipts(t *testing.T, n *service.Notifier) *soakReceipts {
 
 func (r *soakReceipts) close() { r.srv.Close() }
 
-// send posts a receipt for ref (task-<id>): a new event, or with repeat one already posted.
+// send posts a receipt for ref (a task's reference): a new event, or with repeat one already posted.
 func (r *soakReceipts) send(ref string, repeat bool) {
 	r.mu.Lock()
 	id := fmt.Sprintf("soak-evt-%d", len(r.sent))

@@ -12,7 +12,7 @@ import (
 
 const TaskClaim = `-- name: TaskClaim :many
 WITH lease_expired AS (
-    SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+    SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
            t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
     FROM delivery_task t
     WHERE t.channel = $1::text
@@ -22,7 +22,7 @@ WITH lease_expired AS (
     LIMIT $2
     FOR UPDATE OF t SKIP LOCKED
 ), due AS (
-    SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+    SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
            t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
     FROM delivery_task t
     WHERE t.channel = $1::text
@@ -32,12 +32,12 @@ WITH lease_expired AS (
     LIMIT $2
     FOR UPDATE OF t SKIP LOCKED
 ), locked AS (
-    (SELECT l.id, l.notification_id, l.channel, l.state, l.attempt_count, l.max_attempts, l.outcome_uncertain, l.attempt_token, l.uncertain_since, l.updated_at, l.receipt_at, true AS lease_expired FROM lease_expired l
+    (SELECT l.id, l.notification_id, l.channel, l.ref, l.state, l.attempt_count, l.max_attempts, l.outcome_uncertain, l.attempt_token, l.uncertain_since, l.updated_at, l.receipt_at, true AS lease_expired FROM lease_expired l
      UNION ALL
-     SELECT d.id, d.notification_id, d.channel, d.state, d.attempt_count, d.max_attempts, d.outcome_uncertain, d.attempt_token, d.uncertain_since, d.updated_at, d.receipt_at, false AS lease_expired FROM due d)
+     SELECT d.id, d.notification_id, d.channel, d.ref, d.state, d.attempt_count, d.max_attempts, d.outcome_uncertain, d.attempt_token, d.uncertain_since, d.updated_at, d.receipt_at, false AS lease_expired FROM due d)
     LIMIT $2
 )
-SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
        t.lease_expired::bool            AS lease_expired,
        t.attempt_token                  AS held_token,
        coalesce(p.enabled, false)::bool AS pref_enabled,
@@ -68,6 +68,7 @@ type TaskClaimRow struct {
 	ID                  int64
 	NotificationID      int64
 	Channel             string
+	Ref                 string
 	State               string
 	AttemptCount        int32
 	MaxAttempts         int32
@@ -98,6 +99,8 @@ type TaskClaimRow struct {
 // a worker runs this statement prepared, and its generic plan cannot see @max_tasks; it guesses 10% of
 // the due backlog and, with a backlog large next to notification, would hash the locked rows and scan
 // all of notification (history) on every claim (TestClaimGenericPlanLooksUpByKey).
+// ref is what the worker sends the channel to name the task (schema/016): random, never reused, so no
+// call can be answered with another task's message.
 func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]TaskClaimRow, error) {
 	rows, err := q.db.Query(ctx, TaskClaim, arg.Channel, arg.MaxTasks)
 	if err != nil {
@@ -111,6 +114,7 @@ func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]TaskCla
 			&i.ID,
 			&i.NotificationID,
 			&i.Channel,
+			&i.Ref,
 			&i.State,
 			&i.AttemptCount,
 			&i.MaxAttempts,
@@ -319,7 +323,7 @@ func (q *Queries) TaskFinish(ctx context.Context, arg TaskFinishParams) ([]TaskF
 }
 
 const TaskGet = `-- name: TaskGet :one
-SELECT id, notification_id, channel, state, attempt_count, max_attempts, attempt_token, lease_owner,
+SELECT id, notification_id, channel, ref, state, attempt_count, max_attempts, attempt_token, lease_owner,
        lease_until, next_attempt_at, outcome_uncertain, uncertain_since, needs_review, provider_msg_id,
        last_error, created_at, updated_at
 FROM delivery_task
@@ -330,6 +334,7 @@ type TaskGetRow struct {
 	ID               int64
 	NotificationID   int64
 	Channel          string
+	Ref              string
 	State            string
 	AttemptCount     int32
 	MaxAttempts      int32
@@ -354,6 +359,7 @@ func (q *Queries) TaskGet(ctx context.Context, id int64) (TaskGetRow, error) {
 		&i.ID,
 		&i.NotificationID,
 		&i.Channel,
+		&i.Ref,
 		&i.State,
 		&i.AttemptCount,
 		&i.MaxAttempts,
@@ -378,7 +384,7 @@ SELECT $1, p.channel, $2
 FROM channel_pref p
 WHERE p.user_id = $3 AND p.enabled
 ORDER BY p.channel
-RETURNING id, channel
+RETURNING id, channel, ref
 `
 
 type TaskInsertForEnabledPrefsParams struct {
@@ -390,6 +396,7 @@ type TaskInsertForEnabledPrefsParams struct {
 type TaskInsertForEnabledPrefsRow struct {
 	ID      int64
 	Channel string
+	Ref     string
 }
 
 // Creates one PENDING task per channel the user has enabled, in the same transaction that created the
@@ -406,7 +413,7 @@ func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertF
 	items := []TaskInsertForEnabledPrefsRow{}
 	for rows.Next() {
 		var i TaskInsertForEnabledPrefsRow
-		if err := rows.Scan(&i.ID, &i.Channel); err != nil {
+		if err := rows.Scan(&i.ID, &i.Channel, &i.Ref); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -418,7 +425,7 @@ func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertF
 }
 
 const TaskListByNotification = `-- name: TaskListByNotification :many
-SELECT id, channel
+SELECT id, channel, ref
 FROM delivery_task
 WHERE notification_id = $1
 ORDER BY channel
@@ -427,6 +434,7 @@ ORDER BY channel
 type TaskListByNotificationRow struct {
 	ID      int64
 	Channel string
+	Ref     string
 }
 
 // The tasks of one notification (returned to a duplicate submitter; it writes none).
@@ -439,7 +447,7 @@ func (q *Queries) TaskListByNotification(ctx context.Context, notificationID int
 	items := []TaskListByNotificationRow{}
 	for rows.Next() {
 		var i TaskListByNotificationRow
-		if err := rows.Scan(&i.ID, &i.Channel); err != nil {
+		if err := rows.Scan(&i.ID, &i.Channel, &i.Ref); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -9,11 +9,11 @@ SELECT @notification_id, p.channel, @max_attempts
 FROM channel_pref p
 WHERE p.user_id = @user_id AND p.enabled
 ORDER BY p.channel
-RETURNING id, channel;
+RETURNING id, channel, ref;
 
 -- name: TaskListByNotification :many
 -- The tasks of one notification (returned to a duplicate submitter; it writes none).
-SELECT id, channel
+SELECT id, channel, ref
 FROM delivery_task
 WHERE notification_id = @notification_id
 ORDER BY channel;
@@ -34,8 +34,10 @@ ORDER BY channel;
 -- a worker runs this statement prepared, and its generic plan cannot see @max_tasks; it guesses 10% of
 -- the due backlog and, with a backlog large next to notification, would hash the locked rows and scan
 -- all of notification (history) on every claim (TestClaimGenericPlanLooksUpByKey).
+-- ref is what the worker sends the channel to name the task (schema/016): random, never reused, so no
+-- call can be answered with another task's message.
 WITH lease_expired AS (
-    SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+    SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
            t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
     FROM delivery_task t
     WHERE t.channel = @channel::text
@@ -45,7 +47,7 @@ WITH lease_expired AS (
     LIMIT @max_tasks
     FOR UPDATE OF t SKIP LOCKED
 ), due AS (
-    SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+    SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
            t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
     FROM delivery_task t
     WHERE t.channel = @channel::text
@@ -60,7 +62,7 @@ WITH lease_expired AS (
      SELECT d.*, false AS lease_expired FROM due d)
     LIMIT @max_tasks
 )
-SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
        t.lease_expired::bool            AS lease_expired,
        t.attempt_token                  AS held_token,
        coalesce(p.enabled, false)::bool AS pref_enabled,
@@ -265,7 +267,7 @@ FROM notifier_resolve(@id::bigint, @final_state::text, @note::text, @operator::t
 
 -- name: TaskGet :one
 -- One task as the service knows it.
-SELECT id, notification_id, channel, state, attempt_count, max_attempts, attempt_token, lease_owner,
+SELECT id, notification_id, channel, ref, state, attempt_count, max_attempts, attempt_token, lease_owner,
        lease_until, next_attempt_at, outcome_uncertain, uncertain_since, needs_review, provider_msg_id,
        last_error, created_at, updated_at
 FROM delivery_task

@@ -261,7 +261,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 				MaxAttempts: int(row.MaxAttempts), Token: s.AttemptToken, Action: dec.Action,
 				PriorUncertain: dec.Uncertain, UncertainAge: seconds(row.UncertainAgeSeconds), claimed: claimed,
 				LeaseUntil: s.LeaseUntil,
-				Message: Message{Ref: Ref(s.ID), IdempotencyKey: IdempotencyKey(s.ID), To: row.Address, Body: row.Body,
+				Message: Message{Ref: row.Ref, IdempotencyKey: IdempotencyKey(row.Ref), To: row.Address, Body: row.Body,
 					ExpiresAt: row.ExpiresAt, Action: dec.Action},
 			})
 		}

@@ -273,3 +273,14 @@ var finishHistory = []string{
 }
 
 var _ = is.New
+
+// ref is a task's channel reference (random, stored with the task: schema/016), what the fakes file its
+// requests under.
+func (e *env) ref(taskID int64) string {
+	e.t.Helper()
+	task, err := e.n.Task(e.ctx, taskID)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return task.Ref
+}

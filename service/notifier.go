@@ -96,7 +96,7 @@ func (n *Notifier) Create(ctx context.Context, userID, eventKey, body string, tt
 			}
 			tasks = make([]TaskRef, len(rows))
 			for i, r := range rows {
-				tasks[i] = TaskRef{TaskID: r.ID, Channel: r.Channel}
+				tasks[i] = TaskRef{TaskID: r.ID, Channel: r.Channel, Ref: r.Ref}
 			}
 			return nil
 		case errors.Is(err, pgx.ErrNoRows):
@@ -110,7 +110,7 @@ func (n *Notifier) Create(ctx context.Context, userID, eventKey, body string, tt
 			}
 			tasks = make([]TaskRef, len(rows))
 			for i, r := range rows {
-				tasks[i] = TaskRef{TaskID: r.ID, Channel: r.Channel}
+				tasks[i] = TaskRef{TaskID: r.ID, Channel: r.Channel, Ref: r.Ref}
 			}
 			return nil
 		default:

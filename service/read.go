@@ -18,6 +18,7 @@ type Task struct {
 	ID               int64      `json:"task_id"`
 	NotificationID   int64      `json:"notification_id"`
 	Channel          string     `json:"channel"`
+	Ref              string     `json:"ref"`
 	State            State      `json:"state"`
 	AttemptCount     int        `json:"attempt_count"`
 	MaxAttempts      int        `json:"max_attempts"`
@@ -56,7 +57,7 @@ func (n *Notifier) Task(ctx context.Context, id int64) (Task, error) {
 		return Task{}, fmt.Errorf("read task %d: %w", id, err)
 	}
 	return Task{
-		ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, State: State(r.State),
+		ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, Ref: r.Ref, State: State(r.State),
 		AttemptCount: int(r.AttemptCount), MaxAttempts: int(r.MaxAttempts), LeaseOwner: deref(r.LeaseOwner),
 		LeaseUntil: r.LeaseUntil, NextAttemptAt: r.NextAttemptAt, OutcomeUncertain: r.OutcomeUncertain, UncertainSince: r.UncertainSince,
 		NeedsReview: r.NeedsReview, ProviderMsgID: deref(r.ProviderMsgID), LastError: deref(r.LastError), UpdatedAt: r.UpdatedAt,

@@ -217,10 +217,10 @@ func TestNC1ClaimWithoutLock(t *testing.T) {
 	client, err := httpchannel.New(e.sms.URL(), httpchannel.Options{})
 	is.NoErr(err)
 	for range 2 { // each claimer calls the channel
-		msg := service.Message{Ref: service.Ref(unguarded), IdempotencyKey: service.IdempotencyKey(unguarded), To: "x", Body: "b"}
+		msg := service.Message{Ref: e.ref(unguarded), IdempotencyKey: service.IdempotencyKey(e.ref(unguarded)), To: "x", Body: "b"}
 		is.Equal(client.Send(e.ctx, msg).Outcome, service.OutcomeAccepted)
 	}
-	is.Equal(e.sms.Outbound(service.Ref(unguarded)), 2) // damage: the task went out twice
+	is.Equal(e.sms.Outbound(e.ref(unguarded)), 2) // damage: the task went out twice
 }
 
 func TestT1IdempotentResendAfterTimeout(t *testing.T) {
@@ -228,7 +228,7 @@ func TestT1IdempotentResendAfterTimeout(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.push.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	e.push.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
 	first := runOnce(t, d)
 	is.Equal(first.Outcome, service.OutcomeTimeout) // the response did not come back in time
@@ -239,8 +239,8 @@ func TestT1IdempotentResendAfterTimeout(t *testing.T) {
 	is.Equal(second.Action, service.ActionSend)                                               // IDEMPOTENT: resend
 	is.Equal(second.Kind, service.ResultSent)                                                 // SENT
 	is.Equal(e.outcomes(id), outcomes(service.OutcomeTimeout, service.OutcomeAcceptedReplay)) // [TIMEOUT, ACCEPTED_REPLAY]
-	is.Equal(e.push.Sends(service.Ref(id)), 2)                                                // the fake got 2 sends
-	is.Equal(e.push.Outbound(service.Ref(id)), 1)                                             // and sent 1 message
+	is.Equal(e.push.Sends(e.ref(id)), 2)                                                      // the fake got 2 sends
+	is.Equal(e.push.Outbound(e.ref(id)), 1)                                                   // and sent 1 message
 	is.Equal(e.task(id).State, service.StateSent)                                             // SENT
 }
 
@@ -249,14 +249,14 @@ func TestT2QueryAfterTimeout(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.sms.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	e.sms.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
 	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout) // first call times out
 	second := runNext(t, d)
 	is.Equal(second.Action, service.ActionQuery)                                          // QUERYABLE: query first
 	is.Equal(e.outcomes(id), outcomes(service.OutcomeTimeout, service.OutcomeQueryFound)) // [TIMEOUT, QUERY_FOUND]
-	is.Equal(e.sms.Outbound(service.Ref(id)), 1)                                          // 1 outbound
-	is.Equal(e.sms.Sends(service.Ref(id)), 1)                                             // no resend
+	is.Equal(e.sms.Outbound(e.ref(id)), 1)                                                // 1 outbound
+	is.Equal(e.sms.Sends(e.ref(id)), 1)                                                   // no resend
 	task := e.task(id)
 	is.Equal(task.State, service.StateSent)      // SENT
 	is.Equal(task.ProviderMsgID, "sms-msg-0001") // provider id written back from the query
@@ -267,7 +267,7 @@ func TestT3QueryFailsUntilBudgetThenManualResolve(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	ref := service.Ref(id)
+	ref := e.ref(id)
 	e.sms.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
 	e.sms.ScriptQuery(ref, fakes.Step{Status: 503}, fakes.Step{Status: 503})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
@@ -306,14 +306,14 @@ func TestNC2BlindResend(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.sms.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	e.sms.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout, modes: map[string]service.Mode{"sms": service.ModeIdempotent}})
 	runOnce(t, d)
 	is.Equal(runNext(t, d).Kind, service.ResultSent)
 	is.Equal(e.outcomes(id), outcomes(service.OutcomeTimeout, service.OutcomeAccepted)) // [TIMEOUT, ACCEPTED]
 	is.Equal(e.scalar("SELECT count(*) FROM notification"), int64(1))                   // 1 logical notification
 	is.Equal(e.task(id).State, service.StateSent)                                       // SENT
-	is.Equal(e.sms.Outbound(service.Ref(id)), 2)                                        // damage: 2 outbounds
+	is.Equal(e.sms.Outbound(e.ref(id)), 2)                                              // damage: 2 outbounds
 }
 
 func TestF1RefusedBeforeAcceptance(t *testing.T) {
@@ -322,7 +322,7 @@ func TestF1RefusedBeforeAcceptance(t *testing.T) {
 		e := newEnv(t)
 		e.user("u1", "push")
 		id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-		e.push.ScriptSend(service.Ref(id), fakes.Step{Status: 503})
+		e.push.ScriptSend(e.ref(id), fakes.Step{Status: 503})
 		d := e.dispatcher(dcfg{})
 		is.Equal(runOnce(t, d).Kind, service.ResultPending) // certainly not accepted: PENDING
 		task := e.task(id)
@@ -331,18 +331,18 @@ func TestF1RefusedBeforeAcceptance(t *testing.T) {
 		is.True(!task.OutcomeUncertain)    // nothing uncertain
 		is.Equal(runNext(t, d).Kind, service.ResultSent)
 		is.Equal(e.outcomes(id), outcomes(service.OutcomeHTTP5xx, service.OutcomeAccepted)) // [HTTP_5XX, ACCEPTED]
-		is.Equal(e.push.Outbound(service.Ref(id)), 1)
+		is.Equal(e.push.Outbound(e.ref(id)), 1)
 	})
 	t.Run("400 fails", func(t *testing.T) {
 		is := is.New(t)
 		e := newEnv(t)
 		e.user("u1", "push")
 		id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-		e.push.ScriptSend(service.Ref(id), fakes.Step{Status: 400})
+		e.push.ScriptSend(e.ref(id), fakes.Step{Status: 400})
 		d := e.dispatcher(dcfg{})
 		is.Equal(runOnce(t, d).Kind, service.ResultFailed)          // FAILED
 		is.Equal(e.outcomes(id), outcomes(service.OutcomeRejected)) // [REJECTED]
-		is.Equal(e.push.Outbound(service.Ref(id)), 0)               // nothing went out
+		is.Equal(e.push.Outbound(e.ref(id)), 0)                     // nothing went out
 		is.Equal(runOnce(t, d).Kind, service.ResultNothing)         // not retried
 	})
 }
@@ -380,7 +380,7 @@ func TestB2ExpiryAfterUncertainParks(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "sms")
 	id := e.create("u1", "e1", 2*time.Second, 3)[0].TaskID
-	ref := service.Ref(id)
+	ref := e.ref(id)
 	e.sms.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout, backoff: 2500 * time.Millisecond})
 	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout) // accepted, then timed out
@@ -400,7 +400,7 @@ func TestB3RefusalAfterUncertainParks(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 2)[0].TaskID
-	ref := service.Ref(id)
+	ref := e.ref(id)
 	e.push.ScriptSend(ref, fakes.Step{Delay: fakeDelay}, fakes.Step{Status: 503})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
 	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout)
@@ -435,7 +435,7 @@ func TestLeaseTakeover(t *testing.T) {
 	is.Equal(res.Outcome, service.OutcomeAcceptedReplay)
 	is.Equal(res.Kind, service.ResultSent)
 	is.Equal(e.outcomes(id), outcomes(service.OutcomeLeaseExpired, service.OutcomeAcceptedReplay)) // attempt 1 reads LEASE_EXPIRED
-	is.Equal(e.push.Outbound(service.Ref(id)), 1)                                                  // one message
+	is.Equal(e.push.Outbound(e.ref(id)), 1)                                                        // one message
 }
 
 // TestNC3LateFinish is P2's protocol in one process, then the negative control: the late observation
@@ -450,7 +450,7 @@ func supersededHolder(t *testing.T) (e *env, id int64, a *dispatcher, held *serv
 	e = newEnv(t)
 	e.user("u1", "push")
 	id = e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.push.ScriptSend(service.Ref(id), fakes.Step{Hang: true})
+	e.push.ScriptSend(e.ref(id), fakes.Step{Hang: true})
 	a = e.dispatcher(dcfg{worker: "w-p2-a", lease: time.Second, timeout: 1500 * time.Millisecond})
 	held, _, err := a.Claim(e.ctx)
 	is.NoErr(err)
@@ -546,14 +546,14 @@ func TestNoneChannelTimeoutParksAtOnce(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "none")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.none.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	e.none.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
 	res := runOnce(t, d)
 	is.Equal(res.Kind, service.ResultParked) // parked on the first uncertain attempt, budget left or not
 	task := e.task(id)
 	is.True(task.NeedsReview && task.State == service.StateUnknown)
 	is.Equal(runOnce(t, d).Kind, service.ResultNothing) // never called again automatically
-	is.Equal(e.none.Outbound(service.Ref(id)), 1)       // 1 outbound
+	is.Equal(e.none.Outbound(e.ref(id)), 1)             // 1 outbound
 }
 
 func TestUncertainResponsesNeverFail(t *testing.T) {
@@ -567,7 +567,7 @@ func TestUncertainResponsesNeverFail(t *testing.T) {
 			e := newEnv(t)
 			e.user("u1", "push")
 			id := e.create("u1", "e1", time.Hour, 1)
-			e.push.ScriptSend(service.Ref(id[0].TaskID), step)
+			e.push.ScriptSend(e.ref(id[0].TaskID), step)
 			res := runOnce(t, e.dispatcher(dcfg{timeout: clientTimeout}))
 			is.Equal(res.Kind, service.ResultParked) // budget of 1 used up, outcome unknown: parked, never FAILED
 			task := e.task(id[0].TaskID)
@@ -582,7 +582,7 @@ func TestConcurrentResolveHasOneWinner(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "none")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.none.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	e.none.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	is.Equal(runOnce(t, e.dispatcher(dcfg{timeout: clientTimeout})).Kind, service.ResultParked)
 	var (
 		wg    sync.WaitGroup

@@ -122,20 +122,20 @@ func TestSeedCasesStreaming(t *testing.T) {
 	f1Reject := w.create(t, "u2", "f1-400", time.Hour, 3)[0].TaskID
 	nc2 := w.create(t, "u4", "nc2", time.Hour, 3)[0].TaskID
 	push, sms := t1t2[0].TaskID, t1t2[1].TaskID
-	w.push.ScriptSend(service.Ref(push), fakes.Step{Delay: 1200 * time.Millisecond})
-	w.sms.ScriptSend(service.Ref(sms), fakes.Step{Delay: 1200 * time.Millisecond})
-	w.sms.ScriptSend(service.Ref(f1Retry), fakes.Step{Status: 503})
-	w.push.ScriptSend(service.Ref(f1Reject), fakes.Step{Status: 400})
-	w.none.ScriptSend(service.Ref(nc2), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.push.ScriptSend(refOf(t, w.pool, push), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.sms.ScriptSend(refOf(t, w.pool, sms), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.sms.ScriptSend(refOf(t, w.pool, f1Retry), fakes.Step{Status: 503})
+	w.push.ScriptSend(refOf(t, w.pool, f1Reject), fakes.Step{Status: 400})
+	w.none.ScriptSend(refOf(t, w.pool, nc2), fakes.Step{Delay: 1200 * time.Millisecond})
 	w.run(t, 1, map[string]service.Mode{"none": service.ModeIdempotent}) // NC2: blind resends on none
 
 	got := settle(t, w.pool, push)
 	is.Equal(outcomesOf(got), []string{"TIMEOUT", "ACCEPTED_REPLAY"}) // T1
-	is.Equal(w.push.Sends(service.Ref(push)), 2)                      // 2 sends
-	is.Equal(w.push.Outbound(service.Ref(push)), 1)                   // 1 outbound
+	is.Equal(w.push.Sends(refOf(t, w.pool, push)), 2)                      // 2 sends
+	is.Equal(w.push.Outbound(refOf(t, w.pool, push)), 1)                   // 1 outbound
 	got = settle(t, w.pool, sms)
 	is.Equal(outcomesOf(got), []string{"TIMEOUT", "QUERY_FOUND"}) // T2
-	is.Equal(w.sms.Outbound(service.Ref(sms)), 1)
+	is.Equal(w.sms.Outbound(refOf(t, w.pool, sms)), 1)
 	is.Equal(settle(t, w.pool, n2).State, "SENT") // N2
 	got = settle(t, w.pool, f1Retry)
 	is.Equal(outcomesOf(got), []string{"HTTP_5XX", "ACCEPTED"}) // F1: refused before acceptance, retried
@@ -143,7 +143,7 @@ func TestSeedCasesStreaming(t *testing.T) {
 	is.Equal(got.State, "FAILED") // F1: 400 before acceptance
 	got = settle(t, w.pool, nc2)
 	is.Equal(got.State, "SENT")                    // NC2: one logical notification, SENT
-	is.Equal(w.none.Outbound(service.Ref(nc2)), 2) // damage: the user got it twice
+	is.Equal(w.none.Outbound(refOf(t, w.pool, nc2)), 2) // damage: the user got it twice
 }
 
 // T3, B1 and B3: where the stream must park, suppress or fail, never write off what went out.
@@ -158,23 +158,23 @@ func TestSeedCasesStreamingParkAndWriteOff(t *testing.T) {
 	suppressed := w.create(t, "u2", "b1-pref", time.Hour, 3)[0].TaskID
 	_, err := w.n.SetPreference(context.Background(), "u2", "push", "u2@push", false) // disabled before the claim
 	is.NoErr(err)
-	w.sms.ScriptSend(service.Ref(t3), fakes.Step{Delay: 1200 * time.Millisecond})
-	w.sms.ScriptQuery(service.Ref(t3), fakes.Step{Status: 503}, fakes.Step{Status: 503})
-	w.push.ScriptSend(service.Ref(b3), fakes.Step{Delay: 1200 * time.Millisecond}, fakes.Step{Status: 503})
+	w.sms.ScriptSend(refOf(t, w.pool, t3), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.sms.ScriptQuery(refOf(t, w.pool, t3), fakes.Step{Status: 503}, fakes.Step{Status: 503})
+	w.push.ScriptSend(refOf(t, w.pool, b3), fakes.Step{Delay: 1200 * time.Millisecond}, fakes.Step{Status: 503})
 	w.run(t, 1, nil)
 
 	got := settle(t, w.pool, t3)
 	is.Equal(outcomesOf(got), []string{"TIMEOUT", "QUERY_FAILED", "QUERY_FAILED"}) // T3
 	is.True(got.Parked)                                                            // parked
-	is.Equal(w.sms.Outbound(service.Ref(t3)), 1)
+	is.Equal(w.sms.Outbound(refOf(t, w.pool, t3)), 1)
 	got = settle(t, w.pool, b3)
 	is.Equal(outcomesOf(got), []string{"TIMEOUT", "HTTP_5XX"}) // B3
 	is.Equal(got.State, "UNKNOWN")                             // not FAILED: the first may have gone out
 	is.True(got.Parked)
-	is.Equal(w.push.Outbound(service.Ref(b3)), 1)
+	is.Equal(w.push.Outbound(refOf(t, w.pool, b3)), 1)
 	got = settle(t, w.pool, suppressed)
 	is.Equal(got.State, "SUPPRESSED")                  // B1
-	is.Equal(w.push.Sends(service.Ref(suppressed)), 0) // no call made
+	is.Equal(w.push.Sends(refOf(t, w.pool, suppressed)), 0) // no call made
 }
 
 // C1 through the stream: four workers with windows drain 40 tasks: every task called once, one message
@@ -203,12 +203,12 @@ func TestSeedB2Streaming(t *testing.T) {
 	w := newStreamWorld(t)
 	w.user(t, "u1", "sms")
 	b2 := w.create(t, "u1", "b2", 2*time.Second, 3)[0].TaskID
-	w.sms.ScriptSend(service.Ref(b2), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.sms.ScriptSend(refOf(t, w.pool, b2), fakes.Step{Delay: 1200 * time.Millisecond})
 	w.runWith(t, 1, nil, 2500*time.Millisecond)
 	got := settle(t, w.pool, b2)
 	is.Equal(outcomesOf(got), []string{"TIMEOUT", "TTL_EXPIRED_UNCERTAIN"}) // B2
 	is.Equal(got.State, "UNKNOWN")                                          // not FAILED
 	is.True(got.Parked)
-	is.Equal(w.sms.Queries(service.Ref(b2)), 0)  // no query after the expiry
-	is.Equal(w.sms.Outbound(service.Ref(b2)), 1) // the one that went out
+	is.Equal(w.sms.Queries(refOf(t, w.pool, b2)), 0)  // no query after the expiry
+	is.Equal(w.sms.Outbound(refOf(t, w.pool, b2)), 1) // the one that went out
 }

@@ -100,7 +100,7 @@ func TestParseTwilio(t *testing.T) {
 		r, err := receipts.ParseTwilio(url.Values{"MessageSid": {"SM1"}, "MessageStatus": {status}}, "ntf-task-7")
 		is.NoErr(err)
 		is.Equal(r.Kind, want)             // the status's kind
-		is.Equal(r.TaskID, int64(7))       // matched by our reference
+		is.Equal(r.Ref, "task-7")          // our reference, without the key prefix
 		is.Equal(r.EventID, "SM1:"+status) // one event per message and status
 		is.Equal(r.ProviderMsgID, "SM1")   // and the provider's id
 	}
@@ -110,8 +110,8 @@ func TestParseTwilio(t *testing.T) {
 	is.True(r.HardBounce)
 	_, err = receipts.ParseTwilio(url.Values{"MessageSid": {"SM1"}, "MessageStatus": {"exploded"}}, "")
 	is.True(err != nil) // an unknown status is refused
-	_, err = receipts.ParseTwilio(url.Values{"MessageSid": {"SM1"}, "MessageStatus": {"sent"}}, "task-x")
-	is.True(err != nil) // so is a reference that is not ours
+	_, err = receipts.ParseTwilio(url.Values{"MessageSid": {"SM1"}, "MessageStatus": {"sent"}}, "task 7/../x")
+	is.True(err != nil) // so is a reference that cannot be ours
 }
 
 // fakeRecorder records what the handler passes on and answers what the test says.
@@ -171,7 +171,7 @@ func TestHandlerRefusesUnverifiedCallbacks(t *testing.T) {
 	is.Equal(w.Code, http.StatusOK) // a signed receipt is recorded
 	is.Equal(len(rec.got), 1)
 	is.Equal(rec.got[0], service.Receipt{Source: service.ReceiptSourceStandardWebhooks, EventID: "msg_1",
-		Kind: service.ReceiptBounced, HardBounce: true, TaskID: 42, OccurredAt: time.Date(2027, 1, 15, 8, 0, 0, 0, time.UTC)})
+		Kind: service.ReceiptBounced, HardBounce: true, Ref: "task-42", OccurredAt: time.Date(2027, 1, 15, 8, 0, 0, 0, time.UTC)})
 	is.True(rec.disabled[0]) // with --disable-on-bounce passed on
 	is.True(strings.Contains(w.Body.String(), `"result":"settled"`))
 
@@ -228,7 +228,7 @@ func TestHandlerTwilio(t *testing.T) {
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
 	is.Equal(w.Code, http.StatusOK) // verified against the public URL
-	is.Equal(rec.got[0].TaskID, int64(9))
+	is.Equal(rec.got[0].Ref, "task-9")
 	is.Equal(rec.got[0].Kind, service.ReceiptDelivered)
 	is.True(strings.Contains(w.Body.String(), `"result":"noted"`))
 }
