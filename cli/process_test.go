@@ -225,7 +225,7 @@ func stoppedHolder(t *testing.T, c notifierCLI, pool *pgxpool.Pool, push *fakes.
 		"--lease", "1s", "--timeout", "1500ms", "--allow-lease-overlap")
 	waitCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	is.NoErr(push.WaitOutbound(waitCtx, refOf(t, pool, taskID), 1))    // A's send was accepted
+	is.NoErr(push.WaitOutbound(waitCtx, refOf(t, pool, taskID), 1)) // A's send was accepted
 	is.NoErr(a.cmd.Process.Signal(syscall.SIGSTOP))                 // A freezes mid-call
 	t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) }) // never leave it stopped
 	waitLeaseExpired(t, pool, taskID)

@@ -49,12 +49,12 @@ func TestScript(t *testing.T) {
 	r = c.ok("work", "--once", "--worker-id", "w1", "--channel", "push=IDEMPOTENT,"+push.URL())
 	var sent service.Result
 	decode(t, r.stdout, &sent)
-	is.Equal(sent.Kind, service.ResultSent)         // delivered
-	is.Equal(sent.TaskID, taskID)                   // the task just created
-	is.Equal(sent.Channel, "push")                  // on push
-	is.Equal(sent.Attempt, 1)                       // first attempt
-	is.Equal(sent.Action, service.ActionSend)       // a send
-	is.Equal(sent.Outcome, service.OutcomeAccepted) // accepted
+	is.Equal(sent.Kind, service.ResultSent)            // delivered
+	is.Equal(sent.TaskID, taskID)                      // the task just created
+	is.Equal(sent.Channel, "push")                     // on push
+	is.Equal(sent.Attempt, 1)                          // first attempt
+	is.Equal(sent.Action, service.ActionSend)          // a send
+	is.Equal(sent.Outcome, service.OutcomeAccepted)    // accepted
 	is.Equal(push.Outbound(refOf(t, pool, taskID)), 1) // one message went out
 	for _, event := range []string{"CLAIMED", "CALLED", "RESULT"} {
 		is.True(strings.Contains(r.stderr, event)) // the cycle's events are logged on stderr

@@ -127,7 +127,7 @@ func TestSIGTERMFinishesInFlightCall(t *testing.T) {
 	is.NoErr(err)                                            // attempts read back
 	is.Equal(len(attempts), 1)                               // one attempt
 	is.Equal(attempts[0].Outcome, service.OutcomeAccepted)   // accepted
-	is.Equal(push.Outbound(refOf(t, pool, taskID)), 1)          // one message
+	is.Equal(push.Outbound(refOf(t, pool, taskID)), 1)       // one message
 	is.True(strings.Contains(p.stderr.String(), "stopping")) // the shutdown is logged
 	is.Equal(p.stdout.String(), "")                          // a long-running worker prints no result
 }

@@ -175,7 +175,7 @@ func TestWorkerDropOnReusedConnection(t *testing.T) {
 			is.Equal(got.State, tc.state)                          // the mode's way out
 			is.Equal(got.Parked, tc.parked)                        // parked only where nothing can tell
 			is.Equal(fake.Outbound(ref), 1)                        // R4: one message reached the user
-			is.Equal(fake.Sends(refOf(t, pool, first)), 1)            // the first task was sent once
+			is.Equal(fake.Sends(refOf(t, pool, first)), 1)         // the first task was sent once
 		})
 	}
 }

@@ -131,8 +131,8 @@ func TestSeedCasesStreaming(t *testing.T) {
 
 	got := settle(t, w.pool, push)
 	is.Equal(outcomesOf(got), []string{"TIMEOUT", "ACCEPTED_REPLAY"}) // T1
-	is.Equal(w.push.Sends(refOf(t, w.pool, push)), 2)                      // 2 sends
-	is.Equal(w.push.Outbound(refOf(t, w.pool, push)), 1)                   // 1 outbound
+	is.Equal(w.push.Sends(refOf(t, w.pool, push)), 2)                 // 2 sends
+	is.Equal(w.push.Outbound(refOf(t, w.pool, push)), 1)              // 1 outbound
 	got = settle(t, w.pool, sms)
 	is.Equal(outcomesOf(got), []string{"TIMEOUT", "QUERY_FOUND"}) // T2
 	is.Equal(w.sms.Outbound(refOf(t, w.pool, sms)), 1)
@@ -142,7 +142,7 @@ func TestSeedCasesStreaming(t *testing.T) {
 	got = settle(t, w.pool, f1Reject)
 	is.Equal(got.State, "FAILED") // F1: 400 before acceptance
 	got = settle(t, w.pool, nc2)
-	is.Equal(got.State, "SENT")                    // NC2: one logical notification, SENT
+	is.Equal(got.State, "SENT")                         // NC2: one logical notification, SENT
 	is.Equal(w.none.Outbound(refOf(t, w.pool, nc2)), 2) // damage: the user got it twice
 }
 
@@ -173,7 +173,7 @@ func TestSeedCasesStreamingParkAndWriteOff(t *testing.T) {
 	is.True(got.Parked)
 	is.Equal(w.push.Outbound(refOf(t, w.pool, b3)), 1)
 	got = settle(t, w.pool, suppressed)
-	is.Equal(got.State, "SUPPRESSED")                  // B1
+	is.Equal(got.State, "SUPPRESSED")                       // B1
 	is.Equal(w.push.Sends(refOf(t, w.pool, suppressed)), 0) // no call made
 }
 
