@@ -210,6 +210,11 @@ WITH u AS (
            unnest($8::float8[]) AS retry_after_seconds,
            unnest($9::text[]) AS outcome,
            unnest($10::text[]) AS error
+), recorded_before AS (
+    SELECT u.attempt_token
+    FROM u
+    JOIN delivery_attempt a ON a.attempt_token = u.attempt_token
+    WHERE a.outcome = u.outcome
 ), finished AS (
     UPDATE delivery_task t
     SET state             = u.state,
@@ -249,8 +254,12 @@ WITH u AS (
     WHERE a.attempt_token = u.attempt_token
       AND a.late_outcome IS NULL
       AND NOT EXISTS (SELECT 1 FROM finished f WHERE f.attempt_token = u.attempt_token)
+      AND NOT EXISTS (SELECT 1 FROM recorded_before r WHERE r.attempt_token = u.attempt_token)
+      -- re-checked on the row's newest version after a wait: an earlier copy that committed meanwhile
+      AND a.outcome IS DISTINCT FROM u.outcome
 )
-SELECT u.id::bigint AS id, (f.id IS NOT NULL)::bool AS current
+SELECT u.id::bigint AS id,
+       (f.id IS NOT NULL OR EXISTS (SELECT 1 FROM recorded_before r WHERE r.attempt_token = u.attempt_token))::bool AS current
 FROM u
 LEFT JOIN finished f ON f.attempt_token = u.attempt_token
 `
@@ -285,12 +294,17 @@ type TaskFinishRow struct {
 // one transaction; this statement waits for that task row lock, so the late branch is chosen exactly when
 // the takeover committed first, and its update re-checks `late_outcome IS NULL` on the attempt's newest
 // version (data-modifying CTEs run to completion whether or not the final SELECT reads them). Returns
-// per attempt whether its task changed (current). next_attempt_at is set only for states that wait for a
+// per attempt whether its observation is the task's (current: recorded now, or by an earlier copy). next_attempt_at is set only for states that wait for a
 // retry (a negative retry_after_seconds means none: finished, or parked with needs_review; the table's
 // CHECKs refuse any other combination). An empty provider_msg_id, last_error or error means none.
 // Attempt tokens arrive as text[] and are cast to uuid here: the worker holds them as strings, and pgx
 // cannot send strings as a binary uuid[], so a uuid[] parameter made it fail and retry the encoding as
 // text on every call. A malformed token fails the whole statement, as before.
+// Idempotent: a worker whose finish met a broken connection cannot know whether it committed, and sends
+// it again (Dispatcher.FinishBatch, until the lease would run out). An attempt whose row already holds
+// this very outcome was recorded by an earlier copy of this finish (no other statement writes a call's
+// outcome: a takeover writes LEASE_EXPIRED, a late observation goes to late_outcome): recorded_before
+// changes nothing and reports it current, not superseded.
 func (q *Queries) TaskFinish(ctx context.Context, arg TaskFinishParams) ([]TaskFinishRow, error) {
 	rows, err := q.db.Query(ctx, TaskFinish,
 		arg.IDs,

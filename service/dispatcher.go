@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -38,6 +39,10 @@ type DispatcherConfig struct {
 	// claim or finish: keep them short.
 	RateLimited func(channel string)
 	Paused      func(channel string, pause time.Duration, err error)
+	// FinishRetried, when set, is told each time a finish of this many attempts is about to be sent again
+	// after err (a broken connection, a failover: FinishBatch); try counts from 0. It runs on the
+	// finish's goroutine.
+	FinishRetried func(attempts, try int, err error)
 }
 
 // Defaults for fields left zero.
@@ -170,9 +175,20 @@ func (d *Dispatcher) claimBatch(ctx context.Context, limit int, pre *prelude) ([
 		return d.claimEach(ctx, limit, locked, err)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("claim: %w", err)
+		return nil, nil, d.failed("claim", err)
 	}
 	return attempts, settled, nil
+}
+
+// failed wraps a claim's or finish's error. A server that refused to write (SQLSTATE 25006) is a
+// standby now, or was never the primary: the pool's connections to it are discarded, so that the next
+// statement connects anew and, with target_session_attrs=read-write, finds the current primary.
+func (d *Dispatcher) failed(op string, err error) error {
+	if sqlState(err) == sqlStateReadOnly {
+		d.pool.Reset()
+		return refuseReadOnly(op, err)
+	}
+	return fmt.Errorf("%s: %w", op, err)
 }
 
 // claimOnce runs one claim transaction for up to limit tasks. locked lists the rows TaskClaim locked,
@@ -393,14 +409,74 @@ func (d *Dispatcher) finishBatch(ctx context.Context, attempts []*Attempt, obs [
 	if err != nil {
 		return nil, err
 	}
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
-	defer cancel()
-	// One autocommit statement: the token-guarded task updates and the attempt rows they decide.
-	rows, err := dbgen.New(d.pool).TaskFinish(fctx, params)
+	rows, err := d.finish(ctx, attempts, params, nil)
 	if rowFault(err) {
 		return d.finishEach(ctx, attempts, params, results), nil
 	}
 	return finishResults(attempts, results, rows, err)
+}
+
+// finish runs TaskFinish, one autocommit statement: the token-guarded task updates and the attempt rows
+// they decide. A finish that failed transiently (a broken connection, a server restarting or failed
+// over: transient) may or may not have committed; TaskFinish is idempotent, so it is sent again, with
+// backoff, for as long as the attempts' leases leave time for it (finishDeadline). Only then are the
+// tasks left to lease expiry, as uncertain: without the retry a NONE-channel task whose call was
+// accepted would be parked for a human because the database blinked. A first failure that came from a
+// finish sent ahead of a claim (first) is retried the same way. The retries are not cancelled with ctx:
+// a stopping worker still records its answers.
+func (d *Dispatcher) finish(ctx context.Context, attempts []*Attempt, params dbgen.TaskFinishParams, err error) ([]dbgen.TaskFinishRow, error) {
+	deadline := finishDeadline(attempts, d.cfg.Lease)
+	var rows []dbgen.TaskFinishRow
+	if err == nil { // the first try goes whatever the lease: a superseded holder's finish keeps its late outcome
+		rows, err = d.finishTry(ctx, params, time.Now().Add(d.cfg.DBTimeout))
+	}
+	for try := 0; transient(err); try++ {
+		if sqlState(err) == sqlStateReadOnly {
+			d.pool.Reset() // a standby now: reconnect, to the new primary
+		}
+		wait := finishRetryDelay(try)
+		if time.Until(deadline) < wait+minFinishTry {
+			return nil, fmt.Errorf("%w (sent %d times; no time left before the lease runs out)", err, try+1)
+		}
+		if d.cfg.FinishRetried != nil {
+			d.cfg.FinishRetried(len(attempts), try, err)
+		}
+		time.Sleep(wait)
+		rows, err = d.finishTry(ctx, params, deadline)
+	}
+	return rows, err
+}
+
+// finishTry sends TaskFinish once, bounded by DBTimeout and the deadline.
+func (d *Dispatcher) finishTry(ctx context.Context, params dbgen.TaskFinishParams, deadline time.Time) ([]dbgen.TaskFinishRow, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(d.cfg.DBTimeout, time.Until(deadline)))
+	defer cancel()
+	return dbgen.New(d.pool).TaskFinish(ctx, params)
+}
+
+// minFinishTry is the least time worth a finish's try: less than this before the lease ends and the
+// tasks are left to lease expiry.
+const minFinishTry = 500 * time.Millisecond
+
+// finishDeadline is when the earliest lease of attempts ends, on this process's clock: the lease
+// started on the database clock during the claim, before the claim returned (claimed), so this is no
+// earlier than the real end, and a finish sent after it is fenced by the token (it reads STALE).
+func finishDeadline(attempts []*Attempt, lease time.Duration) time.Time {
+	var deadline time.Time
+	for _, a := range attempts {
+		if end := a.claimed.Add(lease); deadline.IsZero() || end.Before(deadline) {
+			deadline = end
+		}
+	}
+	return deadline
+}
+
+// finishRetryDelay is the wait before retry number try+1 of a finish: 100 ms doubled per retry, at most
+// 2 s, spread by up to a fifth either way so that the workers of a database that comes back do not
+// retry in lockstep.
+func finishRetryDelay(try int) time.Duration {
+	d := 100 * time.Millisecond << min(try, 5)
+	return jitter(min(d, 2*time.Second), 0.2)
 }
 
 // Handoff is what FinishBatchThenClaim did: one batch finished, the next one claimed.
@@ -449,11 +525,15 @@ func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attem
 		h.Finished, h.FinishErr = d.finishBatch(ctx, attempts, obs)
 		return h
 	}
-	if rowFault(pre.err) {
+	err = pre.err
+	if transient(err) { // it may have committed: send it again (TaskFinish is idempotent)
+		rows, err = d.finish(ctx, attempts, params, err)
+	}
+	if rowFault(err) {
 		h.Finished = d.finishEach(ctx, attempts, params, results)
 		return h
 	}
-	h.Finished, h.FinishErr = finishResults(attempts, results, rows, pre.err)
+	h.Finished, h.FinishErr = finishResults(attempts, results, rows, err)
 	return h
 }
 
@@ -540,4 +620,9 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return string(r[:n])
+}
+
+// jitter spreads d uniformly by up to spread (a fraction) either way.
+func jitter(d time.Duration, spread float64) time.Duration {
+	return time.Duration(float64(d) * (1 + spread*(2*rand.Float64()-1)))
 }
