@@ -158,7 +158,10 @@ func serveReceipts(c *cli.Context, e *env) error {
 	defer pool.Close()
 	n := service.NewNotifier(pool)
 	ctx, cancel := e.dbContext(c.Context)
-	err = n.RequireRole(ctx, "receipts", service.RoleReceiver)
+	_, err = n.RequireWritable(ctx, "receipts") // a standby would refuse every receipt
+	if err == nil {
+		err = n.RequireRole(ctx, "receipts", service.RoleReceiver)
+	}
 	cancel()
 	if err != nil {
 		if c.Context.Err() != nil {

@@ -62,7 +62,7 @@ func (n *Notifier) SetPreference(ctx context.Context, userID, channel, address s
 	}
 	row, err := n.q.PrefUpsert(ctx, dbgen.PrefUpsertParams{UserID: userID, Channel: channel, Address: address, Enabled: enabled})
 	if err != nil {
-		return Preference{}, needsRole("set preference", RoleCreator, fmt.Errorf("set preference: %w", err))
+		return Preference{}, n.refused("set preference", RoleCreator, fmt.Errorf("set preference: %w", err))
 	}
 	return Preference(row), nil
 }
@@ -118,7 +118,7 @@ func (n *Notifier) Create(ctx context.Context, userID, eventKey, body string, tt
 		}
 	})
 	if err != nil {
-		return 0, false, nil, needsRole("create", RoleCreator, fmt.Errorf("create: %w", err))
+		return 0, false, nil, n.refused("create", RoleCreator, fmt.Errorf("create: %w", err))
 	}
 	return id, created, tasks, nil
 }
@@ -156,7 +156,7 @@ func (n *Notifier) ResolveManually(ctx context.Context, taskID int64, final Stat
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil
 	case err != nil:
-		return false, needsRole("resolve", RoleOperator, fmt.Errorf("resolve task %d: %w", taskID, err))
+		return false, n.refused("resolve", RoleOperator, fmt.Errorf("resolve task %d: %w", taskID, err))
 	}
 	return true, nil
 }

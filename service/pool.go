@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -89,4 +90,54 @@ func parseConfigReason(err error, conn string) string {
 		why += ": " + redact.Error(inner)
 	}
 	return redact.Scrub(why, conn)
+}
+
+// WaitForDatabase connects pool's first connection, retrying while no server accepts it (a failover in
+// progress: with target_session_attrs=read-write no host is the primary yet; a server starting up or
+// unreachable), with backoff from 250 ms doubling to 5 s, for at most wait; retrying is called before
+// each wait. A server that answers but refuses us (authentication, an unknown database or role) is not
+// retried: that needs a person. Returns the last error when wait runs out.
+func WaitForDatabase(ctx context.Context, pool *pgxpool.Pool, wait time.Duration, retrying func(err error, next time.Duration)) error {
+	deadline := time.Now().Add(wait)
+	delay := 250 * time.Millisecond
+	for {
+		pctx, cancel := context.WithTimeout(ctx, max(time.Second, min(DefaultDBTimeout, time.Until(deadline))))
+		err := pool.Ping(pctx)
+		cancel()
+		if err == nil || !unreachable(err) || ctx.Err() != nil {
+			return err
+		}
+		next := jitter(delay, 0.2)
+		if wait <= 0 {
+			return err
+		}
+		if time.Until(deadline) < next {
+			return fmt.Errorf("no database server accepted a connection for %s: %w", wait.Round(time.Second), err)
+		}
+		if retrying != nil {
+			retrying(err, next)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(next):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+// unreachable reports whether a connection failed for want of a server that takes it: refused, timed
+// out, a host that does not resolve, a server starting up or shutting down (57P03, 57P01), or no host
+// of the URL acceptable (target_session_attrs). Not when a server answered and refused us: invalid
+// authorization (28), an unknown database (3D) or a missing privilege (42).
+func unreachable(err error) bool {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) {
+		return false
+	}
+	switch sqlClass(err) {
+	case "28", "3D", "42":
+		return false
+	}
+	return true
 }

@@ -207,6 +207,15 @@ type Status struct {
 	Receipts []ReceiptCount `json:"receipts"`
 	// RateLimits are the channels' rate-limit buckets (schema/014), as they stand now.
 	RateLimits []Bucket `json:"rate_limits"`
+	// Database is the server's standing: whether commits wait for a standby.
+	Database StandingReport `json:"database"`
+}
+
+// StandingReport is a ServerStanding with what follows from it.
+type StandingReport struct {
+	ServerStanding
+	Durability Durability `json:"durability"`
+	Warnings   []string   `json:"warnings,omitempty"`
 }
 
 // ReceiptCount is the number of receipts of one kind that had one effect.
@@ -247,6 +256,11 @@ func (n *Notifier) Status(ctx context.Context) (Status, error) {
 	if s.RateLimits, err = n.RateLimits(ctx); err != nil {
 		return Status{}, err
 	}
+	standing, err := n.Standing(ctx)
+	if err != nil {
+		return Status{}, err
+	}
+	s.Database = StandingReport{ServerStanding: standing, Durability: standing.Durability(), Warnings: standing.Warnings()}
 	return s, nil
 }
 

@@ -169,7 +169,7 @@ func (n *Notifier) RecordReceipt(ctx context.Context, r Receipt, disableOnBounce
 		return ReceiptResult{TaskID: res.TaskID, Duplicate: true}, nil
 	}
 	if err != nil {
-		return ReceiptResult{}, fmt.Errorf("record receipt %s %s: %w", r.Source, r.EventID, err)
+		return ReceiptResult{}, n.refused("record receipt", RoleReceiver, fmt.Errorf("record receipt %s %s: %w", r.Source, r.EventID, err))
 	}
 	return res, nil
 }

@@ -2,6 +2,8 @@ package worker
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -29,6 +31,10 @@ const (
 	DefaultFinishDelay = 2 * time.Millisecond
 	DefaultPoll        = 200 * time.Millisecond
 	DefaultMaxBackoff  = 10 * time.Second
+	// DefaultReadOnlyGrace outlasts a failover that leaves a connection on the demoted primary, or a
+	// DNS name moving to the new one, and is short enough that a worker pointed at a standby stops
+	// (and says why) instead of delivering nothing forever.
+	DefaultReadOnlyGrace = time.Minute
 )
 
 // Bounds of Config that the command lines accept (`notifier work` and the load bench).
@@ -66,9 +72,13 @@ type Config struct {
 	Finishers  int
 	Poll       time.Duration // wait after a claim found nothing to do
 	MaxBackoff time.Duration // longest wait between claims while the database fails
-	Logger     *slog.Logger
-	OnResult   func(service.Result)
-	Hooks      Hooks
+	// ReadOnlyGrace is how long claims may keep meeting a read-only server (a standby: service.
+	// ErrReadOnly) before Run stops and returns that error. Each such claim has the dispatcher reconnect,
+	// which after a failover finds the new primary (with target_session_attrs=read-write).
+	ReadOnlyGrace time.Duration
+	Logger        *slog.Logger
+	OnResult      func(service.Result)
+	Hooks         Hooks
 }
 
 // WithDefaults returns c with its zero fields set.
@@ -85,6 +95,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxBackoff <= 0 {
 		c.MaxBackoff = DefaultMaxBackoff
+	}
+	if c.ReadOnlyGrace <= 0 {
+		c.ReadOnlyGrace = DefaultReadOnlyGrace
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -136,8 +149,9 @@ type finishDone struct {
 // database fails it backs off up to MaxBackoff and logs once when that starts and once when it ends.
 //
 // On cancellation no new task is claimed; calls in flight end (bounded by the client timeout) and are
-// recorded before Run returns.
-func Run(ctx context.Context, d Dispatcher, cfg Config) {
+// recorded before Run returns nil. Run stops the same way, and returns the error, when the database has
+// answered read-only for longer than ReadOnlyGrace: the worker is pointed at a standby.
+func Run(ctx context.Context, d Dispatcher, cfg Config) error {
 	cfg = cfg.WithDefaults()
 	s := &stream{
 		d: d, cfg: cfg, health: &dbHealth{log: cfg.Logger},
@@ -145,7 +159,7 @@ func Run(ctx context.Context, d Dispatcher, cfg Config) {
 		claims:   make(chan claimDone, 1),
 		finishes: make(chan finishDone, cfg.Finishers),
 	}
-	s.run(ctx)
+	return s.run(ctx)
 }
 
 type stream struct {
@@ -157,19 +171,20 @@ type stream struct {
 	finishes chan finishDone
 }
 
-func (s *stream) run(ctx context.Context) {
+func (s *stream) run(ctx context.Context) (fatal error) {
 	var (
-		calling    int      // calls in flight: the window's fill
-		waiting    []answer // answered, not yet being recorded
-		recording  int      // answers in finishes running now
-		finishing  int      // finish statements running
-		claiming   bool
-		backoff    time.Duration // after a failed claim or finish; 0 while healthy
-		nextClaim  time.Time     // no claim before this
-		oldest     time.Time     // when the first of waiting arrived
-		timer      = time.NewTimer(time.Hour)
-		done       = ctx.Done()
-		worthClaim = min(s.cfg.Batch, max(1, s.cfg.MaxInFlight/8))
+		readOnlySince time.Time // claims have met a read-only server since; zero while they do not
+		calling       int       // calls in flight: the window's fill
+		waiting       []answer  // answered, not yet being recorded
+		recording     int       // answers in finishes running now
+		finishing     int       // finish statements running
+		claiming      bool
+		backoff       time.Duration // after a failed claim or finish; 0 while healthy
+		nextClaim     time.Time     // no claim before this
+		oldest        time.Time     // when the first of waiting arrived
+		timer         = time.NewTimer(time.Hour)
+		done          = ctx.Done()
+		worthClaim    = min(s.cfg.Batch, max(1, s.cfg.MaxInFlight/8))
 	)
 	timer.Stop()
 	defer timer.Stop()
@@ -203,7 +218,7 @@ func (s *stream) run(ctx context.Context) {
 			go s.claim(ctx, min(s.cfg.Batch, room))
 		}
 		if stopping && calling == 0 && len(waiting) == 0 && !claiming && finishing == 0 {
-			return
+			return fatal
 		}
 		// Wake up for the next claim after a pause, or for answers that have waited long enough.
 		var wake time.Time
@@ -243,7 +258,18 @@ func (s *stream) run(ctx context.Context) {
 				s.health.failed(c.err)
 				backoff = s.longer(backoff)
 				nextClaim = time.Now().Add(backoff)
+				if errors.Is(c.err, service.ErrReadOnly) {
+					if readOnlySince.IsZero() {
+						readOnlySince = time.Now()
+						s.cfg.Logger.Error("the database is read-only: reconnecting, to the primary if the URL names it (target_session_attrs=read-write)",
+							"stop_after", s.cfg.ReadOnlyGrace.String(), "error", c.err)
+					} else if time.Since(readOnlySince) >= s.cfg.ReadOnlyGrace && fatal == nil {
+						fatal = fmt.Errorf("still read-only after %s: %w", s.cfg.ReadOnlyGrace, c.err)
+						done = nil // stop claiming; drain what is held, then return fatal
+					}
+				}
 			case c.err == nil:
+				readOnlySince = time.Time{}
 				s.health.ok()
 				if c.finish == nil || c.finish.err == nil {
 					backoff = 0
