@@ -441,32 +441,35 @@ func (q *Queries) TaskHeldByTokens(ctx context.Context, attemptTokens []string) 
 
 const TaskInsertForEnabledPrefs = `-- name: TaskInsertForEnabledPrefs :many
 INSERT INTO delivery_task (notification_id, channel, max_attempts)
-SELECT $1, p.channel, $2
-FROM channel_pref p
-WHERE p.user_id = $3 AND p.enabled
-ORDER BY p.channel
-RETURNING id, channel, ref
+SELECT n.id, p.channel, n.max_attempts
+FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::text[]) AS user_id,
+             unnest($3::int[]) AS max_attempts) AS n
+JOIN channel_pref p ON p.user_id = n.user_id AND p.enabled
+ORDER BY n.id, p.channel
+RETURNING id, notification_id, channel, ref
 `
 
 type TaskInsertForEnabledPrefsParams struct {
-	NotificationID int64
-	MaxAttempts    int32
-	UserID         string
+	NotificationIDs []int64
+	UserIDs         []string
+	MaxAttempts     []int32
 }
 
 type TaskInsertForEnabledPrefsRow struct {
-	ID      int64
-	Channel string
-	Ref     string
+	ID             int64
+	NotificationID int64
+	Channel        string
+	Ref            string
 }
 
-// Creates one PENDING task per channel the user has enabled, in the same transaction that created the
-// notification, due at once (next_attempt_at's default, now(); the creator role may set no other). Guards
-// R2: UNIQUE (notification_id, channel) allows one task per channel; it runs only for the submitter
-// whose NotificationInsert returned a row (for the creator role, row-level security also requires that
-// this transaction inserted the notification and that the channel is enabled: schema/010).
+// Creates one PENDING task per channel each user has enabled, in the same transaction that created the
+// notifications (NotificationInsert returned them), due at once (next_attempt_at's default, now(); the
+// creator role may set no other). Guards R2: UNIQUE (notification_id, channel) allows one task per
+// channel; it runs only for the notifications this submitter created (for the creator role, row-level
+// security also requires that this transaction inserted the notification and that the channel is
+// enabled: schema/010).
 func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertForEnabledPrefsParams) ([]TaskInsertForEnabledPrefsRow, error) {
-	rows, err := q.db.Query(ctx, TaskInsertForEnabledPrefs, arg.NotificationID, arg.MaxAttempts, arg.UserID)
+	rows, err := q.db.Query(ctx, TaskInsertForEnabledPrefs, arg.NotificationIDs, arg.UserIDs, arg.MaxAttempts)
 	if err != nil {
 		return nil, err
 	}
@@ -474,41 +477,12 @@ func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertF
 	items := []TaskInsertForEnabledPrefsRow{}
 	for rows.Next() {
 		var i TaskInsertForEnabledPrefsRow
-		if err := rows.Scan(&i.ID, &i.Channel, &i.Ref); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const TaskListByNotification = `-- name: TaskListByNotification :many
-SELECT id, channel, ref
-FROM delivery_task
-WHERE notification_id = $1
-ORDER BY channel
-`
-
-type TaskListByNotificationRow struct {
-	ID      int64
-	Channel string
-	Ref     string
-}
-
-// The tasks of one notification (returned to a duplicate submitter; it writes none).
-func (q *Queries) TaskListByNotification(ctx context.Context, notificationID int64) ([]TaskListByNotificationRow, error) {
-	rows, err := q.db.Query(ctx, TaskListByNotification, notificationID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []TaskListByNotificationRow{}
-	for rows.Next() {
-		var i TaskListByNotificationRow
-		if err := rows.Scan(&i.ID, &i.Channel, &i.Ref); err != nil {
+		if err := rows.Scan(
+			&i.ID,
+			&i.NotificationID,
+			&i.Channel,
+			&i.Ref,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -1,22 +1,17 @@
 -- name: TaskInsertForEnabledPrefs :many
--- Creates one PENDING task per channel the user has enabled, in the same transaction that created the
--- notification, due at once (next_attempt_at's default, now(); the creator role may set no other). Guards
--- R2: UNIQUE (notification_id, channel) allows one task per channel; it runs only for the submitter
--- whose NotificationInsert returned a row (for the creator role, row-level security also requires that
--- this transaction inserted the notification and that the channel is enabled: schema/010).
+-- Creates one PENDING task per channel each user has enabled, in the same transaction that created the
+-- notifications (NotificationInsert returned them), due at once (next_attempt_at's default, now(); the
+-- creator role may set no other). Guards R2: UNIQUE (notification_id, channel) allows one task per
+-- channel; it runs only for the notifications this submitter created (for the creator role, row-level
+-- security also requires that this transaction inserted the notification and that the channel is
+-- enabled: schema/010).
 INSERT INTO delivery_task (notification_id, channel, max_attempts)
-SELECT @notification_id, p.channel, @max_attempts
-FROM channel_pref p
-WHERE p.user_id = @user_id AND p.enabled
-ORDER BY p.channel
-RETURNING id, channel, ref;
-
--- name: TaskListByNotification :many
--- The tasks of one notification (returned to a duplicate submitter; it writes none).
-SELECT id, channel, ref
-FROM delivery_task
-WHERE notification_id = @notification_id
-ORDER BY channel;
+SELECT n.id, p.channel, n.max_attempts
+FROM (SELECT unnest(@notification_ids::bigint[]) AS id, unnest(@user_ids::text[]) AS user_id,
+             unnest(@max_attempts::int[]) AS max_attempts) AS n
+JOIN channel_pref p ON p.user_id = n.user_id AND p.enabled
+ORDER BY n.id, p.channel
+RETURNING id, notification_id, channel, ref;
 
 -- name: TaskClaim :many
 -- Locks up to @max_tasks tasks of one channel for this claimer, in one statement: first SENDING tasks
