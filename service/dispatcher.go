@@ -321,7 +321,13 @@ type claimRecovery struct {
 func (d *Dispatcher) recoverClaim(ctx context.Context, c *claimRecovery, claimErr error) ([]*Attempt, []Result, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
 	defer cancel()
+	// The pool's other connections may have broken with the claim's (a failover, a restart): the
+	// question is asked again on a new one, a few times.
 	held, err := dbgen.New(d.pool).TaskHeldByTokens(ctx, c.tokens)
+	for try := 0; transient(err) && try < 3 && ctx.Err() == nil; try++ {
+		time.Sleep(finishRetryDelay(try))
+		held, err = dbgen.New(d.pool).TaskHeldByTokens(ctx, c.tokens)
+	}
 	if err != nil || len(held) == 0 {
 		return nil, nil, claimErr
 	}
@@ -518,11 +524,10 @@ func finishDeadline(attempts []*Attempt, lease time.Duration) time.Time {
 }
 
 // finishRetryDelay is the wait before retry number try+1 of a finish: 100 ms doubled per retry, at most
-// 2 s, spread by up to a fifth either way so that the workers of a database that comes back do not
-// retry in lockstep.
+// 2 s, spread.
 func finishRetryDelay(try int) time.Duration {
 	d := 100 * time.Millisecond << min(try, 5)
-	return jitter(min(d, 2*time.Second), 0.2)
+	return spread(min(d, 2*time.Second))
 }
 
 // Handoff is what FinishBatchThenClaim did: one batch finished, the next one claimed.
@@ -599,7 +604,7 @@ func (d *Dispatcher) finishParams(attempts []*Attempt, obs []Observation) (dbgen
 			Outcome: o.Outcome, Token: a.Token, Detail: o.Detail}
 		retry := -1.0
 		if t.Retry {
-			retry = max(d.cfg.Backoff.Delay(a.No, o.RetryAfter), t.NotBefore).Seconds()
+			retry = spread(max(d.cfg.Backoff.Delay(a.No, o.RetryAfter), t.NotBefore)).Seconds()
 		}
 		finish.IDs = append(finish.IDs, a.TaskID)
 		finish.AttemptTokens = append(finish.AttemptTokens, a.Token)
@@ -668,9 +673,12 @@ func truncate(s string, n int) string {
 	return string(r[:n])
 }
 
-// jitter spreads d uniformly by up to spread (a fraction) either way.
-func jitter(d time.Duration, spread float64) time.Duration {
-	return time.Duration(float64(d) * (1 + spread*(2*rand.Float64()-1)))
+// spread lengthens a wait d by up to a quarter, at random, so that what waits together (a window's
+// retries after a provider's outage, the workers of a database that comes back) does not go again in
+// lockstep. Never shorter: a wait is at least what it was computed to be (a Retry-After, a settle
+// time). The same rule as the worker loop's polls and backoff (worker.spread).
+func spread(d time.Duration) time.Duration {
+	return d + time.Duration(rand.Float64()*float64(d)/4)
 }
 
 // newToken is a random attempt token (a version 4 UUID), chosen by the claimer: TaskStartAttempts sets

@@ -107,7 +107,7 @@ func WaitForDatabase(ctx context.Context, pool *pgxpool.Pool, wait time.Duration
 		if err == nil || !unreachable(err) || ctx.Err() != nil {
 			return err
 		}
-		next := jitter(delay, 0.2)
+		next := spread(delay)
 		if wait <= 0 {
 			return err
 		}
