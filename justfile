@@ -25,14 +25,14 @@ test *args:
       NOTIFIER_TEST_BATCH=8 go test -race -count=1 ./service/; \
     fi
 
-# Build the notifier binary into bin/notifier
+# Build the notifier binary into bin/notifier (go install ./cli/notifier puts it in GOBIN as notifier)
 build:
-    go build -o bin/notifier ./cli
+    go build -o bin/notifier ./cli/notifier
 
-# Run the demo (`go run ./cli demo`) on a throwaway migrated PostgreSQL, or on $DATABASE_URL if set; args go to the demo
+# Run the demo (`go run ./cli/notifier demo`) on a throwaway migrated PostgreSQL, or on $DATABASE_URL if set; args go to the demo
 demo *args: _pgtmp
-    @if [ -n "${DATABASE_URL:-}" ]; then exec go run ./cli demo "$@"; fi; \
-    exec "{{ pgtmp }}" -migrate -- go run ./cli demo "$@"
+    @if [ -n "${DATABASE_URL:-}" ]; then exec go run ./cli/notifier demo "$@"; fi; \
+    exec "{{ pgtmp }}" -migrate -- go run ./cli/notifier demo "$@"
 
 # Run the load bench (`go run ./bench/cmd/bench`, see docs/benchmarks.md#the-load-bench: the product's worker loop against fakes with a latency model, beside pgbench) on a throwaway migrated PostgreSQL; args go to it, e.g. `just bench --call-latency 100ms,0.8 --max-in-flight 1024`
 bench *args: _pgtmp
