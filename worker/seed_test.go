@@ -18,6 +18,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/internal/seedcase"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/httpchannel"
 	"github.com/notifierhq/notifier/worker"
@@ -99,6 +100,17 @@ func (w *streamWorld) user(t *testing.T, user string, channels ...string) {
 	}
 }
 
+// checkSeed holds a seed case's task, settled, to the case's expected end (testdata/seed/traces.json),
+// with what fake counted under its reference.
+func (w *streamWorld) checkSeed(t *testing.T, name string, taskID int64, fake *fakes.Channel) taskState {
+	t.Helper()
+	s := settle(t, w.pool, taskID)
+	ref := refOf(t, w.pool, taskID)
+	seedcase.Check(t, name, seedcase.Got{Outcomes: outcomesOf(s), State: s.State, Parked: s.Parked,
+		Sends: fake.Sends(ref), Queries: fake.Queries(ref), Outbound: fake.Outbound(ref)})
+	return s
+}
+
 func outcomesOf(s taskState) []string {
 	var out []string
 	for _, a := range s.Attempts {
@@ -110,7 +122,6 @@ func outcomesOf(s taskState) []string {
 // T1, T2 (timeouts), N2 (normal delivery), F1 (refused before acceptance), NC2 (the negative control:
 // a channel that cannot dedupe treated as if it could) on one streaming worker at once.
 func TestSeedCasesStreaming(t *testing.T) {
-	is := is.New(t)
 	w := newStreamWorld(t)
 	w.user(t, "u1", "push", "sms")
 	w.user(t, "u2", "push")
@@ -129,21 +140,12 @@ func TestSeedCasesStreaming(t *testing.T) {
 	w.none.ScriptSend(refOf(t, w.pool, nc2), fakes.Step{Delay: 1200 * time.Millisecond})
 	w.run(t, 1, map[string]service.Mode{"none": service.ModeIdempotent}) // NC2: blind resends on none
 
-	got := settle(t, w.pool, push)
-	is.Equal(outcomesOf(got), []string{"TIMEOUT", "ACCEPTED_REPLAY"}) // T1
-	is.Equal(w.push.Sends(refOf(t, w.pool, push)), 2)                 // 2 sends
-	is.Equal(w.push.Outbound(refOf(t, w.pool, push)), 1)              // 1 outbound
-	got = settle(t, w.pool, sms)
-	is.Equal(outcomesOf(got), []string{"TIMEOUT", "QUERY_FOUND"}) // T2
-	is.Equal(w.sms.Outbound(refOf(t, w.pool, sms)), 1)
-	is.Equal(settle(t, w.pool, n2).State, "SENT") // N2
-	got = settle(t, w.pool, f1Retry)
-	is.Equal(outcomesOf(got), []string{"HTTP_5XX", "ACCEPTED"}) // F1: refused before acceptance, retried
-	got = settle(t, w.pool, f1Reject)
-	is.Equal(got.State, "FAILED") // F1: 400 before acceptance
-	got = settle(t, w.pool, nc2)
-	is.Equal(got.State, "SENT")                         // NC2: one logical notification, SENT
-	is.Equal(w.none.Outbound(refOf(t, w.pool, nc2)), 2) // damage: the user got it twice
+	w.checkSeed(t, "T1", push, w.push)
+	w.checkSeed(t, "T2", sms, w.sms)
+	w.checkSeed(t, "N2-push", n2, w.push)
+	w.checkSeed(t, "F1-503", f1Retry, w.sms) // refused before acceptance, retried
+	w.checkSeed(t, "F1-400", f1Reject, w.push)
+	w.checkSeed(t, "NC2", nc2, w.none) // one logical notification, SENT; damage: the user got it twice
 }
 
 // T3, B1 and B3: where the stream must park, suppress or fail, never write off what went out.
@@ -163,18 +165,9 @@ func TestSeedCasesStreamingParkAndWriteOff(t *testing.T) {
 	w.push.ScriptSend(refOf(t, w.pool, b3), fakes.Step{Delay: 1200 * time.Millisecond}, fakes.Step{Status: 503})
 	w.run(t, 1, nil)
 
-	got := settle(t, w.pool, t3)
-	is.Equal(outcomesOf(got), []string{"TIMEOUT", "QUERY_FAILED", "QUERY_FAILED"}) // T3
-	is.True(got.Parked)                                                            // parked
-	is.Equal(w.sms.Outbound(refOf(t, w.pool, t3)), 1)
-	got = settle(t, w.pool, b3)
-	is.Equal(outcomesOf(got), []string{"TIMEOUT", "HTTP_5XX"}) // B3
-	is.Equal(got.State, "UNKNOWN")                             // not FAILED: the first may have gone out
-	is.True(got.Parked)
-	is.Equal(w.push.Outbound(refOf(t, w.pool, b3)), 1)
-	got = settle(t, w.pool, suppressed)
-	is.Equal(got.State, "SUPPRESSED")                       // B1
-	is.Equal(w.push.Sends(refOf(t, w.pool, suppressed)), 0) // no call made
+	w.checkSeed(t, "T3", t3, w.sms)
+	w.checkSeed(t, "B3", b3, w.push) // not FAILED: the first may have gone out
+	w.checkSeed(t, "B1-pref", suppressed, w.push)
 }
 
 // C1 through the stream: four workers with windows drain 40 tasks: every task called once, one message
@@ -199,16 +192,10 @@ func TestSeedC1Streaming(t *testing.T) {
 // B2 through the stream: sms, TTL 2 s, the first call accepted then timed out, the retry 2.5 s later:
 // the notification has expired by then, and the task is parked, not FAILED (the first call went out).
 func TestSeedB2Streaming(t *testing.T) {
-	is := is.New(t)
 	w := newStreamWorld(t)
 	w.user(t, "u1", "sms")
 	b2 := w.create(t, "u1", "b2", 2*time.Second, 3)[0].TaskID
 	w.sms.ScriptSend(refOf(t, w.pool, b2), fakes.Step{Delay: 1200 * time.Millisecond})
 	w.runWith(t, 1, nil, 2500*time.Millisecond)
-	got := settle(t, w.pool, b2)
-	is.Equal(outcomesOf(got), []string{"TIMEOUT", "TTL_EXPIRED_UNCERTAIN"}) // B2
-	is.Equal(got.State, "UNKNOWN")                                          // not FAILED
-	is.True(got.Parked)
-	is.Equal(w.sms.Queries(refOf(t, w.pool, b2)), 0)  // no query after the expiry
-	is.Equal(w.sms.Outbound(refOf(t, w.pool, b2)), 1) // the one that went out
+	w.checkSeed(t, "B2", b2, w.sms) // not FAILED; no query after the expiry; the one that went out
 }

@@ -2,9 +2,12 @@ package receipts_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,15 +21,34 @@ import (
 	"github.com/notifierhq/notifier/service/webhook"
 )
 
-// The Standard Webhooks specification's published test vector: any receiver of the specification
-// must accept it.
-const (
-	specSecret    = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-	specID        = "msg_p5jXN8AQM9LWM0D4loKWxJek"
-	specTimestamp = 1614265330
-	specBody      = `{"test": 2432232314}`
-	specSignature = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+// The Standard Webhooks specification's published test vector (testdata/vectors/standard-webhooks.json):
+// any receiver of the specification must accept it.
+var spec = func() (v struct {
+	Secret    string `json:"secret"`
+	ID        string `json:"id"`
+	Timestamp int64  `json:"timestamp"`
+	Body      string `json:"body"`
+	Signature string `json:"signature"`
+}) {
+	readVector("standard-webhooks.json", &v)
+	return v
+}()
+
+var (
+	specSecret, specID, specTimestamp = spec.Secret, spec.ID, spec.Timestamp
+	specBody, specSignature           = spec.Body, spec.Signature
 )
+
+// readVector reads a published test vector from testdata/vectors.
+func readVector(name string, v any) {
+	data, err := os.ReadFile(filepath.Join("..", "..", "testdata", "vectors", name))
+	if err == nil {
+		err = json.Unmarshal(data, v)
+	}
+	if err != nil {
+		panic(err)
+	}
+}
 
 func specKey(t *testing.T) []byte {
 	t.Helper()
@@ -77,18 +99,29 @@ func TestStandardWebhooksSpecVector(t *testing.T) {
 	}
 }
 
-// Twilio's published validator vector (its libraries' tests and documentation).
+// Twilio's published validator vector (its libraries' tests and documentation;
+// testdata/vectors/twilio.json).
 func TestTwilioSignatureVector(t *testing.T) {
 	is := is.New(t)
-	params := url.Values{"Digits": {"1234"}, "CallSid": {"CA1234567890ABCDE"}, "To": {"+18005551212"},
-		"Caller": {"+14158675309"}, "From": {"+14158675309"}}
-	const u = "https://mycompany.com/myapp.php?foo=1&bar=2"
-	is.Equal(receipts.TwilioSignature("12345", u, params), "RSOYDt4T1cUTdK1PDd93/VVr8B8=") // the published signature
-	is.True(receipts.VerifyTwilio("12345", u, params, "RSOYDt4T1cUTdK1PDd93/VVr8B8="))
-	is.True(receipts.VerifyTwilio("12345", "https://mycompany.com:443/myapp.php?foo=1&bar=2", params, "RSOYDt4T1cUTdK1PDd93/VVr8B8=")) // with the default port
-	is.True(!receipts.VerifyTwilio("12346", u, params, "RSOYDt4T1cUTdK1PDd93/VVr8B8="))                                                // another token
+	var v struct {
+		AuthToken string            `json:"auth_token"`
+		URL       string            `json:"url"`
+		Params    map[string]string `json:"params"`
+		Signature string            `json:"signature"`
+	}
+	readVector("twilio.json", &v)
+	params := url.Values{}
+	for k, val := range v.Params {
+		params.Set(k, val)
+	}
+	is.Equal(receipts.TwilioSignature(v.AuthToken, v.URL, params), v.Signature) // the published signature
+	is.True(receipts.VerifyTwilio(v.AuthToken, v.URL, params, v.Signature))
+	withPort := strings.Replace(v.URL, "https://mycompany.com/", "https://mycompany.com:443/", 1)
+	is.True(withPort != v.URL)                                                   // (the vector's host, with the default port)
+	is.True(receipts.VerifyTwilio(v.AuthToken, withPort, params, v.Signature))   // with the default port
+	is.True(!receipts.VerifyTwilio(v.AuthToken+"6", v.URL, params, v.Signature)) // another token
 	params.Set("Digits", "1235")
-	is.True(!receipts.VerifyTwilio("12345", u, params, "RSOYDt4T1cUTdK1PDd93/VVr8B8=")) // a changed parameter
+	is.True(!receipts.VerifyTwilio(v.AuthToken, v.URL, params, v.Signature)) // a changed parameter
 }
 
 func TestParseTwilio(t *testing.T) {
