@@ -71,5 +71,5 @@ func (d *Dispatcher) setAside(ctx context.Context, t dbgen.TaskClaimRow, refused
 	}); err != nil {
 		return Result{}, fmt.Errorf("claim: %w (and setting task %d aside failed: %w)", refused, t.ID, err)
 	}
-	return Result{Kind: ResultSetAside, TaskID: t.ID, Channel: t.Channel, Detail: why}, nil
+	return Result{Kind: ResultSetAside, TaskID: t.ID, Channel: t.Channel, Detail: why, Err: refused}, nil
 }

@@ -137,6 +137,9 @@ type Result struct {
 	Outcome Outcome    `json:"outcome,omitempty"`
 	Token   string     `json:"token,omitempty"`
 	Detail  string     `json:"detail,omitempty"`
+	// Err is the database's refusal behind an UNRECORDED or SET_ASIDE result, as the driver returned it
+	// (errors.As finds its *pgconn.PgError); Detail is its text.
+	Err error `json:"-"`
 	// CallDuration is how long the channel call took (set by the worker; zero without a call).
 	CallDuration time.Duration `json:"-"`
 }

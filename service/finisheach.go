@@ -28,7 +28,7 @@ func (d *Dispatcher) finishEach(ctx context.Context, attempts []*Attempt, params
 			Errors:            params.Errors[i:one],
 		})
 		if _, err := finishResults(attempts[i:one], results[i:one], rows, err); err != nil {
-			results[i].Kind = ResultUnrecorded
+			results[i].Kind, results[i].Err = ResultUnrecorded, err
 			results[i].Detail = truncate(err.Error(), MaxNoteLength)
 		}
 	}
