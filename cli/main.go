@@ -35,6 +35,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	e := &env{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	err := newApp(e).RunContext(ctx, args)
 	if err != nil {
+		err = service.ExplainPooler(err, e.dbUser) // a pooler's configuration: say the fix
 		fmt.Fprintln(stderr, "notifier: "+errorLine(err, e.dbURL, e.secret))
 	}
 	return err
@@ -78,7 +79,7 @@ func ExitCode(err error) int {
 // the database's wherever it appears, in every form the database URL may hold it.
 func errorLine(err error, dbURL, secret string) string {
 	s := err.Error()
-	if connErr := (*pgconn.ConnectError)(nil); errors.As(err, &connErr) {
+	if connErr := (*pgconn.ConnectError)(nil); errors.As(err, &connErr) && !errors.Is(err, service.ErrPooler) {
 		s = "database unreachable: " + s
 	}
 	s = redact.Known(redact.Scrub(s, dbURL), secret)

@@ -187,15 +187,16 @@ func (d *Dispatcher) claimBatch(ctx context.Context, limit int, pre *prelude) ([
 	return attempts, settled, nil
 }
 
-// failed wraps a claim's or finish's error. A server that refused to write (SQLSTATE 25006) is a
-// standby now, or was never the primary: the pool's connections to it are discarded, so that the next
-// statement connects anew and, with target_session_attrs=read-write, finds the current primary.
+// failed wraps a claim's error. A server that refused to write (SQLSTATE 25006) is a standby now, or
+// was never the primary: the pool's connections to it are discarded, so that the next statement
+// connects anew and, with target_session_attrs=read-write, finds the current primary. An error that a
+// connection pooler's configuration caused says so, with the fix (ExplainPooler).
 func (d *Dispatcher) failed(op string, err error) error {
 	if sqlState(err) == sqlStateReadOnly {
 		d.pool.Reset()
 		return refuseReadOnly(op, err)
 	}
-	return fmt.Errorf("%s: %w", op, err)
+	return ExplainPooler(fmt.Errorf("%s: %w", op, err), d.pool.Config().ConnConfig.User)
 }
 
 // claimOnce runs one claim transaction for up to limit tasks. locked lists the rows TaskClaim locked,
@@ -624,13 +625,13 @@ func (d *Dispatcher) finishParams(attempts []*Attempt, obs []Observation) (dbgen
 }
 
 // finishResults checks TaskFinish's rows against the attempts: an attempt whose token no longer held
-// is STALE.
+// is STALE. A failure that a connection pooler's configuration caused says so (ExplainPooler).
 func finishResults(attempts []*Attempt, results []Result, rows []dbgen.TaskFinishRow, err error) ([]Result, error) {
 	if err == nil && len(rows) != len(attempts) {
 		err = fmt.Errorf("%d rows for %d attempts", len(rows), len(attempts))
 	}
 	if err != nil {
-		return nil, fmt.Errorf("finish: %w", err)
+		return nil, ExplainPooler(fmt.Errorf("finish: %w", err), "")
 	}
 	current := make(map[int64]bool, len(rows))
 	for _, r := range rows {

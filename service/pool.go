@@ -129,10 +129,11 @@ func WaitForDatabase(ctx context.Context, pool *pgxpool.Pool, wait time.Duration
 // unreachable reports whether a connection failed for want of a server that takes it: refused, timed
 // out, a host that does not resolve, a server starting up or shutting down (57P03, 57P01), or no host
 // of the URL acceptable (target_session_attrs). Not when a server answered and refused us: invalid
-// authorization (28), an unknown database (3D) or a missing privilege (42).
+// authorization (28), an unknown database (3D), a missing privilege (42), or a startup parameter a
+// pooler does not pass on (refusedStartupParameter).
 func unreachable(err error) bool {
 	var ce *pgconn.ConnectError
-	if !errors.As(err, &ce) {
+	if !errors.As(err, &ce) || refusedStartupParameter(err) != "" { // a pooler that answered and refused us
 		return false
 	}
 	switch sqlClass(err) {

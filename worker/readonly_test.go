@@ -70,3 +70,38 @@ func TestReadOnlySpellIsRiddenOut(t *testing.T) {
 		is.NoErr(<-result) // stopped by its context: no error
 	})
 }
+
+// A claim or a finish that fails for a connection pooler's configuration (prepared statements shared or
+// dropped: service.ErrPooler) stops the worker at once, with the error, instead of retrying: every
+// later statement may fail alike, and each failed finish leaves its tasks to lease expiry. On
+// synctest's clock: a worker that retried instead would stop at the minute's end without the error.
+func TestPoolerErrorStopsTheWorker(t *testing.T) {
+	errPooler := &service.PoolerError{Fix: "add default_query_exec_mode=exec to the database URL",
+		Err: errors.New(`ERROR: prepared statement "stmtcache_1" does not exist (SQLSTATE 26000)`)}
+	run := func(m *memDispatcher, cfg Config) error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cfg.Logger = quiet
+		return Run(ctx, m, cfg)
+	}
+	t.Run("claim", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			is := is.New(t)
+			m := newMem(3, accepted)
+			m.claimErr = errPooler
+			err := run(m, Config{})
+			is.True(errors.Is(err, service.ErrPooler)) // it says why
+			is.Equal(len(m.claims), 1)                 // without a retry
+		})
+	})
+	t.Run("finish", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			is := is.New(t)
+			m := newMem(20, accepted)
+			m.finishErr = errPooler
+			err := run(m, Config{Batch: 5, MaxInFlight: 5, Finishers: 1})
+			is.True(errors.Is(err, service.ErrPooler)) // it stopped by itself, and says why
+			is.Equal(m.held, 0)                        // what it held was called and sent to be finished
+		})
+	})
+}

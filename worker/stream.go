@@ -50,7 +50,8 @@ type finishDone struct {
 //
 // On cancellation no new task is claimed; calls in flight end (bounded by the client timeout) and are
 // recorded before Run returns nil. Run stops the same way, and returns the error, when the database has
-// answered read-only for longer than ReadOnlyGrace: the worker is pointed at a standby.
+// answered read-only for longer than ReadOnlyGrace (the worker is pointed at a standby), or as soon as a
+// claim or finish fails for a connection pooler's configuration (service.ErrPooler).
 func Run(ctx context.Context, d Dispatcher, cfg Config) error {
 	cfg = cfg.WithDefaults()
 	s := &stream{
@@ -112,6 +113,9 @@ func (s *stream) run(ctx context.Context) error {
 				finishFailed = c.finish.err != nil
 				s.recorded(*c.finish)
 				w.finished(len(c.finish.answers), finishFailed, time.Now())
+				if w.stopFor(c.finish.err) {
+					s.stoppingForPooler(c.finish.err)
+				}
 			}
 			if s.cfg.Hooks.Claimed != nil {
 				s.cfg.Hooks.Claimed(c.took, len(c.attempts)+len(c.settled), c.err)
@@ -121,6 +125,8 @@ func (s *stream) run(ctx context.Context) error {
 				s.health.failed(c.err)
 				s.cfg.Logger.Error("the database is read-only: reconnecting, to the primary if the URL names it (target_session_attrs=read-write)",
 					"stop_after", s.cfg.ReadOnlyGrace.String(), "error", c.err)
+			case claimPooler:
+				s.stoppingForPooler(c.err)
 			case claimFailed:
 				s.health.failed(c.err)
 			case claimOK:
@@ -134,9 +140,19 @@ func (s *stream) run(ctx context.Context) error {
 		case f := <-s.finishes:
 			s.recorded(f)
 			w.finished(len(f.answers), f.err != nil, time.Now())
+			if w.stopFor(f.err) {
+				s.stoppingForPooler(f.err)
+			}
 		case <-timer.C:
 		}
 	}
+}
+
+// stoppingForPooler says why the loop stops by itself for a connection pooler's configuration (the
+// error names the fix).
+func (s *stream) stoppingForPooler(err error) {
+	s.cfg.Logger.Error("stopping: the connection pooler's configuration breaks the worker's statements; calls in flight finish",
+		"error", err)
 }
 
 // startCall calls the attempt's channel on its own goroutine and hands the answer back. The call is

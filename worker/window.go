@@ -25,7 +25,7 @@ type window struct {
 	nextClaim time.Time     // no claim before this
 	// readOnlySince is when claims began meeting a read-only server; zero while they do not.
 	readOnlySince time.Time
-	fatal         error // why the loop stops by itself (the server stayed read-only)
+	fatal         error // why the loop stops by itself (the server stayed read-only, a pooler's configuration)
 	jitter        func(d time.Duration) time.Duration
 }
 
@@ -140,17 +140,23 @@ const (
 	claimFailed                // the database failed the claim: backing off
 	claimReadOnly              // the first claim to meet a read-only server: backing off
 	claimStopping              // the claim failed because the loop stops: nothing follows
+	claimPooler                // the claim failed for a connection pooler's configuration: the loop stops
 )
 
 // claimed notes the end of a claim that started calls attempts and settled others without a call (err:
 // it failed), with finishFailed when a finish rode ahead of it and failed. A failure backs off
 // (doubling, from Poll to MaxBackoff); success clears the backoff unless the finish before it failed,
 // and a claim that found nothing waits Poll. Claims meeting a read-only server for ReadOnlyGrace stop
-// the loop (fatal).
+// the loop (fatal), and so does the first that fails for a pooler's configuration (stopFor).
 func (w *window) claimed(calls, settled int, err error, finishFailed, ctxDone bool, now time.Time) claimOutcome {
 	w.claiming = false
 	switch {
 	case err != nil && ctxDone:
+		return claimStopping
+	case errors.Is(err, service.ErrPooler):
+		if w.stopFor(err) {
+			return claimPooler
+		}
 		return claimStopping
 	case err != nil:
 		w.failed(now)
@@ -176,6 +182,18 @@ func (w *window) claimed(calls, settled int, err error, finishFailed, ctxDone bo
 		w.nextClaim = now.Add(w.jitter(w.cfg.Poll))
 	}
 	return claimOK
+}
+
+// stopFor stops the loop when err is one that only a connection pooler's configuration can fix
+// (service.ErrPooler: prepared statements shared with other clients or dropped): no retry, since every
+// later statement may fail alike and each failed finish leaves its tasks to lease expiry, as uncertain.
+// It reports whether err is the one the loop stops for (the first such).
+func (w *window) stopFor(err error) bool {
+	if !errors.Is(err, service.ErrPooler) || w.fatal != nil {
+		return false
+	}
+	w.fatal, w.stopping = err, true
+	return true
 }
 
 // failed backs claims off: double the last wait, at least Poll, at most MaxBackoff, spread.

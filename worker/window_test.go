@@ -151,6 +151,24 @@ func TestWindowReadOnlyGrace(t *testing.T) {
 	is.True(errors.Is(w.fatal, service.ErrReadOnly)) // and say why
 }
 
+func TestWindowStopsForPooler(t *testing.T) {
+	is := is.New(t)
+	pooler := &service.PoolerError{Fix: "add default_query_exec_mode=exec", Err: errors.New("SQLSTATE 26000")}
+	w := testWindow(nil)
+	w.finished(0, true, t0)
+	is.True(!w.stopFor(errors.New("connection refused"))) // a failing database is retried
+	is.True(!w.stopping)
+	is.True(w.stopFor(pooler)) // a pooler's configuration is not
+	is.True(w.stopping)
+	is.Equal(w.fatal, error(pooler)) // and says why
+	w = testWindow(nil)
+	w.claimStarted()
+	is.Equal(w.claimed(0, 0, pooler, false, false, t0), claimPooler) // a claim that meets it stops the loop
+	is.True(w.stopping && errors.Is(w.fatal, service.ErrPooler))
+	w.claimStarted()
+	is.Equal(w.claimed(0, 0, pooler, false, false, t0), claimStopping) // said once
+}
+
 func TestSpread(t *testing.T) {
 	is := is.New(t)
 	lo, hi := time.Hour, time.Duration(0)
