@@ -101,9 +101,12 @@ When to tune (the defaults suit channels answering in 50-500 ms and channels ans
   --finishers      finish statements at once; raise it only when the database has cores to spare.
 
 Its database connections start with plan_cache_mode=force_generic_plan (its statements are prepared
-once and planned once), unless the database URL or PGOPTIONS sets plan_cache_mode; behind PgBouncer
-see docs/operations.md#pgbouncer-and-prepared-statements. When answers are waiting and the window has room, the
-finish travels with the next claim in one round trip, committed on its own before the claim begins.
+once and planned once), unless the database URL or PGOPTIONS sets plan_cache_mode; it warns at start
+when the session runs with another (a pooler dropped the parameter). When answers are waiting and the
+window has room, the finish travels with the next claim in one round trip, committed on its own before
+the claim begins. Behind PgBouncer (ignore_startup_parameters, the login role's plan_cache_mode, and in
+transaction mode default_query_exec_mode=exec in the URL) see
+docs/operations.md#pgbouncer-and-prepared-statements.
 
 On a cluster with standbys, give every host and ask for the primary: DATABASE_URL=postgres://u@db1,db2/
 notifier?target_session_attrs=read-write. work refuses a read-only server at start (a standby: exit 1,
@@ -360,6 +363,10 @@ func work(c *cli.Context, e *env) error {
 	if err == nil { // a role that may not claim would see no task under row-level security, forever
 		err = n.RequireRole(ctx, "work", service.RoleWorker)
 	}
+	var planWarning string
+	if err == nil { // behind a pooler the startup parameter may be dropped
+		planWarning, err = service.PlanCacheModeWarning(ctx, pool)
+	}
 	if err == nil {
 		err = service.CheckPoolShare(ctx, pool)
 	}
@@ -372,6 +379,9 @@ func work(c *cli.Context, e *env) error {
 			return nil // stopped before starting
 		}
 		return err
+	}
+	if planWarning != "" {
+		log.Warn(planWarning)
 	}
 	watchStanding(c.Context, e, n, standing, log, m)
 	if m != nil {

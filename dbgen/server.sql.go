@@ -70,3 +70,18 @@ func (q *Queries) ServerStanding(ctx context.Context) (ServerStandingRow, error)
 	)
 	return i, err
 }
+
+const SessionPlanCacheMode = `-- name: SessionPlanCacheMode :one
+SELECT current_setting('plan_cache_mode')::text AS plan_cache_mode
+`
+
+// The plan_cache_mode this session runs with. A worker asks for force_generic_plan when it connects
+// (service.WorkerPlanCacheMode: its statements are planned once); a pooler that drops the startup
+// parameter (PgBouncer's ignore_startup_parameters) leaves the login role's setting, or auto, and the
+// worker says so at start instead of spending twice the server's CPU per delivery unnoticed.
+func (q *Queries) SessionPlanCacheMode(ctx context.Context) (string, error) {
+	row := q.db.QueryRow(ctx, SessionPlanCacheMode)
+	var plan_cache_mode string
+	err := row.Scan(&plan_cache_mode)
+	return plan_cache_mode, err
+}

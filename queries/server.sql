@@ -25,3 +25,10 @@ SELECT pg_is_in_recovery()::bool                                       AS in_rec
        (SELECT count(sync_state) FROM pg_catalog.pg_stat_replication)::int        AS sync_seen,
        (SELECT count(*) FROM pg_catalog.pg_stat_replication
         WHERE sync_state IN ('sync', 'quorum'))::int                   AS sync_standbys;
+
+-- name: SessionPlanCacheMode :one
+-- The plan_cache_mode this session runs with. A worker asks for force_generic_plan when it connects
+-- (service.WorkerPlanCacheMode: its statements are planned once); a pooler that drops the startup
+-- parameter (PgBouncer's ignore_startup_parameters) leaves the login role's setting, or auto, and the
+-- worker says so at start instead of spending twice the server's CPU per delivery unnoticed.
+SELECT current_setting('plan_cache_mode')::text AS plan_cache_mode;

@@ -35,6 +35,29 @@ func ConfigureWorkerConn(cfg *pgx.ConnConfig) {
 	cfg.RuntimeParams["plan_cache_mode"] = WorkerPlanCacheMode
 }
 
+// PlanCacheModeWarning reads the plan_cache_mode a worker's session runs with and, when the pool asks
+// for WorkerPlanCacheMode (ConfigureWorkerConn) and the session runs with something else, says why and
+// what to do; "" when the session runs as asked. Behind PgBouncer the startup parameter is dropped
+// (ignore_startup_parameters), and only the login role's own setting applies: a setting on a group role
+// such as notifier_worker does not reach its members.
+func PlanCacheModeWarning(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	cfg := pool.Config().ConnConfig
+	if cfg.RuntimeParams["plan_cache_mode"] != WorkerPlanCacheMode {
+		return "", nil
+	}
+	mode, err := dbgen.New(pool).SessionPlanCacheMode(ctx)
+	if err != nil {
+		return "", fmt.Errorf("read the session's plan_cache_mode: %w", err)
+	}
+	if mode == WorkerPlanCacheMode {
+		return "", nil
+	}
+	return fmt.Sprintf("the database session runs with plan_cache_mode = %s, not %s: a connection pooler dropped the startup parameter "+
+		"(PgBouncer's ignore_startup_parameters), and the server may plan the claim and the finish on every call; "+
+		"set it on the login role: ALTER ROLE %s SET plan_cache_mode = %s (a group role's setting does not apply to its members; %s)",
+		mode, WorkerPlanCacheMode, pgx.Identifier{cfg.User}.Sanitize(), WorkerPlanCacheMode, poolerDocs), nil
+}
+
 // MaxPoolShare is the largest part of the server's connections one worker process may take: a quarter
 // of what ordinary roles may open (max_connections less superuser_reserved_connections), so that other
 // workers, the creators and the operators always find one.
