@@ -105,6 +105,15 @@ func (c notifierCLI) command(ctx context.Context, args ...string) *exec.Cmd {
 // run runs the binary to completion with stdin.
 func (c notifierCLI) run(stdin string, args ...string) result {
 	c.t.Helper()
+	r, err := c.runErr(stdin, args...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return r
+}
+
+// runErr is run for any goroutine: it reports a binary that could not run as an error.
+func (c notifierCLI) runErr(stdin string, args ...string) (result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := c.command(ctx, args...)
@@ -113,9 +122,9 @@ func (c notifierCLI) run(stdin string, args ...string) result {
 	err := cmd.Run()
 	var exitErr *exec.ExitError
 	if err != nil && !errors.As(err, &exitErr) {
-		c.t.Fatalf("notifier %s: %v", strings.Join(args, " "), err)
+		return result{}, fmt.Errorf("notifier %s: %w", strings.Join(args, " "), err)
 	}
-	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
+	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}, nil
 }
 
 // ok runs the binary and requires exit 0.
