@@ -151,7 +151,8 @@ func (c notifierCLI) runAll(lines [][]string) []result {
 }
 
 // TestThroughPgBouncerTransactionMode: every command a deployment runs through PgBouncer works there and
-// keeps the seed's guarantees: preferences, concurrent creates (exactly one created=true), work --once,
+// keeps the seed's guarantees: preferences, concurrent creates (exactly one created=true), create
+// --jsonl, work --once,
 // three streaming workers (claims of several tasks, grouped finishes) that deliver every task once with
 // one attempt row per request on the wire, the uncertain paths (resend with the same key, query, park),
 // then review, resolve and status. PgBouncer has fewer server connections than the workers have
@@ -230,6 +231,19 @@ func TestThroughPgBouncerTransactionMode(t *testing.T) {
 		is.True(out.Created) // each distinct event creates
 	}
 
+	// create --jsonl: batched transactions of array statements; order-1 exists already.
+	var jsonl []string
+	for _, key := range []string{"order-1", "order-4", "order-5", "order-6"} {
+		jsonl = append(jsonl, event("u1", key, "b"))
+	}
+	r = asCreator.run(strings.Join(jsonl, "\n")+"\n", "create", "--jsonl", "-", "--batch-size", "2")
+	is.Equal(r.code, 0) // every line submitted
+	var createdJSONL []bool
+	for _, l := range parseJSONL(t, r.stdout) {
+		createdJSONL = append(createdJSONL, l.Created)
+	}
+	is.Equal(createdJSONL, []bool{false, true, true, true}) // one result per line, in order: the repeat creates nothing
+
 	// The uncertain paths: each first call is accepted but answered after the client timeout.
 	slow := map[string]string{} // ref -> channel
 	for _, user := range []string{"u6", "u7"} {
@@ -256,7 +270,7 @@ func TestThroughPgBouncerTransactionMode(t *testing.T) {
 	for i := 1; i <= 3; i++ {
 		workers = append(workers, asWorker.start(slices.Concat(workArgs, []string{"--worker-id", "w-" + strconv.Itoa(i)})...))
 	}
-	const tasks = 1 + 2 + 10*2 + 2 + 1
+	const tasks = 1 + 2 + 10*2 + 3*2 + 2 + 1
 	waitFor(t, 60*time.Second, "every task delivered or parked", func() bool {
 		var settled int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM delivery_task WHERE state = 'SENT' OR (state = 'UNKNOWN' AND needs_review)`).Scan(&settled); err != nil {
