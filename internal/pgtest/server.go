@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -37,6 +36,7 @@ type Server struct {
 	dataDir string // dir/data
 	logPath string
 	port    int
+	portRes *Port                       // the reservation of port, released by Close
 	attr    func() *syscall.SysProcAttr // how to run server processes (credentials when root)
 	version string
 
@@ -108,12 +108,14 @@ func startServer(ctx context.Context, binDir string) (*Server, error) {
 	if err := s.initdb(ctx); err != nil {
 		return nil, err
 	}
-	// The port is picked before postgres binds it; retry if someone else took it meanwhile.
+	// The port is picked before postgres binds it; retry if something else took it meanwhile.
 	for attempt := 1; ; attempt++ {
-		s.port, err = freePort()
+		s.portRes.Release()
+		s.portRes, err = ReservePort()
 		if err != nil {
 			return nil, err
 		}
+		s.port = s.portRes.Number
 		err = s.Start(ctx)
 		if err == nil {
 			break
@@ -311,6 +313,7 @@ func (s *Server) Close() error {
 	}
 	s.closed = true
 	err := s.stopLocked(syscall.SIGINT, 30*time.Second)
+	s.portRes.Release()
 	if rmErr := os.RemoveAll(s.dir); rmErr != nil {
 		err = errors.Join(err, rmErr)
 	}
@@ -364,15 +367,6 @@ func tail(s string, n int) string {
 		return s
 	}
 	return "…" + s[len(s)-n:]
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free TCP port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // serverEnv is the environment of initdb/postgres: ours, minus libpq/server
