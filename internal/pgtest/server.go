@@ -51,6 +51,41 @@ type process struct {
 	err  error         // Wait's result, valid after done is closed
 }
 
+// Process is a server process started by Spawn.
+type Process struct{ p *process }
+
+// Spawn starts cmd so that a parent-death signal set in its SysProcAttr (ServerUser's) fires only
+// when this process dies, not when the goroutine's thread happens to exit, and waits for it in the
+// background.
+func Spawn(cmd *exec.Cmd) (*Process, error) {
+	p, err := spawn(cmd)
+	if err != nil {
+		return nil, err
+	}
+	return &Process{p}, nil
+}
+
+// Pid is the process id.
+func (p *Process) Pid() int { return p.p.cmd.Process.Pid }
+
+// Done is closed once the process has exited and been waited for.
+func (p *Process) Done() <-chan struct{} { return p.p.done }
+
+// Err is the process's exit (Wait's error), valid once Done is closed.
+func (p *Process) Err() error { return p.p.err }
+
+// ServerUser says how to run PostgreSQL's programs (postgres, initdb, pg_autoctl), which refuse
+// root: as root, as the unprivileged user "nobody" (or $PGTEST_USER, or "postgres"), with owner its
+// credentials; otherwise as ourselves, owner nil. attr gives each process its own process group and
+// SIGQUIT (immediate shutdown) should this process die first.
+func ServerUser() (attr func() *syscall.SysProcAttr, owner *syscall.Credential, err error) {
+	return serverCredentials()
+}
+
+// TempBase returns a directory for throwaway clusters' directories; with otherUser (ServerUser's
+// owner is not nil), one whose every ancestor that user can traverse.
+func TempBase(otherUser bool) (string, error) { return tempBase(otherUser) }
+
 // StartServer creates and starts a throwaway cluster with the server binaries
 // found by FindBinDir. It returns once the server accepts connections.
 // As root, the server runs as the unprivileged user "nobody" (or $PGTEST_USER,
