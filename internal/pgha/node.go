@@ -165,6 +165,9 @@ func (c *Cluster) startMonitor(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	if c.opts.DefaultTimeouts {
+		return nil
+	}
 	for _, s := range monitorSettings {
 		if _, err := c.mon.Exec(ctx, fmt.Sprintf("ALTER SYSTEM SET %s = '%s'", s[0], s[1])); err != nil {
 			return fmt.Errorf("monitor: set %s: %w", s[0], err)
@@ -186,6 +189,9 @@ func (c *Cluster) createNode(ctx context.Context, n *Node) error {
 		return err
 	}
 	for _, s := range keeperSettings {
+		if c.opts.DefaultTimeouts {
+			break
+		}
 		if err := c.autoctl(ctx, n, "config", "set", "--pgdata", n.pgdata, s[0], s[1]); err != nil {
 			return err
 		}

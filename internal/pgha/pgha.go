@@ -60,6 +60,9 @@ type Options struct {
 	// not wait for the standby, and a failover may lose the last acknowledged commits. The default is
 	// pg_auto_failover's: the primary waits for its standby while it is healthy.
 	Async bool
+	// DefaultTimeouts keeps pg_auto_failover's own failover timeouts (a failover then takes ~50 s)
+	// instead of the lowered ones (monitorSettings, keeperSettings).
+	DefaultTimeouts bool
 	// Logf receives one line per step (start, kill, promotion, rejoin); nil: silent.
 	Logf func(format string, args ...any)
 }
