@@ -55,11 +55,13 @@ ha-soak *args:
 db: _pgtmp
     exec "{{ pgtmp }}" -migrate
 
-# Apply the migrations in schema/ with dbmate to $DATABASE_URL
+# Apply the migrations in schema/ with dbmate to $DATABASE_URL (a multi-host URL: to its host that takes writes, the primary)
 migrate:
     @if [ -z "${DATABASE_URL:-}" ]; then echo 'DATABASE_URL is not set (for a local throwaway database: sh internal/tools/just db)' >&2; exit 1; fi; \
+    url=$DATABASE_URL; \
+    case ${url%%\?*} in *://*,*) url=$(go run ./internal/primary/cmd/primary-url "$url") || exit 1; echo "migrating the primary" >&2 ;; esac; \
     echo "dbmate --migrations-dir schema --no-dump-schema up" >&2; \
-    "{{ dbmate }}" --url "$DATABASE_URL" --migrations-dir schema --no-dump-schema up
+    "{{ dbmate }}" --url "$url" --migrations-dir schema --no-dump-schema up
 
 # Check the migrations on a throwaway PostgreSQL: up, roll back one by one to an empty database, up again
 migrate-check: _pgtmp

@@ -392,42 +392,43 @@ func (q *Queries) TaskGet(ctx context.Context, id int64) (TaskGetRow, error) {
 	return i, err
 }
 
-const TaskInsertForEnabledPrefs = `-- name: TaskInsertForEnabledPrefs :many
-INSERT INTO delivery_task (notification_id, channel, max_attempts)
-SELECT $1, p.channel, $2
-FROM channel_pref p
-WHERE p.user_id = $3 AND p.enabled
-ORDER BY p.channel
-RETURNING id, channel, ref
+const TaskHeldByTokens = `-- name: TaskHeldByTokens :many
+SELECT t.id, t.attempt_count, t.lease_until::timestamptz AS lease_until, a.attempt_token::text AS attempt_token
+FROM delivery_attempt a
+JOIN delivery_task t ON t.id = a.task_id AND t.attempt_token = a.attempt_token
+WHERE a.attempt_token = ANY (CAST($1::text[] AS uuid[]))
+  AND t.state = 'SENDING'
+  AND t.lease_until > now()
 `
 
-type TaskInsertForEnabledPrefsParams struct {
-	NotificationID int64
-	MaxAttempts    int32
-	UserID         string
+type TaskHeldByTokensRow struct {
+	ID           int64
+	AttemptCount int32
+	LeaseUntil   time.Time
+	AttemptToken string
 }
 
-type TaskInsertForEnabledPrefsRow struct {
-	ID      int64
-	Channel string
-	Ref     string
-}
-
-// Creates one PENDING task per channel the user has enabled, in the same transaction that created the
-// notification, due at once (next_attempt_at's default, now(); the creator role may set no other). Guards
-// R2: UNIQUE (notification_id, channel) allows one task per channel; it runs only for the submitter
-// whose NotificationInsert returned a row (for the creator role, row-level security also requires that
-// this transaction inserted the notification and that the channel is enabled: schema/010).
-func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertForEnabledPrefsParams) ([]TaskInsertForEnabledPrefsRow, error) {
-	rows, err := q.db.Query(ctx, TaskInsertForEnabledPrefs, arg.NotificationID, arg.MaxAttempts, arg.UserID)
+// The tasks a claimer holds by the attempt tokens it chose, for a claim whose commit's answer was lost
+// (the connection broke after the COMMIT was sent): the claim committed exactly when its tokens are the
+// tasks' tokens now. No call was made yet, and the lease is live (nobody else may take the tasks), so
+// the claimer calls them as it would have; without this each such task waited for its lease to run out
+// and was then taken over as uncertain: parked, on a channel that can neither dedupe nor be asked.
+// Through the attempt rows' unique token index, then the task by key.
+func (q *Queries) TaskHeldByTokens(ctx context.Context, attemptTokens []string) ([]TaskHeldByTokensRow, error) {
+	rows, err := q.db.Query(ctx, TaskHeldByTokens, attemptTokens)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []TaskInsertForEnabledPrefsRow{}
+	items := []TaskHeldByTokensRow{}
 	for rows.Next() {
-		var i TaskInsertForEnabledPrefsRow
-		if err := rows.Scan(&i.ID, &i.Channel, &i.Ref); err != nil {
+		var i TaskHeldByTokensRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.AttemptCount,
+			&i.LeaseUntil,
+			&i.AttemptToken,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -438,30 +439,50 @@ func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertF
 	return items, nil
 }
 
-const TaskListByNotification = `-- name: TaskListByNotification :many
-SELECT id, channel, ref
-FROM delivery_task
-WHERE notification_id = $1
-ORDER BY channel
+const TaskInsertForEnabledPrefs = `-- name: TaskInsertForEnabledPrefs :many
+INSERT INTO delivery_task (notification_id, channel, max_attempts)
+SELECT n.id, p.channel, n.max_attempts
+FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::text[]) AS user_id,
+             unnest($3::int[]) AS max_attempts) AS n
+JOIN channel_pref p ON p.user_id = n.user_id AND p.enabled
+ORDER BY n.id, p.channel
+RETURNING id, notification_id, channel, ref
 `
 
-type TaskListByNotificationRow struct {
-	ID      int64
-	Channel string
-	Ref     string
+type TaskInsertForEnabledPrefsParams struct {
+	NotificationIDs []int64
+	UserIDs         []string
+	MaxAttempts     []int32
 }
 
-// The tasks of one notification (returned to a duplicate submitter; it writes none).
-func (q *Queries) TaskListByNotification(ctx context.Context, notificationID int64) ([]TaskListByNotificationRow, error) {
-	rows, err := q.db.Query(ctx, TaskListByNotification, notificationID)
+type TaskInsertForEnabledPrefsRow struct {
+	ID             int64
+	NotificationID int64
+	Channel        string
+	Ref            string
+}
+
+// Creates one PENDING task per channel each user has enabled, in the same transaction that created the
+// notifications (NotificationInsert returned them), due at once (next_attempt_at's default, now(); the
+// creator role may set no other). Guards R2: UNIQUE (notification_id, channel) allows one task per
+// channel; it runs only for the notifications this submitter created (for the creator role, row-level
+// security also requires that this transaction inserted the notification and that the channel is
+// enabled: schema/010).
+func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertForEnabledPrefsParams) ([]TaskInsertForEnabledPrefsRow, error) {
+	rows, err := q.db.Query(ctx, TaskInsertForEnabledPrefs, arg.NotificationIDs, arg.UserIDs, arg.MaxAttempts)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []TaskListByNotificationRow{}
+	items := []TaskInsertForEnabledPrefsRow{}
 	for rows.Next() {
-		var i TaskListByNotificationRow
-		if err := rows.Scan(&i.ID, &i.Channel, &i.Ref); err != nil {
+		var i TaskInsertForEnabledPrefsRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.NotificationID,
+			&i.Channel,
+			&i.Ref,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -773,7 +794,7 @@ const TaskStartAttempts = `-- name: TaskStartAttempts :many
 WITH started AS (
     UPDATE delivery_task t
     SET state             = 'SENDING',
-        attempt_token     = gen_random_uuid(),
+        attempt_token     = u.attempt_token::uuid,
         lease_owner       = $1::text,
         lease_until       = now() + make_interval(secs => $2::float8),
         next_attempt_at   = NULL,
@@ -782,8 +803,9 @@ WITH started AS (
         uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
         updated_at        = now()
     FROM (SELECT unnest($3::bigint[]) AS id,
-                 unnest($4::bool[]) AS outcome_uncertain,
-                 unnest($5::text[]) AS action) AS u
+                 unnest($4::text[]) AS attempt_token,
+                 unnest($5::bool[]) AS outcome_uncertain,
+                 unnest($6::text[]) AS action) AS u
     WHERE t.id = u.id
       AND ((t.state = 'SENDING' AND t.lease_until < now())
            OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review AND t.next_attempt_at <= now()))
@@ -801,6 +823,7 @@ type TaskStartAttemptsParams struct {
 	Worker           string
 	LeaseSeconds     float64
 	IDs              []int64
+	AttemptTokens    []string
 	OutcomeUncertain []bool
 	Actions          []string
 }
@@ -815,7 +838,8 @@ type TaskStartAttemptsRow struct {
 // Makes the claimer the only holder of tasks it has locked in this transaction, and opens their attempt
 // rows before any call is made (R3: if the worker dies during the call, its row stays open and the next
 // claim marks it LEASE_EXPIRED). Per task: a fresh attempt token (any earlier holder's finish now matches
-// 0 rows, R2), a lease on the database clock, the action the claimer decided, and the uncertainty the
+// 0 rows, R2; random, chosen by the claimer so that it can find its claim again when the answer to the
+// commit is lost: TaskHeldByTokens), a lease on the database clock, the action the claimer decided, and the uncertainty the
 // attempt starts with (true when an earlier attempt may have been accepted, including a lease that
 // expired: then it began when the lost attempt was claimed, the row's updated_at). The state condition
 // repeats the claim's (due and waiting, or SENDING with an expired lease, on the same transaction's
@@ -826,6 +850,7 @@ func (q *Queries) TaskStartAttempts(ctx context.Context, arg TaskStartAttemptsPa
 		arg.Worker,
 		arg.LeaseSeconds,
 		arg.IDs,
+		arg.AttemptTokens,
 		arg.OutcomeUncertain,
 		arg.Actions,
 	)

@@ -1,22 +1,17 @@
 -- name: TaskInsertForEnabledPrefs :many
--- Creates one PENDING task per channel the user has enabled, in the same transaction that created the
--- notification, due at once (next_attempt_at's default, now(); the creator role may set no other). Guards
--- R2: UNIQUE (notification_id, channel) allows one task per channel; it runs only for the submitter
--- whose NotificationInsert returned a row (for the creator role, row-level security also requires that
--- this transaction inserted the notification and that the channel is enabled: schema/010).
+-- Creates one PENDING task per channel each user has enabled, in the same transaction that created the
+-- notifications (NotificationInsert returned them), due at once (next_attempt_at's default, now(); the
+-- creator role may set no other). Guards R2: UNIQUE (notification_id, channel) allows one task per
+-- channel; it runs only for the notifications this submitter created (for the creator role, row-level
+-- security also requires that this transaction inserted the notification and that the channel is
+-- enabled: schema/010).
 INSERT INTO delivery_task (notification_id, channel, max_attempts)
-SELECT @notification_id, p.channel, @max_attempts
-FROM channel_pref p
-WHERE p.user_id = @user_id AND p.enabled
-ORDER BY p.channel
-RETURNING id, channel, ref;
-
--- name: TaskListByNotification :many
--- The tasks of one notification (returned to a duplicate submitter; it writes none).
-SELECT id, channel, ref
-FROM delivery_task
-WHERE notification_id = @notification_id
-ORDER BY channel;
+SELECT n.id, p.channel, n.max_attempts
+FROM (SELECT unnest(@notification_ids::bigint[]) AS id, unnest(@user_ids::text[]) AS user_id,
+             unnest(@max_attempts::int[]) AS max_attempts) AS n
+JOIN channel_pref p ON p.user_id = n.user_id AND p.enabled
+ORDER BY n.id, p.channel
+RETURNING id, notification_id, channel, ref;
 
 -- name: TaskClaim :many
 -- Locks up to @max_tasks tasks of one channel for this claimer, in one statement: first SENDING tasks
@@ -87,7 +82,8 @@ LEFT JOIN LATERAL (
 -- Makes the claimer the only holder of tasks it has locked in this transaction, and opens their attempt
 -- rows before any call is made (R3: if the worker dies during the call, its row stays open and the next
 -- claim marks it LEASE_EXPIRED). Per task: a fresh attempt token (any earlier holder's finish now matches
--- 0 rows, R2), a lease on the database clock, the action the claimer decided, and the uncertainty the
+-- 0 rows, R2; random, chosen by the claimer so that it can find its claim again when the answer to the
+-- commit is lost: TaskHeldByTokens), a lease on the database clock, the action the claimer decided, and the uncertainty the
 -- attempt starts with (true when an earlier attempt may have been accepted, including a lease that
 -- expired: then it began when the lost attempt was claimed, the row's updated_at). The state condition
 -- repeats the claim's (due and waiting, or SENDING with an expired lease, on the same transaction's
@@ -96,7 +92,7 @@ LEFT JOIN LATERAL (
 WITH started AS (
     UPDATE delivery_task t
     SET state             = 'SENDING',
-        attempt_token     = gen_random_uuid(),
+        attempt_token     = u.attempt_token::uuid,
         lease_owner       = @worker::text,
         lease_until       = now() + make_interval(secs => @lease_seconds::float8),
         next_attempt_at   = NULL,
@@ -105,6 +101,7 @@ WITH started AS (
         uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
         updated_at        = now()
     FROM (SELECT unnest(@ids::bigint[]) AS id,
+                 unnest(@attempt_tokens::text[]) AS attempt_token,
                  unnest(@outcome_uncertain::bool[]) AS outcome_uncertain,
                  unnest(@actions::text[]) AS action) AS u
     WHERE t.id = u.id
@@ -118,6 +115,20 @@ WITH started AS (
 )
 SELECT s.id, s.attempt_token::uuid AS attempt_token, s.attempt_count, s.lease_until::timestamptz AS lease_until
 FROM started s;
+
+-- name: TaskHeldByTokens :many
+-- The tasks a claimer holds by the attempt tokens it chose, for a claim whose commit's answer was lost
+-- (the connection broke after the COMMIT was sent): the claim committed exactly when its tokens are the
+-- tasks' tokens now. No call was made yet, and the lease is live (nobody else may take the tasks), so
+-- the claimer calls them as it would have; without this each such task waited for its lease to run out
+-- and was then taken over as uncertain: parked, on a channel that can neither dedupe nor be asked.
+-- Through the attempt rows' unique token index, then the task by key.
+SELECT t.id, t.attempt_count, t.lease_until::timestamptz AS lease_until, a.attempt_token::text AS attempt_token
+FROM delivery_attempt a
+JOIN delivery_task t ON t.id = a.task_id AND t.attempt_token = a.attempt_token
+WHERE a.attempt_token = ANY (CAST(@attempt_tokens::text[] AS uuid[]))
+  AND t.state = 'SENDING'
+  AND t.lease_until > now();
 
 -- name: TaskSettleWithoutCall :one
 -- Claim-time decision not to call (preference disabled, notification expired). Guards R5 and R6: the

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	cryptorand "crypto/rand"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -43,6 +44,9 @@ type DispatcherConfig struct {
 	// after err (a broken connection, a failover: FinishBatch); try counts from 0. It runs on the
 	// finish's goroutine.
 	FinishRetried func(attempts, try int, err error)
+	// ClaimRecovered, when set, is told when a claim whose commit's answer was lost (err) turned out to
+	// have committed, and its attempts were recovered by their tokens.
+	ClaimRecovered func(attempts int, err error)
 }
 
 // Defaults for fields left zero.
@@ -196,6 +200,12 @@ func (d *Dispatcher) failed(op string, err error) error {
 func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (attempts []*Attempt, settled []Result, locked []dbgen.TaskClaimRow, err error) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.DBTimeout)
 	defer cancel()
+	var committing *claimRecovery // set once the COMMIT is on its way
+	defer func() {
+		if err != nil && committing != nil && transient(err) {
+			attempts, settled, err = d.recoverClaim(ctx, committing, err)
+		}
+	}()
 	err = inClaimTx(ctx, d.pool, pre, func(q *dbgen.Queries, tx *claimTx) error {
 		allowance, err := d.peekTokens(ctx, q)
 		if err != nil {
@@ -238,6 +248,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 			byID[row.ID] = row
 			if dec.Kind == ClaimCall {
 				start.IDs = append(start.IDs, row.ID)
+				start.AttemptTokens = append(start.AttemptTokens, newToken())
 				start.OutcomeUncertain = append(start.OutcomeUncertain, dec.Uncertain)
 				start.Actions = append(start.Actions, string(dec.Action))
 			}
@@ -259,9 +270,22 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 		if len(start.IDs) == 0 {
 			return nil
 		}
-		// The COMMIT travels with this statement and runs as soon as it succeeds: an error after this
-		// point leaves started attempts that nobody calls, recovered like a crash, by lease expiry.
+		// The COMMIT travels with this statement and runs as soon as it succeeds. When the answer is lost
+		// (the connection broke), the claim may have committed: recoverClaim asks by the tokens chosen here.
 		tx.commitWithNext()
+		attemptOf := func(s dbgen.TaskHeldByTokensRow) *Attempt {
+			row, dec := byID[s.ID], decisions[s.ID]
+			route := d.cfg.Routes[row.Channel]
+			return &Attempt{
+				TaskID: s.ID, Channel: row.Channel, Mode: route.Mode, Contract: route.Contract, No: int(s.AttemptCount),
+				MaxAttempts: int(row.MaxAttempts), Token: s.AttemptToken, Action: dec.Action,
+				PriorUncertain: dec.Uncertain, UncertainAge: seconds(row.UncertainAgeSeconds), claimed: claimed,
+				LeaseUntil: s.LeaseUntil,
+				Message: Message{Ref: row.Ref, IdempotencyKey: IdempotencyKey(row.Ref), To: row.Address, Body: row.Body,
+					ExpiresAt: row.ExpiresAt, Action: dec.Action},
+			}
+		}
+		committing = &claimRecovery{tokens: start.AttemptTokens, attemptOf: attemptOf}
 		started, err := q.TaskStartAttempts(ctx, start)
 		if err != nil {
 			return fmt.Errorf("start attempts: %w", err)
@@ -270,16 +294,8 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 			return fmt.Errorf("start attempts: %d of %d locked tasks started", len(started), len(start.IDs))
 		}
 		for _, s := range started {
-			row, dec := byID[s.ID], decisions[s.ID]
-			route := d.cfg.Routes[row.Channel]
-			attempts = append(attempts, &Attempt{
-				TaskID: s.ID, Channel: row.Channel, Mode: route.Mode, Contract: route.Contract, No: int(s.AttemptCount),
-				MaxAttempts: int(row.MaxAttempts), Token: s.AttemptToken, Action: dec.Action,
-				PriorUncertain: dec.Uncertain, UncertainAge: seconds(row.UncertainAgeSeconds), claimed: claimed,
-				LeaseUntil: s.LeaseUntil,
-				Message: Message{Ref: row.Ref, IdempotencyKey: IdempotencyKey(row.Ref), To: row.Address, Body: row.Body,
-					ExpiresAt: row.ExpiresAt, Action: dec.Action},
-			})
+			attempts = append(attempts, attemptOf(dbgen.TaskHeldByTokensRow{ID: s.ID, AttemptCount: s.AttemptCount,
+				LeaseUntil: s.LeaseUntil, AttemptToken: s.AttemptToken}))
 		}
 		return nil
 	})
@@ -287,6 +303,36 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 		return nil, nil, locked, err
 	}
 	return attempts, settled, locked, nil
+}
+
+// claimRecovery is what recoverClaim needs of a claim whose COMMIT was sent: the attempt tokens it
+// chose, and how to make an Attempt of a task found holding one.
+type claimRecovery struct {
+	tokens    []string
+	attemptOf func(dbgen.TaskHeldByTokensRow) *Attempt
+}
+
+// recoverClaim finds out whether a claim whose commit's answer was lost (claimErr, transient)
+// committed: the tasks that hold the tokens it chose are its own, under a live lease, and no call was
+// made for them yet, so they are handed back to be called. The claim's tasks settled without a call are
+// then written too; their results are not reported. When the claim did not commit, or the question
+// cannot be asked, the claim fails with claimErr as before, and a claim that committed unseen is
+// recovered after its lease, like a crash.
+func (d *Dispatcher) recoverClaim(ctx context.Context, c *claimRecovery, claimErr error) ([]*Attempt, []Result, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
+	defer cancel()
+	held, err := dbgen.New(d.pool).TaskHeldByTokens(ctx, c.tokens)
+	if err != nil || len(held) == 0 {
+		return nil, nil, claimErr
+	}
+	attempts := make([]*Attempt, len(held))
+	for i, h := range held {
+		attempts[i] = c.attemptOf(h)
+	}
+	if d.cfg.ClaimRecovered != nil {
+		d.cfg.ClaimRecovered(len(attempts), claimErr)
+	}
+	return attempts, nil, nil
 }
 
 // lockDue locks up to limit due tasks of this worker's channels, one channel at a time (TaskClaim walks
@@ -625,4 +671,16 @@ func truncate(s string, n int) string {
 // jitter spreads d uniformly by up to spread (a fraction) either way.
 func jitter(d time.Duration, spread float64) time.Duration {
 	return time.Duration(float64(d) * (1 + spread*(2*rand.Float64()-1)))
+}
+
+// newToken is a random attempt token (a version 4 UUID), chosen by the claimer: TaskStartAttempts sets
+// it, and TaskHeldByTokens finds the claim by it when the answer to its commit was lost.
+func newToken() string {
+	var b [16]byte
+	if _, err := cryptorand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails on Linux; a token must never repeat
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }

@@ -70,7 +70,7 @@ LEFT JOIN LATERAL (
 WITH started AS (
     UPDATE delivery_task t
     SET state             = 'SENDING',
-        attempt_token     = gen_random_uuid(),
+        attempt_token     = u.attempt_token::uuid,
         lease_owner       = 'pgbench'::text,
         lease_until       = now() + make_interval(secs => :lease_seconds::float8),
         next_attempt_at   = NULL,
@@ -79,6 +79,7 @@ WITH started AS (
         uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
         updated_at        = now()
     FROM (SELECT unnest(ARRAY[:id]::bigint[]) AS id,
+                 unnest(ARRAY[gen_random_uuid()::text]) AS attempt_token,
                  unnest('{f}'::bool[]) AS outcome_uncertain,
                  unnest('{SEND}'::text[]) AS action) AS u
     WHERE t.id = u.id
