@@ -19,6 +19,7 @@ import (
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgha"
 	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/internal/primary"
 	"github.com/notifierhq/notifier/service"
 )
 
@@ -151,9 +152,10 @@ func runHASoak(t *testing.T, run haRun) haResult {
 			t.Error(err)
 		}
 	})
-	primaryURL, err := cluster.PrimaryURL(ctx)
+	// dbmate reads one host: migrate the primary, found from the multi-host URL as `just migrate` does.
+	primaryURL, err := primary.URL(startCtx, cluster.URL(), 5*time.Second)
 	is.NoErr(err)
-	is.NoErr(pgtest.Migrate(startCtx, primaryURL)) // dbmate reads one host: migrate the primary
+	is.NoErr(pgtest.Migrate(startCtx, primaryURL))
 	cfg, err := pgxpool.ParseConfig(cluster.URL() + "&connect_timeout=2")
 	is.NoErr(err)
 	cfg.MaxConns = 16

@@ -17,6 +17,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/internal/primary"
 )
 
 // start starts a cluster for t, closed at cleanup. Without pg_auto_failover installed the test is
@@ -117,10 +118,10 @@ func TestFailoverAndRejoin(t *testing.T) {
 	is.True(!writable(ctx, node1))                  // and its postgres is gone
 
 	killedAt := time.Now()
-	primary, err := c.WaitPrimary(ctx, old)
+	promoted, err := c.WaitPrimary(ctx, old)
 	is.NoErr(err)
-	is.Equal(primary, node2)
-	t.Logf("failover: %s took writes %v after the kill", primary.Name, time.Since(killedAt).Round(100*time.Millisecond))
+	is.Equal(promoted, node2)
+	t.Logf("failover: %s took writes %v after the kill", promoted.Name, time.Since(killedAt).Round(100*time.Millisecond))
 	conn2 := connect(t, c.URL())
 	var n int
 	is.NoErr(conn2.QueryRow(ctx, "SELECT count(*) FROM acknowledged").Scan(&n))
@@ -135,6 +136,11 @@ func TestFailoverAndRejoin(t *testing.T) {
 	primaryURL, err = c.PrimaryURL(ctx)
 	is.NoErr(err)
 	is.Equal(primaryURL, node2.URL())
+	migrateURL, err := primary.URL(ctx, c.URL(), 3*time.Second) // what `just migrate` picks from the multi-host URL
+	is.NoErr(err)
+	mu, err := url.Parse(migrateURL)
+	is.NoErr(err)
+	is.Equal(mu.Host, fmt.Sprintf("127.0.0.1:%d", node2.Port)) // the new primary, the rejoined standby passed over
 
 	dir := c.Dir()
 	is.NoErr(c.Close())
