@@ -33,6 +33,7 @@ var (
 	haRate      = flag.Int("ha.rate", 30, "new events a second, each submitted 1-3 times at once, a fifth of them again later")
 	haSteady    = flag.Duration("ha.steady", 5*time.Second, "load on a healthy cluster before each kill")
 	haStall     = flag.Duration("ha.stall", 1500*time.Millisecond, "asynchronous controls: the walsender is stopped this long before the kill")
+	haLease     = flag.Duration("ha.lease", 0, "the workers' --lease (0: work's default, 30s)")
 	haDefaults  = flag.Bool("ha.default-timeouts", false, "keep pg_auto_failover's own failover timeouts (~50 s a failover)")
 )
 
@@ -245,10 +246,14 @@ func (s *haSoakRun) startWorkers(n int) (stop func()) {
 				if stopping {
 					return
 				}
-				p := s.c.start("--log-format", "json", "work", "--worker-id", fmt.Sprintf("ha-%d-%d", i, start),
-					"--channel", "push=idempotent,"+s.push.URL(),
-					"--channel", "sms=queryable,"+s.sms.URL(),
-					"--channel", "none=none,"+s.none.URL())
+				args := []string{"--log-format", "json", "work", "--worker-id", fmt.Sprintf("ha-%d-%d", i, start),
+					"--channel", "push=idempotent," + s.push.URL(),
+					"--channel", "sms=queryable," + s.sms.URL(),
+					"--channel", "none=none," + s.none.URL()}
+				if *haLease > 0 {
+					args = append(args, "--lease", haLease.String())
+				}
+				p := s.c.start(args...)
 				mu.Lock()
 				procs[i] = p
 				mu.Unlock()
@@ -443,7 +448,11 @@ func (s *haSoakRun) report(failovers []failover, v *soakVerdict, drained bool) {
 	if *haDefaults {
 		mode += ", pg_auto_failover's default timeouts"
 	}
-	t.Logf("ha soak: %s; %d workers, %d events/s, %d failovers", mode, *haWorkers, *haRate, len(failovers))
+	lease := "work's default lease"
+	if *haLease > 0 {
+		lease = "--lease " + haLease.String()
+	}
+	t.Logf("ha soak: %s; %d workers (%s), %d events/s, %d failovers", mode, *haWorkers, lease, *haRate, len(failovers))
 	var writes, deliveries []time.Duration
 	for i, f := range failovers {
 		w, okW := firstAfter(answered, f.killedAt)
