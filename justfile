@@ -47,6 +47,11 @@ bench-river *args: _pgtmp
 bench-vs-river *args: _pgtmp
     "{{ pgtmp }}" -migrate -- sh bench/vs-river.sh "$@"
 
+# Run the failover soak (docs/testing.md#failover-soak): creates and `notifier work` processes on a throwaway pg_auto_failover cluster (installed with apt when missing) whose primary is SIGKILLed -ha.failovers times (5) and rejoined, the invariants checked, then the asynchronous negative controls; args go to `go test`, e.g. `just ha-soak -ha.failovers 10 -ha.control=false`
+ha-soak *args:
+    sh internal/tools/install-debs postgresql-15-auto-failover pg-auto-failover-cli
+    go test -count=1 -timeout 60m -run '^TestHASoak$' -v ./cli/ -ha.soak "$@"
+
 # Start a throwaway PostgreSQL with the migrations applied and print its DATABASE_URL; Ctrl-C stops it and deletes its data
 db: _pgtmp
     exec "{{ pgtmp }}" -migrate
