@@ -14,8 +14,9 @@ pgtmp := tools / "bin/pgtmp"
 default:
     @"{{ just_executable() }}" --justfile "{{ justfile() }}" --list --unsorted
 
-# Run the Go tests with the race detector (DB tests start their own throwaway PostgreSQL unless TEST_DATABASE_URL is set), then the protocol tests again with batched claims; args go to `go test`, e.g. `just test -run N1 ./service/`
+# Run the Go tests with the race detector (DB tests start their own throwaway PostgreSQL unless TEST_DATABASE_URL is set; the PgBouncer tests need Debian's pgbouncer, installed here when root or sudo -n can, else skipped), then the protocol tests again with batched claims; args go to `go test`, e.g. `just test -run N1 ./service/`
 test *args:
+    @sh internal/tools/install-debs pgbouncer || echo "just test: pgbouncer could not be installed: the tests through PgBouncer will skip" >&2
     @has_pkg=; for a in "$@"; do case $a in .|./*|../*|github.com/*) has_pkg=1 ;; esac; done; \
     if [ -z "$has_pkg" ]; then set -- "$@" ./...; fi; \
     echo "go test -race -count=1 $*" >&2; \
@@ -25,14 +26,14 @@ test *args:
       NOTIFIER_TEST_BATCH=8 go test -race -count=1 ./service/; \
     fi
 
-# Build the notifier binary into bin/notifier
+# Build the notifier binary into bin/notifier (go install ./cli/notifier puts it in GOBIN as notifier)
 build:
-    go build -o bin/notifier ./cli
+    go build -o bin/notifier ./cli/notifier
 
-# Run the demo (`go run ./cli demo`) on a throwaway migrated PostgreSQL, or on $DATABASE_URL if set; args go to the demo
+# Run the demo (`go run ./cli/notifier demo`) on a throwaway migrated PostgreSQL, or on $DATABASE_URL if set; args go to the demo
 demo *args: _pgtmp
-    @if [ -n "${DATABASE_URL:-}" ]; then exec go run ./cli demo "$@"; fi; \
-    exec "{{ pgtmp }}" -migrate -- go run ./cli demo "$@"
+    @if [ -n "${DATABASE_URL:-}" ]; then exec go run ./cli/notifier demo "$@"; fi; \
+    exec "{{ pgtmp }}" -migrate -- go run ./cli/notifier demo "$@"
 
 # Run the load bench (`go run ./bench/cmd/bench`, see docs/benchmarks.md#the-load-bench: the product's worker loop against fakes with a latency model, beside pgbench) on a throwaway migrated PostgreSQL; args go to it, e.g. `just bench --call-latency 100ms,0.8 --max-in-flight 1024`
 bench *args: _pgtmp
@@ -46,15 +47,22 @@ bench-river *args: _pgtmp
 bench-vs-river *args: _pgtmp
     "{{ pgtmp }}" -migrate -- sh bench/vs-river.sh "$@"
 
+# Run the failover soak (docs/testing.md#failover-soak): creates and `notifier work` processes on a throwaway pg_auto_failover cluster (installed with apt when missing) whose primary is SIGKILLed -ha.failovers times (5) and rejoined, the invariants checked, then the asynchronous negative controls; args go to `go test`, e.g. `just ha-soak -ha.failovers 10 -ha.control=false`
+ha-soak *args:
+    sh internal/tools/install-debs postgresql-15-auto-failover pg-auto-failover-cli
+    go test -count=1 -timeout 60m -run '^TestHASoak$' -v ./cli/ -ha.soak "$@"
+
 # Start a throwaway PostgreSQL with the migrations applied and print its DATABASE_URL; Ctrl-C stops it and deletes its data
 db: _pgtmp
     exec "{{ pgtmp }}" -migrate
 
-# Apply the migrations in schema/ with dbmate to $DATABASE_URL
+# Apply the migrations in schema/ with dbmate to $DATABASE_URL (a multi-host URL: to its host that takes writes, the primary)
 migrate:
     @if [ -z "${DATABASE_URL:-}" ]; then echo 'DATABASE_URL is not set (for a local throwaway database: sh internal/tools/just db)' >&2; exit 1; fi; \
+    url=$DATABASE_URL; \
+    case ${url%%\?*} in *://*,*) url=$(go run ./internal/primary/cmd/primary-url "$url") || exit 1; echo "migrating the primary" >&2 ;; esac; \
     echo "dbmate --migrations-dir schema --no-dump-schema up" >&2; \
-    "{{ dbmate }}" --url "$DATABASE_URL" --migrations-dir schema --no-dump-schema up
+    "{{ dbmate }}" --url "$url" --migrations-dir schema --no-dump-schema up
 
 # Check the migrations on a throwaway PostgreSQL: up, roll back one by one to an empty database, up again
 migrate-check: _pgtmp

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -27,6 +27,7 @@ type env struct {
 	log       *slog.Logger
 	dbURL     string
 	dbTimeout time.Duration
+	dbUser    string // the login role, named in the fixes of a pooler's refusals
 	secret    string // the database password, scrubbed from error lines
 }
 
@@ -181,7 +182,7 @@ func (e *env) newPool(maxConns int32, worker bool) (*pgxpool.Pool, error) {
 		return nil, usagef("invalid database URL: its password holds a character a URL needs percent-encoded (an at sign, slash, question mark, hash or space: %%40, %%2F, %%3F, %%23, %%20), or set PGPASSWORD instead: %s",
 			redact.URL(e.dbURL))
 	}
-	e.secret = cfg.ConnConfig.Password
+	e.secret, e.dbUser = cfg.ConnConfig.Password, cfg.ConnConfig.User
 	if maxConns > cfg.MaxConns {
 		cfg.MaxConns = maxConns
 	}

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bufio"
@@ -114,7 +114,7 @@ func runDemo(ctx context.Context, e *env, timeout time.Duration) error {
 	for _, t := range tasks {
 		if _, done := injected[t.Channel]; !done {
 			injected[t.Channel] = t.TaskID
-			channels[t.Channel].ScriptSend(service.Ref(t.TaskID), fakes.Step{Delay: 1500 * time.Millisecond})
+			channels[t.Channel].ScriptSend(t.Ref, fakes.Step{Delay: 1500 * time.Millisecond})
 		}
 	}
 	fmt.Fprintf(out, "== accept-then-timeout injected on task %d (push), %d (sms), %d (none): the fake accepts, then answers after 1.5s; workers wait 500ms\n",
@@ -148,10 +148,13 @@ func runDemo(ctx context.Context, e *env, timeout time.Duration) error {
 // delivered the message of a parked task: notifier receipts' handler (in this process, on a key made for
 // the demo) records the receipt and the task becomes SENT, no human needed.
 func demoReceipt(ctx context.Context, e *env, n *service.Notifier, rows demoReportRows) error {
-	var parked int64
+	var (
+		parked int64
+		ref    string
+	)
 	for _, r := range rows {
 		if r.task.NeedsReview {
-			parked = r.TaskID
+			parked, ref = r.TaskID, r.Ref
 			break
 		}
 	}
@@ -161,7 +164,7 @@ func demoReceipt(ctx context.Context, e *env, n *service.Notifier, rows demoRepo
 	}
 	srv := httptest.NewServer(receipts.NewHandler(n, receipts.Config{WebhookKeys: [][]byte{key}, Logger: e.log}))
 	defer srv.Close()
-	body := fmt.Sprintf(`{"type":"message.delivered","data":{"ref":"%s"}}`, service.IdempotencyKey(parked))
+	body := fmt.Sprintf(`{"type":"message.delivered","data":{"ref":"%s"}}`, service.IdempotencyKey(ref))
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/receipts/standard-webhooks", strings.NewReader(body))
 	if err != nil {
 		return err
@@ -362,7 +365,7 @@ func demoReport(ctx context.Context, e *env, n *service.Notifier, tasks []demoTa
 			attempts, err = n.Attempts(dctx, t.TaskID)
 			ch := channels[t.Channel]
 			rows = append(rows, demoRow{demoTask: t, task: task, attempts: attempts,
-				sends: ch.Sends(service.Ref(t.TaskID)), outbound: ch.Outbound(service.Ref(t.TaskID))})
+				sends: ch.Sends(t.Ref), outbound: ch.Outbound(t.Ref)})
 		}
 		cancel()
 		if err != nil {

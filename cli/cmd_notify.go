@@ -1,8 +1,9 @@
-package main
+package cli
 
 import (
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -65,9 +66,10 @@ type createOutput struct {
 
 func createCommand(e *env) *cli.Command {
 	return &cli.Command{
-		Name:      "create",
-		Usage:     "submit an event: one logical notification per (user, event key)",
-		UsageText: "notifier create --user U --event-key K --body B|- [--ttl 24h] [--max-attempts 3]",
+		Name:  "create",
+		Usage: "submit an event: one logical notification per (user, event key)",
+		UsageText: "notifier create --user U --event-key K --body B|- [--ttl 24h] [--max-attempts 3]\n" +
+			"   notifier create --jsonl FILE|- [--batch-size 1000] [--ttl 24h] [--max-attempts 3]",
 		Description: `Submits one event for a user. The first submission of (user, event key) creates the
 notification and one delivery task per enabled channel preference; every later or concurrent
 submission returns the same notification, writes nothing and reports created=false. The first body
@@ -75,18 +77,39 @@ wins. --body - reads the body from stdin (at most 64 KiB). An empty or blank bod
 (exit 2, nothing written): it is almost always a producer that failed upstream.
 
 Prints one JSON object on stdout:
-  {"notification_id":1,"created":true,"tasks":[{"task_id":1,"channel":"push"}]}
-Exit code 0 both when the notification was created and when it already existed.
+  {"notification_id":1,"created":true,"tasks":[{"task_id":1,"channel":"push","ref":"..."}]}
+Exit code 0 both when the notification was created and when it already existed. ref is the task's
+reference as the channel sees it (random, never reused; the idempotency key is ntf-<ref>).
+
+--jsonl FILE (or - for stdin) submits many events, one JSON object per line:
+  {"user":"u1","event_key":"order-1001-shipped","body":"Shipped","ttl":"36h","max_attempts":5}
+ttl ("36h", or seconds) and max_attempts are optional (default --ttl and --max-attempts). Events
+go in batched transactions of --batch-size; one result line per input line, in input order, once its
+batch has committed: create's output plus "line":N, or {"line":N,"error":"..."} for a line refused
+(malformed JSON, a field missing or invalid, an unknown field, a line over 1 MiB). Blank lines are
+skipped. Dedupe holds within the file, across runs and against concurrent creates: exactly one
+submission of a (user, event key) reports created=true. A refused line costs only itself: the others
+go on, and the exit code is then 2. On a database failure it stops with exit 1, the results of the
+batches that committed printed; running the same file again is safe (created=false for those). It
+streams: memory stays bounded for any file size. Progress goes to stderr when stderr is a terminal.
 
 ` + exitCodesHelp,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "user", Usage: "user id (required)"},
-			&cli.StringFlag{Name: "event-key", Usage: "the event's key, unique per user, e.g. order-1001-shipped (required)"},
-			&cli.StringFlag{Name: "body", Usage: "message body, or - to read it from stdin (required)"},
+			&cli.StringFlag{Name: "user", Usage: "user id (required without --jsonl)"},
+			&cli.StringFlag{Name: "event-key", Usage: "the event's key, unique per user, e.g. order-1001-shipped (required without --jsonl)"},
+			&cli.StringFlag{Name: "body", Usage: "message body, or - to read it from stdin (required without --jsonl)"},
 			&cli.DurationFlag{Name: "ttl", Value: 24 * time.Hour, Usage: "not delivered after this long"},
 			&cli.IntFlag{Name: "max-attempts", Value: 3, Usage: "attempts per channel before giving up or parking"},
+			&cli.StringFlag{Name: "jsonl", Usage: "submit the events of `FILE` (- for stdin), one JSON object per line"},
+			&cli.IntFlag{Name: "batch-size", Value: 1000, Usage: fmt.Sprintf("with --jsonl: events per transaction (1-%d)", service.MaxCreateBatch)},
 		},
 		Action: func(c *cli.Context) error {
+			if c.IsSet("jsonl") {
+				return createMany(c, e)
+			}
+			if c.IsSet("batch-size") {
+				return usagef("create: --batch-size applies to --jsonl only")
+			}
 			if err := required(c, "user", "event-key", "body"); err != nil {
 				return err
 			}
@@ -123,4 +146,37 @@ Exit code 0 both when the notification was created and when it already existed.
 			return e.printJSON(createOutput{NotificationID: id, Created: created, Tasks: tasks})
 		},
 	}
+}
+
+// createMany is create --jsonl.
+func createMany(c *cli.Context, e *env) error {
+	for _, f := range []string{"user", "event-key", "body"} {
+		if c.IsSet(f) {
+			return usagef("create: --%s does not go with --jsonl (each line names its event)", f)
+		}
+	}
+	batch := c.Int("batch-size")
+	if batch < 1 || batch > service.MaxCreateBatch {
+		return usagef("invalid --batch-size %d: want 1 to %d", batch, service.MaxCreateBatch)
+	}
+	defaults := service.CreateRequest{TTL: c.Duration("ttl"), MaxAttempts: c.Int("max-attempts")}
+	// The defaults must be valid on their own: a line that relies on them would be refused otherwise.
+	if err := (service.CreateRequest{UserID: "u", EventKey: "k", Body: "b", TTL: defaults.TTL, MaxAttempts: defaults.MaxAttempts}).Validate(); err != nil {
+		return err
+	}
+	var in io.Reader = e.stdin
+	if name := c.String("jsonl"); name != "-" {
+		f, err := os.Open(name)
+		if err != nil {
+			return usagef("create --jsonl: %v", err)
+		}
+		defer f.Close()
+		in = f
+	}
+	pool, err := e.pool(0)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return createJSONL(c.Context, e, service.NewNotifier(pool), in, batch, defaults)
 }

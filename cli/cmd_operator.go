@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -226,6 +226,10 @@ func printStatus(e *env, st service.Status) error {
 		oldest = fmt.Sprintf("%.1fs", st.OldestReadySeconds)
 	}
 	fmt.Fprintf(w, "oldest due task waiting:\t%s\n", oldest)
+	fmt.Fprintf(w, "database:\t%s\n", describeStanding(st.Database.ServerStanding))
+	for _, warning := range st.Database.Warnings {
+		fmt.Fprintf(w, "warning:\t%s\n", warning)
+	}
 	if len(st.Receipts) > 0 {
 		var parts []string
 		for _, r := range st.Receipts {
@@ -248,4 +252,22 @@ func printStatus(e *env, st service.Status) error {
 		return fmt.Errorf("write status: %w", err)
 	}
 	return nil
+}
+
+// describeStanding says in a line what a commit on the server survives.
+func describeStanding(s service.ServerStanding) string {
+	if !s.Writable() {
+		return "read-only (a standby, or a demoted primary): workers and create refuse it"
+	}
+	seen := ""
+	if s.SyncStandbys != nil {
+		seen = fmt.Sprintf(", %d synchronous now", *s.SyncStandbys)
+	}
+	switch s.Durability() {
+	case service.DurabilitySynchronous:
+		return fmt.Sprintf("commits wait for a standby (synchronous_standby_names=%q; %d standby(s)%s)", s.SynchronousStandbyNames, s.Standbys, seen)
+	case service.DurabilityAsynchronous:
+		return fmt.Sprintf("commits do NOT wait for a standby (%d standby(s), asynchronous)", s.Standbys)
+	}
+	return "no standby replicates from this server (commits are as durable as its disk)"
 }

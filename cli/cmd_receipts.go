@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -31,12 +31,12 @@ kept and shown by notifier review (LATE_ACCEPTED). Every receipt is recorded onc
 Endpoints, each served only when its secret is given:
   POST /receipts/standard-webhooks  Standard Webhooks: webhook-id, webhook-timestamp (within
                                     --tolerance), webhook-signature v1 (HMAC-SHA256); body
-                                    {"type":"message.delivered","data":{"ref":"ntf-task-42"}}, types
+                                    {"type":"message.delivered","data":{"ref":"ntf-<ref>"}}, types
                                     message.accepted, .sent, .delivered, .bounced (data.bounce hard or
                                     soft), .complained, .undelivered; or data.provider_msg_id
   POST /receipts/twilio             Twilio status callbacks (X-Twilio-Signature, computed over
                                     --public-url + the path and query Twilio called); set the callback
-                                    URL to <public-url>/receipts/twilio?ref=ntf-task-<id>, or match by
+                                    URL to <public-url>/receipts/twilio?ref=ntf-<ref>, or match by
                                     MessageSid (the provider message id the task stored)
   GET  /metrics                     notifier_receipts_total{source,result}, notifier_receipts_swept_total
 
@@ -158,7 +158,10 @@ func serveReceipts(c *cli.Context, e *env) error {
 	defer pool.Close()
 	n := service.NewNotifier(pool)
 	ctx, cancel := e.dbContext(c.Context)
-	err = n.RequireRole(ctx, "receipts", service.RoleReceiver)
+	_, err = n.RequireWritable(ctx, "receipts") // a standby would refuse every receipt
+	if err == nil {
+		err = n.RequireRole(ctx, "receipts", service.RoleReceiver)
+	}
 	cancel()
 	if err != nil {
 		if c.Context.Err() != nil {

@@ -1,9 +1,10 @@
-package main
+package cli
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"net"
@@ -100,9 +101,21 @@ When to tune (the defaults suit channels answering in 50-500 ms and channels ans
   --finishers      finish statements at once; raise it only when the database has cores to spare.
 
 Its database connections start with plan_cache_mode=force_generic_plan (its statements are prepared
-once and planned once), unless the database URL or PGOPTIONS sets plan_cache_mode; behind PgBouncer
-see docs/operations.md#pgbouncer-and-prepared-statements. When answers are waiting and the window has room, the
-finish travels with the next claim in one round trip, committed on its own before the claim begins.
+once and planned once), unless the database URL or PGOPTIONS sets plan_cache_mode; it warns at start
+when the session runs with another (a pooler dropped the parameter). When answers are waiting and the
+window has room, the finish travels with the next claim in one round trip, committed on its own before
+the claim begins. Behind PgBouncer (ignore_startup_parameters, the login role's plan_cache_mode, and in
+transaction mode default_query_exec_mode=exec in the URL) see
+docs/operations.md#pgbouncer-and-prepared-statements.
+
+On a cluster with standbys, give every host and ask for the primary: DATABASE_URL=postgres://u@db1,db2/
+notifier?target_session_attrs=read-write. work refuses a read-only server at start (a standby: exit 1,
+saying so); at start it waits up to --wait-for-database for a server that accepts a connection (a
+failover in progress). Running, it rides out a failover: connections to a demoted primary are
+dropped and the pool reconnects; a finish lost to a broken connection is sent again until the lease
+would run out (a finish is idempotent); a server still read-only after a minute stops it (exit 1). It
+logs at start whether commits wait for a standby, and warns when standbys replicate asynchronously:
+a failover may then lose creates and attempt rows (see docs/operations.md#high-availability).
 
 With --once: runs one claim-call-finish cycle and prints one JSON object on stdout:
   {"result":"NOTHING"}
@@ -134,11 +147,12 @@ func workCommand(e *env) *cli.Command {
 			&cli.IntFlag{Name: "finishers", Value: worker.DefaultFinishers, Usage: fmt.Sprintf("finish statements running at once (1-%d)", worker.MaxFinishersLimit)},
 			&cli.DurationFlag{Name: "lease", Value: service.DefaultLease, Usage: "how long a claim holds a task"},
 			&cli.DurationFlag{Name: "timeout", Value: service.DefaultCallTimeout, Usage: "client timeout of one channel call"},
-			&cli.DurationFlag{Name: "backoff", Value: service.DefaultBackoff, Usage: "first retry delay, doubled per attempt"},
-			&cli.DurationFlag{Name: "poll", Value: worker.DefaultPoll, Usage: "wait after finding nothing to do"},
+			&cli.DurationFlag{Name: "backoff", Value: service.DefaultBackoff, Usage: "first retry delay, doubled per attempt (each wait lengthened by up to a quarter, at random)"},
+			&cli.DurationFlag{Name: "poll", Value: worker.DefaultPoll, Usage: "wait after finding nothing to do (lengthened by up to a quarter, at random)"},
 			&cli.BoolFlag{Name: "allow-lease-overlap", Usage: "accept a lease not longer than timeout + margin"},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics at http://ADDR/metrics"},
 			&cli.StringFlag{Name: "ca-file", Usage: "extra PEM root certificates for https channels"},
+			&cli.DurationFlag{Name: "wait-for-database", Value: time.Minute, Usage: "at start, how long to retry while no database server accepts a connection (a failover, a server starting); 0: fail at once (the default with --once)"},
 		},
 		Action: func(c *cli.Context) error { return work(c, e) },
 	}
@@ -183,6 +197,8 @@ type workConfig struct {
 	once       bool
 	loop       worker.Config
 	metrics    string
+	// waitForDatabase bounds how long the worker waits at start for a server that accepts connections.
+	waitForDatabase time.Duration
 }
 
 func parseWork(c *cli.Context, e *env) (workConfig, error) {
@@ -196,7 +212,13 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 	if len(values) == 0 && channelsFile == "" {
 		return workConfig{}, usagef("%s: missing required flag --channel (NAME=MODE,URL) or --channels-file FILE", commandName(c))
 	}
-	cfg := workConfig{once: c.Bool("once"), metrics: c.String("metrics-addr")}
+	cfg := workConfig{once: c.Bool("once"), metrics: c.String("metrics-addr"), waitForDatabase: c.Duration("wait-for-database")}
+	if cfg.waitForDatabase < 0 {
+		return workConfig{}, usagef("invalid --wait-for-database %s: must be 0 or more", cfg.waitForDatabase)
+	}
+	if cfg.once && !c.IsSet("wait-for-database") {
+		cfg.waitForDatabase = 0 // one cycle, for a script: fail at once unless told to wait
+	}
 	d := &cfg.dispatcher
 	d.Worker = c.String("worker-id")
 	if !c.IsSet("worker-id") {
@@ -306,6 +328,15 @@ func work(c *cli.Context, e *env) error {
 			m.ratePaused.WithLabelValues(channel).Inc()
 		}
 	}
+	cfg.dispatcher.FinishRetried = func(tasks, try int, err error) {
+		if try == 0 { // one line per lost finish, not per retry
+			log.Warn("finish failed; sending it again until the lease would run out (it may have committed: a finish is idempotent)",
+				"tasks", tasks, "error", redact.Error(err))
+		}
+		if m != nil {
+			m.finishRetries.Inc()
+		}
+	}
 	pool, err := e.workerPool(int32(cfg.loop.Connections()))
 	if err != nil {
 		return err
@@ -315,15 +346,30 @@ func work(c *cli.Context, e *env) error {
 	if err != nil {
 		return err
 	}
+	// A primary may be out of reach while a failover runs, or the server may still be starting.
+	err = service.WaitForDatabase(c.Context, pool, cfg.waitForDatabase, func(err error, next time.Duration) {
+		log.Warn("database not reachable yet; retrying", "retry_in", next.Round(time.Millisecond).String(),
+			"gives_up_after", cfg.waitForDatabase.String(), "error", redact.Error(err))
+	})
+	n := service.NewNotifier(pool)
+	var (
+		standing service.ServerStanding
+		buckets  []service.Bucket
+	)
 	ctx, cancel := e.dbContext(c.Context)
-	err = pool.Ping(ctx)
+	if err == nil { // a standby would refuse every claim with SQLSTATE 25006, forever
+		standing, err = n.RequireWritable(ctx, "work")
+	}
 	if err == nil { // a role that may not claim would see no task under row-level security, forever
-		err = service.NewNotifier(pool).RequireRole(ctx, "work", service.RoleWorker)
+		err = n.RequireRole(ctx, "work", service.RoleWorker)
+	}
+	var planWarning string
+	if err == nil { // behind a pooler the startup parameter may be dropped
+		planWarning, err = service.PlanCacheModeWarning(ctx, pool)
 	}
 	if err == nil {
 		err = service.CheckPoolShare(ctx, pool)
 	}
-	var buckets []service.Bucket
 	if err == nil {
 		buckets, err = d.ConfigureRateLimits(ctx)
 	}
@@ -334,6 +380,10 @@ func work(c *cli.Context, e *env) error {
 		}
 		return err
 	}
+	if planWarning != "" {
+		log.Warn(planWarning)
+	}
+	watchStanding(c.Context, e, n, standing, log, m)
 	if m != nil {
 		stop, err := serveMetrics(e, cfg.metrics, m)
 		if err != nil {
@@ -370,9 +420,62 @@ func work(c *cli.Context, e *env) error {
 	})
 	defer stopLog()
 	cfg.loop.Logger = log
-	worker.Run(c.Context, d, cfg.loop)
+	if err := worker.Run(c.Context, d, cfg.loop); err != nil {
+		log.Error("worker stopped", "error", err)
+		return err
+	}
 	log.Info("worker stopped")
 	return nil
+}
+
+// standingEvery is how often a running worker reads the server's standing again: a failover changes
+// the server, and pg_auto_failover or Patroni turn synchronous replication off while a standby is gone.
+const standingEvery = 30 * time.Second
+
+// watchStanding logs what commits survive on this server (service.ServerStanding) and every warning
+// about it, exports it as metrics, and reads it again every standingEvery until ctx ends, logging when
+// it changes.
+func watchStanding(ctx context.Context, e *env, n *service.Notifier, s service.ServerStanding, log *slog.Logger, m *metrics) {
+	report := func(s service.ServerStanding) {
+		args := []any{"durability", s.Durability(), "synchronous_commit", s.SynchronousCommit,
+			"synchronous_standby_names", s.SynchronousStandbyNames, "standbys", s.Standbys}
+		if s.SyncStandbys != nil {
+			args = append(args, "sync_standbys", *s.SyncStandbys)
+		}
+		log.Info("database", args...)
+		for _, w := range s.Warnings() {
+			log.Warn(w)
+		}
+		if m != nil {
+			m.standbys.Set(float64(s.Standbys))
+			m.waitsOnStandby.Set(map[bool]float64{true: 1}[s.CommitsWaitForStandby()])
+		}
+	}
+	report(s)
+	go func() {
+		t := time.NewTicker(standingEvery)
+		defer t.Stop()
+		last := s
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			rctx, cancel := e.dbContext(ctx)
+			now, err := n.Standing(rctx)
+			cancel()
+			if err == nil && !sameStanding(now, last) {
+				report(now)
+				last = now
+			}
+		}
+	}()
+}
+
+func sameStanding(a, b service.ServerStanding) bool {
+	return a.Durability() == b.Durability() && a.Standbys == b.Standbys && a.SynchronousCommit == b.SynchronousCommit &&
+		a.SynchronousStandbyNames == b.SynchronousStandbyNames && fmt.Sprint(a.SyncStandbys) == fmt.Sprint(b.SyncStandbys)
 }
 
 // checkBurstCoversPoll refuses a rate limit whose burst holds less than one --poll's worth of calls: a

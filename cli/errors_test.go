@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -104,7 +104,7 @@ func TestUnreachableDatabase(t *testing.T) {
 		{"create", "--user", "u1", "--event-key", "k", "--body", "b"},
 		{"resolve", "--task", "1", "--state", "SENT", "--note", "n"},
 		{"work", "--once", "--channel", "push=idempotent," + push.URL()},
-		{"work", "--channel", "push=idempotent," + push.URL()},
+		{"work", "--wait-for-database", "0", "--channel", "push=idempotent," + push.URL()},
 	}
 	for _, args := range commands {
 		t.Run(strings.Join(args[:1], " "), func(t *testing.T) {

@@ -1,20 +1,17 @@
-// Command notifier is the operator's and the scheduler's entry point to the notifier service: it sets
-// preferences, submits events, runs delivery workers, lists and resolves parked tasks, reports status,
-// and serves the fake channels for local runs.
+// Package cli is the notifier command: the operator's and the scheduler's entry point to the notifier
+// service. It sets preferences, submits events, runs delivery workers, lists and resolves parked tasks,
+// reports status, and serves the fake channels for local runs. The binary is cli/notifier.
 //
 // Results are JSON on stdout; logs (slog) and the one-line error go to stderr. Exit codes: 0 ok,
 // 1 runtime error (database down, ...), 2 usage or bad input, 3 nothing changed.
-package main
+package cli
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/urfave/cli/v2"
@@ -22,12 +19,6 @@ import (
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/redact"
 )
-
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	context.AfterFunc(ctx, stop) // after the first signal, a second one terminates at once
-	os.Exit(exitCode(run(ctx, os.Args, os.Getenv, os.Stdin, os.Stdout, os.Stderr)))
-}
 
 // Exit codes of every command.
 const (
@@ -37,12 +28,14 @@ const (
 	exitUnchanged = 3 // the command was valid but changed nothing (e.g. resolve of a task not parked)
 )
 
-// run executes one command line. It writes results to stdout and, when it fails, one line
-// "notifier: ..." to stderr, with any URL password removed.
-func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
+// Run executes one command line (args[0] is the program's name). It writes results to stdout and, when
+// it fails, one line "notifier: ..." to stderr, with any URL password removed. ExitCode maps its error
+// to the process's exit code.
+func Run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	e := &env{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	err := newApp(e).RunContext(ctx, args)
 	if err != nil {
+		err = service.ExplainPooler(err, e.dbUser) // a pooler's configuration: say the fix
 		fmt.Fprintln(stderr, "notifier: "+errorLine(err, e.dbURL, e.secret))
 	}
 	return err
@@ -63,7 +56,8 @@ type unchangedError struct{ msg string }
 
 func (e *unchangedError) Error() string { return e.msg }
 
-func exitCode(err error) int {
+// ExitCode is the exit code for Run's error.
+func ExitCode(err error) int {
 	var (
 		usage     *usageError
 		unchanged *unchangedError
@@ -85,7 +79,7 @@ func exitCode(err error) int {
 // the database's wherever it appears, in every form the database URL may hold it.
 func errorLine(err error, dbURL, secret string) string {
 	s := err.Error()
-	if connErr := (*pgconn.ConnectError)(nil); errors.As(err, &connErr) {
+	if connErr := (*pgconn.ConnectError)(nil); errors.As(err, &connErr) && !errors.Is(err, service.ErrPooler) {
 		s = "database unreachable: " + s
 	}
 	s = redact.Known(redact.Scrub(s, dbURL), secret)

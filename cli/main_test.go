@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/service"
 )
 
 // binary is the notifier command built once for all tests: they run it as a user or a script would.
@@ -33,7 +34,7 @@ func testMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	binary = filepath.Join(dir, "notifier")
-	build := exec.Command("go", "build", "-o", binary, ".")
+	build := exec.Command("go", "build", "-o", binary, "./notifier")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build notifier:", err)
@@ -104,6 +105,15 @@ func (c notifierCLI) command(ctx context.Context, args ...string) *exec.Cmd {
 // run runs the binary to completion with stdin.
 func (c notifierCLI) run(stdin string, args ...string) result {
 	c.t.Helper()
+	r, err := c.runErr(stdin, args...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return r
+}
+
+// runErr is run for any goroutine: it reports a binary that could not run as an error.
+func (c notifierCLI) runErr(stdin string, args ...string) (result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := c.command(ctx, args...)
@@ -112,9 +122,9 @@ func (c notifierCLI) run(stdin string, args ...string) result {
 	err := cmd.Run()
 	var exitErr *exec.ExitError
 	if err != nil && !errors.As(err, &exitErr) {
-		c.t.Fatalf("notifier %s: %v", strings.Join(args, " "), err)
+		return result{}, fmt.Errorf("notifier %s: %w", strings.Join(args, " "), err)
 	}
-	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
+	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}, nil
 }
 
 // ok runs the binary and requires exit 0.
@@ -169,4 +179,15 @@ func startFake(t *testing.T, kind fakes.Kind) *fakes.Channel {
 	c := fakes.Start(kind)
 	t.Cleanup(c.Close)
 	return c
+}
+
+// refOf is a task's channel reference (random, stored with the task: schema/016), what the fakes file
+// its requests under.
+func refOf(t *testing.T, pool *pgxpool.Pool, taskID int64) string {
+	t.Helper()
+	task, err := service.NewNotifier(pool).Task(context.Background(), taskID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return task.Ref
 }

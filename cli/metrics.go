@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -24,6 +24,10 @@ type metrics struct {
 	rateLimited  *prometheus.CounterVec
 	ratePaused   *prometheus.CounterVec
 	callDuration *prometheus.HistogramVec
+	// The server's standing (service.ServerStanding), read at start and every standingEvery.
+	standbys       prometheus.Gauge
+	waitsOnStandby prometheus.Gauge
+	finishRetries  prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -62,8 +66,21 @@ func newMetrics() *metrics {
 			Help:    "Duration of channel calls, up to the client timeout.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"channel", "action"}),
+		standbys: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "notifier_database_standbys",
+			Help: "Standbys replicating from the database server this worker writes to (pg_stat_replication).",
+		}),
+		waitsOnStandby: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "notifier_database_commits_wait_for_standby",
+			Help: "1 when a commit waits for a standby (synchronous replication), else 0. With standbys and 0, a failover may lose creates answered created=true and attempt rows (docs/operations.md#high-availability).",
+		}),
+		finishRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "notifier_finish_retries_total",
+			Help: "Finishes sent again after a broken connection or a failover (a finish is idempotent; retried until the lease would run out).",
+		}),
 	}
 	m.registry.MustRegister(m.claims, m.calls, m.finishes, m.parked, m.setAside, m.rateLimited, m.ratePaused, m.callDuration,
+		m.standbys, m.waitsOnStandby, m.finishRetries,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/internal/seedcase"
 	"github.com/notifierhq/notifier/service"
 )
 
@@ -50,14 +51,14 @@ func waitLeaseExpired(t *testing.T, pool *pgxpool.Pool, taskID int64) {
 // sms variant fails if a takeover stopped counting as uncertain (it would resend: 2 messages).
 func TestP1KilledWorkerLeaseExpires(t *testing.T) {
 	for _, tc := range []struct {
-		kind           fakes.Kind
-		mode           string
-		action         service.Action
-		outcome        service.Outcome
-		sends, queries int
+		kind     fakes.Kind
+		mode     string
+		action   service.Action
+		outcome  service.Outcome
+		seedCase string // testdata/seed/traces.json
 	}{
-		{fakes.Push, "idempotent", service.ActionSend, service.OutcomeAcceptedReplay, 2, 0},
-		{fakes.SMS, "queryable", service.ActionQuery, service.OutcomeQueryFound, 1, 1},
+		{fakes.Push, "idempotent", service.ActionSend, service.OutcomeAcceptedReplay, "P1"},
+		{fakes.SMS, "queryable", service.ActionQuery, service.OutcomeQueryFound, "P1-sms"},
 	} {
 		t.Run(string(tc.kind), func(t *testing.T) {
 			t.Parallel()
@@ -67,7 +68,7 @@ func TestP1KilledWorkerLeaseExpires(t *testing.T) {
 			ctx := context.Background()
 			fake := startFake(t, tc.kind)
 			taskID := oneTask(t, pool, string(tc.kind))
-			ref := service.Ref(taskID)
+			ref := refOf(t, pool, taskID)
 			fake.ScriptSend(ref, fakes.Step{Hang: true})
 			channel := string(tc.kind) + "=" + tc.mode + "," + fake.URL()
 
@@ -98,14 +99,8 @@ func TestP1KilledWorkerLeaseExpires(t *testing.T) {
 			logged(t, r.stderr, "msg=CALLED", "attempt=2", "outcome="+string(tc.outcome))            // the call
 			logged(t, r.stderr, "msg=RESULT", "result=SENT", "attempt=2")                            // the result
 
-			attempts, err := n.Attempts(ctx, taskID)
-			is.NoErr(err)                                              // attempts read back
-			is.Equal(len(attempts), 2)                                 // two attempts
-			is.Equal(attempts[0].Outcome, service.OutcomeLeaseExpired) // A's, closed by B's claim
-			is.Equal(attempts[1].Outcome, tc.outcome)                  // B's
-			is.Equal(fake.Outbound(ref), 1)                            // the user got one message
-			is.Equal(fake.Sends(ref), tc.sends)                        // from this many sends
-			is.Equal(fake.Queries(ref), tc.queries)                    // and queries
+			// A's attempt closed as LEASE_EXPIRED by B's claim, then B's; the user got one message.
+			checkSeed(t, pool, tc.seedCase, taskID, fake)
 		})
 	}
 }
@@ -118,11 +113,9 @@ func TestP2StoppedWorkerIsStale(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
 	c, pool := newCLI(t)
-	n := service.NewNotifier(pool)
-	ctx := context.Background()
 	push := startFake(t, fakes.Push)
 	taskID := oneTask(t, pool, "push")
-	ref := service.Ref(taskID)
+	ref := refOf(t, pool, taskID)
 	push.ScriptSend(ref, fakes.Step{Delay: 10 * time.Second}) // accepted, answered far too late
 	channel := "push=idempotent," + push.URL()
 
@@ -149,16 +142,9 @@ func TestP2StoppedWorkerIsStale(t *testing.T) {
 	logged(t, a.stderr.String(), "msg=CALLED", "worker=A", "outcome=TIMEOUT") // A's log: the late call
 	logged(t, a.stderr.String(), "msg=RESULT", "result=STALE", "attempt=1")   // and its refused finish
 
-	task, err := n.Task(ctx, taskID)
-	is.NoErr(err)                           // the task reads back
-	is.Equal(task.State, service.StateSent) // still SENT: the late observation did not overwrite it
-	attempts, err := n.Attempts(ctx, taskID)
-	is.NoErr(err)                                                // attempts read back
-	is.Equal(len(attempts), 2)                                   // two attempts
-	is.Equal(attempts[0].Outcome, service.OutcomeLeaseExpired)   // A's, closed by B's claim
-	is.Equal(attempts[0].LateOutcome, service.OutcomeTimeout)    // with A's late observation kept
-	is.Equal(attempts[1].Outcome, service.OutcomeAcceptedReplay) // B's
-	is.Equal(push.Outbound(ref), 1)                              // one message for the user
+	// Still SENT: the late observation did not overwrite it, but is kept on A's attempt, which B's claim
+	// closed as LEASE_EXPIRED; B's replay; one message for the user.
+	checkSeed(t, pool, "P2", taskID, push)
 }
 
 // TestP2StaleFinishWhileNewHolderCalls is P2 with the late finish landing while worker B is still
@@ -172,7 +158,7 @@ func TestP2StaleFinishWhileNewHolderCalls(t *testing.T) {
 	ctx := context.Background()
 	push := startFake(t, fakes.Push)
 	taskID := oneTask(t, pool, "push")
-	ref := service.Ref(taskID)
+	ref := refOf(t, pool, taskID)
 	push.ScriptSend(ref,
 		fakes.Step{Delay: 10 * time.Second}, // A: accepted, answered far too late
 		fakes.Step{Delay: 8 * time.Second})  // B: replayed, answered after A's finish has landed
@@ -225,7 +211,7 @@ func stoppedHolder(t *testing.T, c notifierCLI, pool *pgxpool.Pool, push *fakes.
 		"--lease", "1s", "--timeout", "1500ms", "--allow-lease-overlap")
 	waitCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	is.NoErr(push.WaitOutbound(waitCtx, service.Ref(taskID), 1))    // A's send was accepted
+	is.NoErr(push.WaitOutbound(waitCtx, refOf(t, pool, taskID), 1)) // A's send was accepted
 	is.NoErr(a.cmd.Process.Signal(syscall.SIGSTOP))                 // A freezes mid-call
 	t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) }) // never leave it stopped
 	waitLeaseExpired(t, pool, taskID)
@@ -245,4 +231,26 @@ func logged(t *testing.T, log string, fields ...string) {
 		}
 	}
 	t.Fatalf("no log line with %v in:\n%s", fields, log)
+}
+
+// checkSeed holds a seed case's task to the case's expected end (testdata/seed/traces.json), with what
+// fake counted under its reference.
+func checkSeed(t *testing.T, pool *pgxpool.Pool, name string, taskID int64, fake *fakes.Channel) {
+	t.Helper()
+	n := service.NewNotifier(pool)
+	task, err := n.Task(context.Background(), taskID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	attempts, err := n.Attempts(context.Background(), taskID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := seedcase.Got{State: string(task.State), Parked: task.NeedsReview,
+		Sends: fake.Sends(task.Ref), Queries: fake.Queries(task.Ref), Outbound: fake.Outbound(task.Ref)}
+	for _, a := range attempts {
+		got.Outcomes = append(got.Outcomes, string(a.Outcome))
+		got.LateOutcomes = append(got.LateOutcomes, string(a.LateOutcome))
+	}
+	seedcase.Check(t, name, got)
 }

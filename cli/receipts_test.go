@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bufio"
@@ -82,7 +82,7 @@ func TestReceiptsServer(t *testing.T) {
 		resp.Body.Close()
 		return resp
 	}
-	body := `{"type":"message.delivered","data":{"ref":"ntf-task-` + strconv.FormatInt(parked, 10) + `"}}`
+	body := `{"type":"message.delivered","data":{"ref":"ntf-` + refOf(t, pool, parked) + `"}}`
 
 	is.Equal(post(body, "evt-forged", false).StatusCode, http.StatusUnauthorized) // unsigned: refused
 	var receiptsCount int
@@ -98,7 +98,7 @@ func TestReceiptsServer(t *testing.T) {
 	is.Equal(receiptsCount, 1) // and recorded once
 
 	form := url.Values{"MessageSid": {"SM42"}, "MessageStatus": {"delivered"}}
-	path := "/receipts/twilio?ref=ntf-task-" + strconv.FormatInt(viaTwilio, 10)
+	path := "/receipts/twilio?ref=ntf-" + refOf(t, pool, viaTwilio)
 	req, err := http.NewRequest(http.MethodPost, "http://"+addr+path, strings.NewReader(form.Encode()))
 	is.NoErr(err)
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -18,24 +18,11 @@ import (
 	"github.com/notifierhq/notifier/service"
 )
 
-// loginAs creates a LOGIN role that is a member of group (one of schema/006's roles), for this test only,
-// and returns the CLI connecting as it to c's database. Roles are cluster-wide: the name is random and
-// the role is dropped at the end of the test.
+// loginAs creates a LOGIN role that is a member of group (one of schema/006's roles) with newLogin, and
+// returns the CLI connecting as it to c's database.
 func (c notifierCLI) loginAs(pool *pgxpool.Pool, group string) notifierCLI {
 	c.t.Helper()
-	suffix := make([]byte, 6)
-	_, _ = rand.Read(suffix)
-	name, password := "notifier_cli_"+hex.EncodeToString(suffix), hex.EncodeToString(suffix)+"-pw"
-	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `CREATE ROLE `+pgx.Identifier{name}.Sanitize()+` LOGIN PASSWORD '`+password+`' IN ROLE `+
-		pgx.Identifier{group}.Sanitize()); err != nil {
-		c.t.Fatalf("create login role in %s: %v", group, err)
-	}
-	c.t.Cleanup(func() {
-		if _, err := pool.Exec(context.Background(), `DROP ROLE `+pgx.Identifier{name}.Sanitize()); err != nil {
-			c.t.Errorf("drop login role %s: %v", name, err)
-		}
-	})
+	name, password := newLogin(c.t, pool, group)
 	u, err := url.Parse(c.dbURL)
 	if err != nil {
 		c.t.Fatal(err)
@@ -43,6 +30,26 @@ func (c notifierCLI) loginAs(pool *pgxpool.Pool, group string) notifierCLI {
 	u.User = url.UserPassword(name, password)
 	c.dbURL = u.String()
 	return c
+}
+
+// newLogin creates a LOGIN role that is a member of group, for this test only, and returns its name and
+// password. Roles are cluster-wide: the name is random and the role is dropped at the end of the test.
+func newLogin(t *testing.T, pool *pgxpool.Pool, group string) (name, password string) {
+	t.Helper()
+	suffix := make([]byte, 6)
+	_, _ = rand.Read(suffix)
+	name, password = "notifier_cli_"+hex.EncodeToString(suffix), hex.EncodeToString(suffix)+"-pw"
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE ROLE `+pgx.Identifier{name}.Sanitize()+` LOGIN PASSWORD '`+password+`' IN ROLE `+
+		pgx.Identifier{group}.Sanitize()); err != nil {
+		t.Fatalf("create login role in %s: %v", group, err)
+	}
+	t.Cleanup(func() {
+		if _, err := pool.Exec(context.Background(), `DROP ROLE `+pgx.Identifier{name}.Sanitize()); err != nil {
+			t.Errorf("drop login role %s: %v", name, err)
+		}
+	})
+	return name, password
 }
 
 // parkedTask makes one parked push task of u1 (test-only SQL, as the owner, by the protocol's moves:

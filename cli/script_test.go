@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -49,13 +49,13 @@ func TestScript(t *testing.T) {
 	r = c.ok("work", "--once", "--worker-id", "w1", "--channel", "push=IDEMPOTENT,"+push.URL())
 	var sent service.Result
 	decode(t, r.stdout, &sent)
-	is.Equal(sent.Kind, service.ResultSent)         // delivered
-	is.Equal(sent.TaskID, taskID)                   // the task just created
-	is.Equal(sent.Channel, "push")                  // on push
-	is.Equal(sent.Attempt, 1)                       // first attempt
-	is.Equal(sent.Action, service.ActionSend)       // a send
-	is.Equal(sent.Outcome, service.OutcomeAccepted) // accepted
-	is.Equal(push.Outbound(service.Ref(taskID)), 1) // one message went out
+	is.Equal(sent.Kind, service.ResultSent)            // delivered
+	is.Equal(sent.TaskID, taskID)                      // the task just created
+	is.Equal(sent.Channel, "push")                     // on push
+	is.Equal(sent.Attempt, 1)                          // first attempt
+	is.Equal(sent.Action, service.ActionSend)          // a send
+	is.Equal(sent.Outcome, service.OutcomeAccepted)    // accepted
+	is.Equal(push.Outbound(refOf(t, pool, taskID)), 1) // one message went out
 	for _, event := range []string{"CLAIMED", "CALLED", "RESULT"} {
 		is.True(strings.Contains(r.stderr, event)) // the cycle's events are logged on stderr
 	}
@@ -84,7 +84,7 @@ func TestScript(t *testing.T) {
 	decode(t, r.stdout, &second)
 	is.Equal(len(second.Tasks), 1) // one task on the none channel
 	parkedID := second.Tasks[0].TaskID
-	none.ScriptSend(service.Ref(parkedID), fakes.Step{Delay: 1200 * time.Millisecond})
+	none.ScriptSend(refOf(t, pool, parkedID), fakes.Step{Delay: 1200 * time.Millisecond})
 	r = c.ok("work", "--once", "--channel", "none=none,"+none.URL(), "--timeout", "400ms")
 	var parked service.Result
 	decode(t, r.stdout, &parked)

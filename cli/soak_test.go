@@ -1,9 +1,7 @@
-package main
+package cli
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -11,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -301,199 +298,35 @@ func (s *soak) createConcurrently(user, event string, ttl time.Duration, copies 
 	wg.Wait()
 }
 
-// check runs the invariant checker and prints the counts.
+// check runs the invariant checker, adds the receipts' I9, prints the counts and requires no violation.
 func (s *soak) check(is *is.I) {
-	ctx := context.Background()
-	count := func(sql string, args ...any) int64 {
-		var n int64
-		if err := s.pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
-			s.t.Fatalf("%s: %v", sql, err)
-		}
-		return n
-	}
-	accepted := map[string]map[string]int{}
-	requests := map[string]map[string]int{} // channel -> ref -> sends and queries the fake received
-	for name, ch := range map[string]*fakes.Channel{"push": s.push, "sms": s.sms, "none": s.none} {
-		snap := ch.Snapshot()
-		accepted[name] = snap.Outbound
-		requests[name] = snap.Sends
-		for ref, n := range snap.Queries {
-			requests[name][ref] += n
-		}
-	}
-	type task struct {
-		id                int64
-		channel, state    string
-		uncertain, parked bool
-		manualSent        bool
-		calls, answered   int // attempt rows that call the channel; those of them the channel answered
-	}
-	// answered: outcomes (or late outcomes of a superseded holder) that only an answer of the channel
-	// produces, so the fake certainly received that attempt's request.
-	rows, err := s.pool.Query(ctx, `SELECT t.id, t.channel, t.state, t.outcome_uncertain, t.needs_review,
-		EXISTS (SELECT FROM delivery_attempt a WHERE a.task_id = t.id AND a.outcome = 'MANUAL_SENT'),
-		(SELECT count(*) FROM delivery_attempt a WHERE a.task_id = t.id AND a.action IN ('SEND', 'QUERY', 'TOPIC_RESEND')),
-		(SELECT count(*) FROM delivery_attempt a WHERE a.task_id = t.id AND a.action IN ('SEND', 'QUERY', 'TOPIC_RESEND')
-			AND coalesce(nullif(a.outcome, 'LEASE_EXPIRED'), a.late_outcome) IN ('ACCEPTED', 'ACCEPTED_REPLAY',
-			'QUERY_FOUND', 'QUERY_NOT_FOUND', 'IN_FLIGHT', 'MALFORMED_RESPONSE', 'HTTP_5XX', 'THROTTLED', 'REJECTED', 'GATEWAY_ERROR'))
-		FROM delivery_task t`)
-	is.NoErr(err) // read tasks
-	var tasks []task
-	for rows.Next() {
-		var tk task
-		is.NoErr(rows.Scan(&tk.id, &tk.channel, &tk.state, &tk.uncertain, &tk.parked, &tk.manualSent, &tk.calls, &tk.answered))
-		tasks = append(tasks, tk)
-	}
-	is.NoErr(rows.Err())
-
-	violations := map[string]int{}
-	invariants := []string{
-		"I1 duplicate notifications",
-		"I2 written off although accepted",
-		"I3 SENT without an accepted outbound",
-		"I4 push sent more than once",
-		"I4 sms sent more than once",
-		"I5 UNKNOWN not parked after draining",
-		"I5 PENDING after draining",
-		"I5 SENDING after draining",
-		"I6 parked without uncertain history",
-		"I6 open attempt after draining",
-		"I7 append-only trigger missing",
-		"I7 recorded outcome differs from the observation",
-		"I8 more requests on the wire than call attempts",
-		"I8 fewer requests than answered attempts",
-		"I9 a receipt moved a final state",
-		"I9 a task settled by receipt twice",
-		"I9 a parked task has a receipt",
-	}
-	var sent, parked, failed, suppressed, wire, calls, equal int
-	for _, tk := range tasks {
-		out := accepted[tk.channel][service.Ref(tk.id)]
-		// I8 (R3): every request on the wire has its attempt row. A request is never sent twice for
-		// one row (a transport's resend would be), so the fake's count for a task is at most its call
-		// attempts, and at least the attempts it answered. It may be less than the rows: a worker
-		// killed, or frozen past its timeout, between the claim's commit and writing the request
-		// leaves a row without a request.
-		got := requests[tk.channel][service.Ref(tk.id)]
-		wire, calls = wire+got, calls+tk.calls
-		if got == tk.calls {
-			equal++
-		}
-		if got > tk.calls {
-			violations["I8 more requests on the wire than call attempts"]++
-			s.t.Logf("I8: task %d (%s): %d requests, %d call attempts", tk.id, tk.channel, got, tk.calls)
-		}
-		if got < tk.answered {
-			violations["I8 fewer requests than answered attempts"]++
-			s.t.Logf("I8: task %d (%s): %d requests, %d answered attempts", tk.id, tk.channel, got, tk.answered)
-		}
-		switch tk.state {
-		case "SENT":
-			sent++
-			if out == 0 && !tk.manualSent {
-				violations["I3 SENT without an accepted outbound"]++
-			}
-		case "FAILED", "SUPPRESSED":
-			if tk.state == "FAILED" {
-				failed++
-			} else {
-				suppressed++
-			}
-			if out > 0 {
-				violations["I2 written off although accepted"]++
-			}
-		case "UNKNOWN":
-			if !tk.parked {
-				violations["I5 UNKNOWN not parked after draining"]++
-			}
-			parked++
-			if !tk.uncertain {
-				violations["I6 parked without uncertain history"]++
-			}
-		default:
-			violations["I5 "+tk.state+" after draining"]++
-		}
-		if (tk.channel == "push" || tk.channel == "sms") && out > 1 {
-			violations["I4 "+tk.channel+" sent more than once"]++
-		}
-	}
-	violations["I1 duplicate notifications"] += int(count(`SELECT count(*) FROM (SELECT FROM notification
-		GROUP BY user_id, event_key HAVING count(*) > 1) d`))
-	violations["I6 open attempt after draining"] += int(count(`SELECT count(*) FROM delivery_attempt WHERE outcome IS NULL`))
-	violations["I7 append-only trigger missing"] += int(1 - count(`SELECT count(*) FROM pg_trigger
-		WHERE tgname = 'delivery_attempt_append_only' AND tgenabled <> 'D'`))
-
-	// I7: what each worker observed (its CALLED log line) is in the attempt row, as outcome or, when the
-	// attempt was superseded, as late_outcome; never overwritten by anything else.
-	results, mismatched := 0, 0
-	for _, log := range s.logs {
-		sc := bufio.NewScanner(strings.NewReader(log.String()))
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			var ev struct {
-				Msg     string `json:"msg"`
-				Task    int64  `json:"task"`
-				Attempt int    `json:"attempt"`
-				Outcome string `json:"outcome"`
-				Result  string `json:"result"`
-			}
-			if json.Unmarshal(sc.Bytes(), &ev) != nil || ev.Msg != "RESULT" || ev.Attempt == 0 || ev.Outcome == "" {
-				continue
-			}
-			results++
-			var outcome, late *string
-			err := s.pool.QueryRow(ctx, `SELECT outcome, late_outcome FROM delivery_attempt WHERE task_id = $1 AND attempt_no = $2`,
-				ev.Task, ev.Attempt).Scan(&outcome, &late)
-			switch {
-			case err != nil:
-				mismatched++
-			case ev.Result == "STALE":
-				if late == nil || *late != ev.Outcome {
-					mismatched++
-				}
-			case outcome == nil || *outcome != ev.Outcome:
-				mismatched++
-			}
-		}
-	}
-	violations["I7 recorded outcome differs from the observation"] += mismatched
+	v := checkInvariants(s.t, soakEvidence{pool: s.pool, logs: s.logs,
+		channels: map[string]*fakes.Channel{"push": s.push, "sms": s.sms, "none": s.none}})
+	count := v.count
 
 	// I9: a receipt is evidence, never a move of a final state. A receipt recorded as CONTRADICTS found
 	// its task FAILED or SUPPRESSED, and the task still is; one recorded as UNCHANGED found it SENT, and
 	// no RECEIPT attempt came after it; no task is settled by receipt twice; and a parked task has no
 	// receipt (the sweep settles those).
-	violations["I9 a receipt moved a final state"] += int(count(`SELECT count(*) FROM delivery_receipt r
+	v.add("I9 a receipt moved a final state", int(count(`SELECT count(*) FROM delivery_receipt r
 		JOIN delivery_task t ON t.id = r.task_id
 		WHERE (r.effect = 'CONTRADICTS' AND t.state NOT IN ('FAILED', 'SUPPRESSED'))
 		   OR (r.effect = 'UNCHANGED' AND (t.state <> 'SENT' OR EXISTS (SELECT FROM delivery_attempt a
-		       WHERE a.task_id = t.id AND a.action = 'RECEIPT' AND a.finished_at > r.received_at)))`))
-	violations["I9 a task settled by receipt twice"] += int(count(`SELECT count(*) FROM (SELECT task_id FROM delivery_attempt
-		WHERE action = 'RECEIPT' GROUP BY task_id HAVING count(*) > 1) d`))
-	violations["I9 a parked task has a receipt"] += int(count(`SELECT count(*) FROM delivery_task t
-		WHERE t.needs_review AND EXISTS (SELECT FROM delivery_receipt r WHERE r.task_id = t.id)`))
+		       WHERE a.task_id = t.id AND a.action = 'RECEIPT' AND a.finished_at > r.received_at)))`)))
+	v.add("I9 a task settled by receipt twice", int(count(`SELECT count(*) FROM (SELECT task_id FROM delivery_attempt
+		WHERE action = 'RECEIPT' GROUP BY task_id HAVING count(*) > 1) d`)))
+	v.add("I9 a parked task has a receipt", int(count(`SELECT count(*) FROM delivery_task t
+		WHERE t.needs_review AND EXISTS (SELECT FROM delivery_receipt r WHERE r.task_id = t.id)`)))
 	s.receipts.log(count)
 
 	s.mu.Lock()
 	s.t.Logf("soak counts: worker kills %d, stops %d, worker starts %d, database restarts %d, events created %d, duplicate submissions %d",
 		s.kills, s.stops, s.starts, s.restarts, s.creates, s.duplicates)
 	s.mu.Unlock()
-	s.t.Logf("soak counts: tasks %d: SENT %d, parked %d, FAILED %d, SUPPRESSED %d; outbound push %d, sms %d, none %d; results checked against attempt rows %d",
-		len(tasks), sent, parked, failed, suppressed, s.push.TotalOutbound(), s.sms.TotalOutbound(), s.none.TotalOutbound(), results)
-	s.t.Logf("soak counts: requests on the wire %d, call attempts %d; tasks whose requests equal their call attempts %d of %d",
-		wire, calls, equal, len(tasks))
-	total := 0
-	for name, v := range violations {
-		if !slices.Contains(invariants, name) {
-			invariants = append(invariants, name)
-		}
-		total += v
-	}
-	for _, name := range invariants {
-		s.t.Logf("soak invariant %-50s violations %d", name, violations[name])
-	}
-	is.Equal(total, 0)       // every invariant holds
-	is.True(len(tasks) > 20) // the soak did real work
-	is.True(results > 20)    // and checked real observations
+	v.log(s.t)
+	is.Equal(v.total(), 0)  // every invariant holds
+	is.True(v.tasks > 20)   // the soak did real work
+	is.True(v.results > 20) // and checked real observations
 	if pgtest.Cluster() != nil {
 		is.True(s.restarts >= 1) // PostgreSQL was restarted mid-run
 	}
@@ -510,8 +343,8 @@ func tail(s string, n int) string {
 func (s *soak) unfinished(kind fakes.Kind, refs []string) []string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	rows, err := s.pool.Query(ctx, `SELECT 'task-' || id FROM delivery_task
-		WHERE channel = $1 AND state IN ('PENDING', 'SENDING', 'UNKNOWN') AND 'task-' || id = ANY ($2)`, string(kind), refs)
+	rows, err := s.pool.Query(ctx, `SELECT ref FROM delivery_task
+		WHERE channel = $1 AND state IN ('PENDING', 'SENDING', 'UNKNOWN') AND ref = ANY ($2)`, string(kind), refs)
 	if err != nil {
 		return nil // the database may be restarting
 	}
@@ -541,7 +374,7 @@ func newSoakReceipts(t *testing.T, n *service.Notifier) *soakReceipts {
 
 func (r *soakReceipts) close() { r.srv.Close() }
 
-// send posts a receipt for ref (task-<id>): a new event, or with repeat one already posted.
+// send posts a receipt for ref (a task's reference): a new event, or with repeat one already posted.
 func (r *soakReceipts) send(ref string, repeat bool) {
 	r.mu.Lock()
 	id := fmt.Sprintf("soak-evt-%d", len(r.sent))

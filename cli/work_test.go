@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bufio"
@@ -118,7 +118,7 @@ func TestSIGTERMFinishesInFlightCall(t *testing.T) {
 	p := c.start("work", "--worker-id", "w-term", "--channel", "push=idempotent,"+push.URL(), "--timeout", "3s", "--poll", "50ms")
 	waitCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	is.NoErr(push.WaitOutbound(waitCtx, service.Ref(taskID), 1)) // the call is in flight (accepted, not answered)
+	is.NoErr(push.WaitOutbound(waitCtx, refOf(t, pool, taskID), 1)) // the call is in flight (accepted, not answered)
 
 	is.Equal(p.stop(syscall.SIGTERM), 0) // a clean stop
 	task, err := n.Task(ctx, taskID)
@@ -128,7 +128,7 @@ func TestSIGTERMFinishesInFlightCall(t *testing.T) {
 	is.NoErr(err)                                            // attempts read back
 	is.Equal(len(attempts), 1)                               // one attempt
 	is.Equal(attempts[0].Outcome, service.OutcomeAccepted)   // accepted
-	is.Equal(push.Outbound(service.Ref(taskID)), 1)          // one message
+	is.Equal(push.Outbound(refOf(t, pool, taskID)), 1)       // one message
 	is.True(strings.Contains(p.stderr.String(), "stopping")) // the shutdown is logged
 	is.Equal(p.stdout.String(), "")                          // a long-running worker prints no result
 }
@@ -340,7 +340,7 @@ func TestOnceReportsARefusedFinish(t *testing.T) {
 	is.True(strings.Contains(r.stderr, "refused by the test")) // with the server's reason
 	is.Equal(r.stdout, "")                                     // and no result
 	taskID := created.Tasks[0].TaskID
-	is.Equal(push.Outbound(service.Ref(taskID)), 1) // the call went out
+	is.Equal(push.Outbound(refOf(t, pool, taskID)), 1) // the call went out
 	task, err := service.NewNotifier(pool).Task(context.Background(), taskID)
 	is.NoErr(err)
 	is.Equal(task.State, service.StateSending) // left to lease expiry

@@ -179,8 +179,27 @@ func (q *Queries) ReceiptSweep(ctx context.Context, maxTasks int32) ([]ReceiptSw
 	return items, nil
 }
 
-const ReceiptTasksByProviderMsgID = `-- name: ReceiptTasksByProviderMsgID :many
+const ReceiptTaskByRef = `-- name: ReceiptTaskByRef :one
 
+SELECT id FROM delivery_task WHERE ref = $1::text
+`
+
+// Receipts (schema/015): a provider's signed callback about a message it accepted, recorded by notifier
+// receipts. Matching finds our task; notifier_apply_receipt settles it when nobody holds it; the receipt
+// row keeps what came and what it did. Nothing here moves a final state (schema/010 refuses it anyway).
+// The task a receipt names by our reference (the task's ref, schema/016; the provider echoes it back as
+// sent: in a status callback's URL, a message tag or metadata). The ref is unique and never reused, so a
+// receipt can only match the task that was sent: after a restore from a backup or a failover that lost
+// transactions, a receipt for a lost task matches nothing (pgx.ErrNoRows: refused, nothing written)
+// instead of a newer task that was handed the same id. Through delivery_task_ref_key.
+func (q *Queries) ReceiptTaskByRef(ctx context.Context, ref string) (int64, error) {
+	row := q.db.QueryRow(ctx, ReceiptTaskByRef, ref)
+	var id int64
+	err := row.Scan(&id)
+	return id, err
+}
+
+const ReceiptTasksByProviderMsgID = `-- name: ReceiptTasksByProviderMsgID :many
 SELECT id FROM (
     SELECT t.id FROM delivery_task t WHERE t.provider_msg_id = $1::text
     UNION
@@ -190,9 +209,6 @@ ORDER BY id
 LIMIT 2
 `
 
-// Receipts (schema/015): a provider's signed callback about a message it accepted, recorded by notifier
-// receipts. Matching finds our task; notifier_apply_receipt settles it when nobody holds it; the receipt
-// row keeps what came and what it did. Nothing here moves a final state (schema/010 refuses it anyway).
 // The tasks a provider's message id belongs to, for a receipt that carries no reference of ours: the id
 // the finish stored on the task, or one an attempt kept (also as a late observation). At most two rows:
 // one is a match, two are ambiguous (refused), none is unknown (refused). Through the partial indexes

@@ -12,7 +12,7 @@ import (
 
 const TaskClaim = `-- name: TaskClaim :many
 WITH lease_expired AS (
-    SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+    SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
            t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
     FROM delivery_task t
     WHERE t.channel = $1::text
@@ -22,7 +22,7 @@ WITH lease_expired AS (
     LIMIT $2
     FOR UPDATE OF t SKIP LOCKED
 ), due AS (
-    SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+    SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
            t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
     FROM delivery_task t
     WHERE t.channel = $1::text
@@ -32,12 +32,12 @@ WITH lease_expired AS (
     LIMIT $2
     FOR UPDATE OF t SKIP LOCKED
 ), locked AS (
-    (SELECT l.id, l.notification_id, l.channel, l.state, l.attempt_count, l.max_attempts, l.outcome_uncertain, l.attempt_token, l.uncertain_since, l.updated_at, l.receipt_at, true AS lease_expired FROM lease_expired l
+    (SELECT l.id, l.notification_id, l.channel, l.ref, l.state, l.attempt_count, l.max_attempts, l.outcome_uncertain, l.attempt_token, l.uncertain_since, l.updated_at, l.receipt_at, true AS lease_expired FROM lease_expired l
      UNION ALL
-     SELECT d.id, d.notification_id, d.channel, d.state, d.attempt_count, d.max_attempts, d.outcome_uncertain, d.attempt_token, d.uncertain_since, d.updated_at, d.receipt_at, false AS lease_expired FROM due d)
+     SELECT d.id, d.notification_id, d.channel, d.ref, d.state, d.attempt_count, d.max_attempts, d.outcome_uncertain, d.attempt_token, d.uncertain_since, d.updated_at, d.receipt_at, false AS lease_expired FROM due d)
     LIMIT $2
 )
-SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
        t.lease_expired::bool            AS lease_expired,
        t.attempt_token                  AS held_token,
        coalesce(p.enabled, false)::bool AS pref_enabled,
@@ -68,6 +68,7 @@ type TaskClaimRow struct {
 	ID                  int64
 	NotificationID      int64
 	Channel             string
+	Ref                 string
 	State               string
 	AttemptCount        int32
 	MaxAttempts         int32
@@ -98,6 +99,8 @@ type TaskClaimRow struct {
 // a worker runs this statement prepared, and its generic plan cannot see @max_tasks; it guesses 10% of
 // the due backlog and, with a backlog large next to notification, would hash the locked rows and scan
 // all of notification (history) on every claim (TestClaimGenericPlanLooksUpByKey).
+// ref is what the worker sends the channel to name the task (schema/016): random, never reused, so no
+// call can be answered with another task's message.
 func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]TaskClaimRow, error) {
 	rows, err := q.db.Query(ctx, TaskClaim, arg.Channel, arg.MaxTasks)
 	if err != nil {
@@ -111,6 +114,7 @@ func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]TaskCla
 			&i.ID,
 			&i.NotificationID,
 			&i.Channel,
+			&i.Ref,
 			&i.State,
 			&i.AttemptCount,
 			&i.MaxAttempts,
@@ -206,6 +210,11 @@ WITH u AS (
            unnest($8::float8[]) AS retry_after_seconds,
            unnest($9::text[]) AS outcome,
            unnest($10::text[]) AS error
+), recorded_before AS (
+    SELECT u.attempt_token
+    FROM u
+    JOIN delivery_attempt a ON a.attempt_token = u.attempt_token
+    WHERE a.outcome = u.outcome
 ), finished AS (
     UPDATE delivery_task t
     SET state             = u.state,
@@ -245,8 +254,12 @@ WITH u AS (
     WHERE a.attempt_token = u.attempt_token
       AND a.late_outcome IS NULL
       AND NOT EXISTS (SELECT 1 FROM finished f WHERE f.attempt_token = u.attempt_token)
+      AND NOT EXISTS (SELECT 1 FROM recorded_before r WHERE r.attempt_token = u.attempt_token)
+      -- re-checked on the row's newest version after a wait: an earlier copy that committed meanwhile
+      AND a.outcome IS DISTINCT FROM u.outcome
 )
-SELECT u.id::bigint AS id, (f.id IS NOT NULL)::bool AS current
+SELECT u.id::bigint AS id,
+       (f.id IS NOT NULL OR EXISTS (SELECT 1 FROM recorded_before r WHERE r.attempt_token = u.attempt_token))::bool AS current
 FROM u
 LEFT JOIN finished f ON f.attempt_token = u.attempt_token
 `
@@ -281,12 +294,17 @@ type TaskFinishRow struct {
 // one transaction; this statement waits for that task row lock, so the late branch is chosen exactly when
 // the takeover committed first, and its update re-checks `late_outcome IS NULL` on the attempt's newest
 // version (data-modifying CTEs run to completion whether or not the final SELECT reads them). Returns
-// per attempt whether its task changed (current). next_attempt_at is set only for states that wait for a
+// per attempt whether its observation is the task's (current: recorded now, or by an earlier copy). next_attempt_at is set only for states that wait for a
 // retry (a negative retry_after_seconds means none: finished, or parked with needs_review; the table's
 // CHECKs refuse any other combination). An empty provider_msg_id, last_error or error means none.
 // Attempt tokens arrive as text[] and are cast to uuid here: the worker holds them as strings, and pgx
 // cannot send strings as a binary uuid[], so a uuid[] parameter made it fail and retry the encoding as
 // text on every call. A malformed token fails the whole statement, as before.
+// Idempotent: a worker whose finish met a broken connection cannot know whether it committed, and sends
+// it again (Dispatcher.FinishBatch, until the lease would run out). An attempt whose row already holds
+// this very outcome was recorded by an earlier copy of this finish (no other statement writes a call's
+// outcome: a takeover writes LEASE_EXPIRED, a late observation goes to late_outcome): recorded_before
+// changes nothing and reports it current, not superseded.
 func (q *Queries) TaskFinish(ctx context.Context, arg TaskFinishParams) ([]TaskFinishRow, error) {
 	rows, err := q.db.Query(ctx, TaskFinish,
 		arg.IDs,
@@ -319,7 +337,7 @@ func (q *Queries) TaskFinish(ctx context.Context, arg TaskFinishParams) ([]TaskF
 }
 
 const TaskGet = `-- name: TaskGet :one
-SELECT id, notification_id, channel, state, attempt_count, max_attempts, attempt_token, lease_owner,
+SELECT id, notification_id, channel, ref, state, attempt_count, max_attempts, attempt_token, lease_owner,
        lease_until, next_attempt_at, outcome_uncertain, uncertain_since, needs_review, provider_msg_id,
        last_error, created_at, updated_at
 FROM delivery_task
@@ -330,6 +348,7 @@ type TaskGetRow struct {
 	ID               int64
 	NotificationID   int64
 	Channel          string
+	Ref              string
 	State            string
 	AttemptCount     int32
 	MaxAttempts      int32
@@ -354,6 +373,7 @@ func (q *Queries) TaskGet(ctx context.Context, id int64) (TaskGetRow, error) {
 		&i.ID,
 		&i.NotificationID,
 		&i.Channel,
+		&i.Ref,
 		&i.State,
 		&i.AttemptCount,
 		&i.MaxAttempts,
@@ -372,41 +392,43 @@ func (q *Queries) TaskGet(ctx context.Context, id int64) (TaskGetRow, error) {
 	return i, err
 }
 
-const TaskInsertForEnabledPrefs = `-- name: TaskInsertForEnabledPrefs :many
-INSERT INTO delivery_task (notification_id, channel, max_attempts)
-SELECT $1, p.channel, $2
-FROM channel_pref p
-WHERE p.user_id = $3 AND p.enabled
-ORDER BY p.channel
-RETURNING id, channel
+const TaskHeldByTokens = `-- name: TaskHeldByTokens :many
+SELECT t.id, t.attempt_count, t.lease_until::timestamptz AS lease_until, a.attempt_token::text AS attempt_token
+FROM delivery_attempt a
+JOIN delivery_task t ON t.id = a.task_id AND t.attempt_token = a.attempt_token
+WHERE a.attempt_token = ANY (CAST($1::text[] AS uuid[]))
+  AND t.state = 'SENDING'
+  AND t.lease_until > now()
 `
 
-type TaskInsertForEnabledPrefsParams struct {
-	NotificationID int64
-	MaxAttempts    int32
-	UserID         string
+type TaskHeldByTokensRow struct {
+	ID           int64
+	AttemptCount int32
+	LeaseUntil   time.Time
+	AttemptToken string
 }
 
-type TaskInsertForEnabledPrefsRow struct {
-	ID      int64
-	Channel string
-}
-
-// Creates one PENDING task per channel the user has enabled, in the same transaction that created the
-// notification, due at once (next_attempt_at's default, now(); the creator role may set no other). Guards
-// R2: UNIQUE (notification_id, channel) allows one task per channel; it runs only for the submitter
-// whose NotificationInsert returned a row (for the creator role, row-level security also requires that
-// this transaction inserted the notification and that the channel is enabled: schema/010).
-func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertForEnabledPrefsParams) ([]TaskInsertForEnabledPrefsRow, error) {
-	rows, err := q.db.Query(ctx, TaskInsertForEnabledPrefs, arg.NotificationID, arg.MaxAttempts, arg.UserID)
+// The tasks a claimer holds by the attempt tokens it chose, for a claim whose commit's answer was lost
+// (the connection broke after the COMMIT was sent): the claim committed exactly when its tokens are the
+// tasks' tokens now. No call was made yet, and the lease is live (nobody else may take the tasks), so
+// the claimer calls them as it would have; without this each such task waited for its lease to run out
+// and was then taken over as uncertain: parked, on a channel that can neither dedupe nor be asked.
+// Through the attempt rows' unique token index, then the task by key.
+func (q *Queries) TaskHeldByTokens(ctx context.Context, attemptTokens []string) ([]TaskHeldByTokensRow, error) {
+	rows, err := q.db.Query(ctx, TaskHeldByTokens, attemptTokens)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []TaskInsertForEnabledPrefsRow{}
+	items := []TaskHeldByTokensRow{}
 	for rows.Next() {
-		var i TaskInsertForEnabledPrefsRow
-		if err := rows.Scan(&i.ID, &i.Channel); err != nil {
+		var i TaskHeldByTokensRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.AttemptCount,
+			&i.LeaseUntil,
+			&i.AttemptToken,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -417,29 +439,50 @@ func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertF
 	return items, nil
 }
 
-const TaskListByNotification = `-- name: TaskListByNotification :many
-SELECT id, channel
-FROM delivery_task
-WHERE notification_id = $1
-ORDER BY channel
+const TaskInsertForEnabledPrefs = `-- name: TaskInsertForEnabledPrefs :many
+INSERT INTO delivery_task (notification_id, channel, max_attempts)
+SELECT n.id, p.channel, n.max_attempts
+FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::text[]) AS user_id,
+             unnest($3::int[]) AS max_attempts) AS n
+JOIN channel_pref p ON p.user_id = n.user_id AND p.enabled
+ORDER BY n.id, p.channel
+RETURNING id, notification_id, channel, ref
 `
 
-type TaskListByNotificationRow struct {
-	ID      int64
-	Channel string
+type TaskInsertForEnabledPrefsParams struct {
+	NotificationIDs []int64
+	UserIDs         []string
+	MaxAttempts     []int32
 }
 
-// The tasks of one notification (returned to a duplicate submitter; it writes none).
-func (q *Queries) TaskListByNotification(ctx context.Context, notificationID int64) ([]TaskListByNotificationRow, error) {
-	rows, err := q.db.Query(ctx, TaskListByNotification, notificationID)
+type TaskInsertForEnabledPrefsRow struct {
+	ID             int64
+	NotificationID int64
+	Channel        string
+	Ref            string
+}
+
+// Creates one PENDING task per channel each user has enabled, in the same transaction that created the
+// notifications (NotificationInsert returned them), due at once (next_attempt_at's default, now(); the
+// creator role may set no other). Guards R2: UNIQUE (notification_id, channel) allows one task per
+// channel; it runs only for the notifications this submitter created (for the creator role, row-level
+// security also requires that this transaction inserted the notification and that the channel is
+// enabled: schema/010).
+func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertForEnabledPrefsParams) ([]TaskInsertForEnabledPrefsRow, error) {
+	rows, err := q.db.Query(ctx, TaskInsertForEnabledPrefs, arg.NotificationIDs, arg.UserIDs, arg.MaxAttempts)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []TaskListByNotificationRow{}
+	items := []TaskInsertForEnabledPrefsRow{}
 	for rows.Next() {
-		var i TaskListByNotificationRow
-		if err := rows.Scan(&i.ID, &i.Channel); err != nil {
+		var i TaskInsertForEnabledPrefsRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.NotificationID,
+			&i.Channel,
+			&i.Ref,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -751,7 +794,7 @@ const TaskStartAttempts = `-- name: TaskStartAttempts :many
 WITH started AS (
     UPDATE delivery_task t
     SET state             = 'SENDING',
-        attempt_token     = gen_random_uuid(),
+        attempt_token     = u.attempt_token::uuid,
         lease_owner       = $1::text,
         lease_until       = now() + make_interval(secs => $2::float8),
         next_attempt_at   = NULL,
@@ -760,8 +803,9 @@ WITH started AS (
         uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
         updated_at        = now()
     FROM (SELECT unnest($3::bigint[]) AS id,
-                 unnest($4::bool[]) AS outcome_uncertain,
-                 unnest($5::text[]) AS action) AS u
+                 unnest($4::text[]) AS attempt_token,
+                 unnest($5::bool[]) AS outcome_uncertain,
+                 unnest($6::text[]) AS action) AS u
     WHERE t.id = u.id
       AND ((t.state = 'SENDING' AND t.lease_until < now())
            OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review AND t.next_attempt_at <= now()))
@@ -779,6 +823,7 @@ type TaskStartAttemptsParams struct {
 	Worker           string
 	LeaseSeconds     float64
 	IDs              []int64
+	AttemptTokens    []string
 	OutcomeUncertain []bool
 	Actions          []string
 }
@@ -793,7 +838,8 @@ type TaskStartAttemptsRow struct {
 // Makes the claimer the only holder of tasks it has locked in this transaction, and opens their attempt
 // rows before any call is made (R3: if the worker dies during the call, its row stays open and the next
 // claim marks it LEASE_EXPIRED). Per task: a fresh attempt token (any earlier holder's finish now matches
-// 0 rows, R2), a lease on the database clock, the action the claimer decided, and the uncertainty the
+// 0 rows, R2; random, chosen by the claimer so that it can find its claim again when the answer to the
+// commit is lost: TaskHeldByTokens), a lease on the database clock, the action the claimer decided, and the uncertainty the
 // attempt starts with (true when an earlier attempt may have been accepted, including a lease that
 // expired: then it began when the lost attempt was claimed, the row's updated_at). The state condition
 // repeats the claim's (due and waiting, or SENDING with an expired lease, on the same transaction's
@@ -804,6 +850,7 @@ func (q *Queries) TaskStartAttempts(ctx context.Context, arg TaskStartAttemptsPa
 		arg.Worker,
 		arg.LeaseSeconds,
 		arg.IDs,
+		arg.AttemptTokens,
 		arg.OutcomeUncertain,
 		arg.Actions,
 	)

@@ -77,6 +77,7 @@ type DeliveryTask struct {
 	UpdatedAt        time.Time
 	UncertainSince   *time.Time
 	ReceiptAt        *time.Time
+	Ref              string
 }
 
 type Notification struct {

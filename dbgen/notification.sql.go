@@ -30,51 +30,110 @@ func (q *Queries) NotificationGet(ctx context.Context, id int64) (Notification, 
 	return i, err
 }
 
-const NotificationGetIDByUserEvent = `-- name: NotificationGetIDByUserEvent :one
-SELECT id
-FROM notification
-WHERE user_id = $1 AND event_key = $2
+const NotificationInsert = `-- name: NotificationInsert :many
+INSERT INTO notification (user_id, event_key, body, expires_at)
+SELECT e.user_id, e.event_key, e.body, now() + make_interval(secs => e.ttl_seconds)
+FROM (SELECT unnest($1::text[]) AS user_id, unnest($2::text[]) AS event_key,
+             unnest($3::text[]) AS body, unnest($4::float8[]) AS ttl_seconds,
+             generate_series(1, cardinality($1::text[])) AS n) AS e
+ORDER BY e.user_id, e.event_key, e.n
+ON CONFLICT (user_id, event_key) DO NOTHING
+RETURNING id, user_id, event_key
 `
 
-type NotificationGetIDByUserEventParams struct {
+type NotificationInsertParams struct {
+	UserIDs    []string
+	EventKeys  []string
+	Bodies     []string
+	TTLSeconds []float64
+}
+
+type NotificationInsertRow struct {
+	ID       int64
 	UserID   string
 	EventKey string
 }
 
-// Reads the notification that won the insert. Must run as a new statement (Read Committed) so it sees the
-// row committed by the concurrent winner, which the INSERT's own snapshot could not.
-func (q *Queries) NotificationGetIDByUserEvent(ctx context.Context, arg NotificationGetIDByUserEventParams) (int64, error) {
-	row := q.db.QueryRow(ctx, NotificationGetIDByUserEvent, arg.UserID, arg.EventKey)
-	var id int64
-	err := row.Scan(&id)
-	return id, err
-}
-
-const NotificationInsert = `-- name: NotificationInsert :one
-INSERT INTO notification (user_id, event_key, body, expires_at)
-VALUES ($1, $2, $3, now() + make_interval(secs => $4::float8))
-ON CONFLICT (user_id, event_key) DO NOTHING
-RETURNING id
-`
-
-type NotificationInsertParams struct {
-	UserID     string
-	EventKey   string
-	Body       string
-	TTLSeconds float64
-}
-
-// Creates the logical notification unless (user_id, event_key) exists. Guards R1: the UNIQUE constraint,
-// not a prior SELECT, decides; a concurrent duplicate waits on the index and then inserts nothing, so
-// this returns no row (pgx.ErrNoRows) to every submitter but one.
-func (q *Queries) NotificationInsert(ctx context.Context, arg NotificationInsertParams) (int64, error) {
-	row := q.db.QueryRow(ctx, NotificationInsert,
-		arg.UserID,
-		arg.EventKey,
-		arg.Body,
+// Creates the logical notifications of a batch of events (one for notifier create, up to thousands for
+// create --jsonl), one per (user_id, event_key) that does not exist yet. Guards R1: the UNIQUE
+// constraint, not a prior SELECT, decides; an event that exists (from before, from a concurrent
+// submitter, whose insert this one waits for on the index, or earlier in this very batch) inserts
+// nothing and returns no row, to every submitter but one. Rows go in (user_id, event_key) order, the first of equal
+// keys first (its body wins), so that two batches lock shared keys in the same order and cannot
+// deadlock on each other.
+func (q *Queries) NotificationInsert(ctx context.Context, arg NotificationInsertParams) ([]NotificationInsertRow, error) {
+	rows, err := q.db.Query(ctx, NotificationInsert,
+		arg.UserIDs,
+		arg.EventKeys,
+		arg.Bodies,
 		arg.TTLSeconds,
 	)
-	var id int64
-	err := row.Scan(&id)
-	return id, err
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []NotificationInsertRow{}
+	for rows.Next() {
+		var i NotificationInsertRow
+		if err := rows.Scan(&i.ID, &i.UserID, &i.EventKey); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const NotificationListWithTasks = `-- name: NotificationListWithTasks :many
+SELECT n.id AS notification_id, n.user_id, n.event_key, t.id AS task_id, t.channel, t.ref
+FROM (SELECT DISTINCT unnest($1::text[]) AS user_id, unnest($2::text[]) AS event_key) AS e
+JOIN notification n ON n.user_id = e.user_id AND n.event_key = e.event_key
+LEFT JOIN delivery_task t ON t.notification_id = n.id
+ORDER BY n.id, t.channel
+`
+
+type NotificationListWithTasksParams struct {
+	UserIDs   []string
+	EventKeys []string
+}
+
+type NotificationListWithTasksRow struct {
+	NotificationID int64
+	UserID         string
+	EventKey       string
+	TaskID         *int64
+	Channel        *string
+	Ref            *string
+}
+
+// The notifications and tasks of a batch's events that its insert did not create (they existed, or
+// repeat an earlier line): a new statement, so it sees a concurrent winner's committed rows and this
+// transaction's own. A notification without a task (no channel enabled) comes back once, with NULLs.
+func (q *Queries) NotificationListWithTasks(ctx context.Context, arg NotificationListWithTasksParams) ([]NotificationListWithTasksRow, error) {
+	rows, err := q.db.Query(ctx, NotificationListWithTasks, arg.UserIDs, arg.EventKeys)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []NotificationListWithTasksRow{}
+	for rows.Next() {
+		var i NotificationListWithTasksRow
+		if err := rows.Scan(
+			&i.NotificationID,
+			&i.UserID,
+			&i.EventKey,
+			&i.TaskID,
+			&i.Channel,
+			&i.Ref,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

@@ -25,3 +25,63 @@ func (q *Queries) ServerConnectionsAvailable(ctx context.Context) (int32, error)
 	err := row.Scan(&available)
 	return available, err
 }
+
+const ServerStanding = `-- name: ServerStanding :one
+SELECT pg_is_in_recovery()::bool                                       AS in_recovery,
+       current_setting('transaction_read_only')::bool                  AS read_only,
+       current_setting('synchronous_commit')::text                     AS synchronous_commit,
+       current_setting('synchronous_standby_names')::text              AS synchronous_standby_names,
+       (SELECT count(*) FROM pg_catalog.pg_stat_replication)::int                 AS standbys,
+       (SELECT count(sync_state) FROM pg_catalog.pg_stat_replication)::int        AS sync_seen,
+       (SELECT count(*) FROM pg_catalog.pg_stat_replication
+        WHERE sync_state IN ('sync', 'quorum'))::int                   AS sync_standbys
+`
+
+type ServerStandingRow struct {
+	InRecovery              bool
+	ReadOnly                bool
+	SynchronousCommit       string
+	SynchronousStandbyNames string
+	Standbys                int32
+	SyncSeen                int32
+	SyncStandbys            int32
+}
+
+// Whether this server takes writes, and whether a commit here waits for a standby. A command that
+// writes refuses a server that is read-only (a standby, or a primary demoted by a failover: pg_is_in_
+// recovery(); or default_transaction_read_only) at start, naming target_session_attrs=read-write,
+// instead of retrying SQLSTATE 25006 forever. Only synchronous replication keeps R1 and R3 across a
+// failover (a create answered created=true, an attempt row written before the call): a commit waits for
+// a standby when synchronous_standby_names names one and synchronous_commit is on, remote_write or
+// remote_apply (this session's value: a role's or the URL's setting counts). pg_stat_replication shows
+// every walsender to every role, but its sync_state only to roles with pg_read_all_stats: sync_seen
+// counts the rows whose state this role can read.
+func (q *Queries) ServerStanding(ctx context.Context) (ServerStandingRow, error) {
+	row := q.db.QueryRow(ctx, ServerStanding)
+	var i ServerStandingRow
+	err := row.Scan(
+		&i.InRecovery,
+		&i.ReadOnly,
+		&i.SynchronousCommit,
+		&i.SynchronousStandbyNames,
+		&i.Standbys,
+		&i.SyncSeen,
+		&i.SyncStandbys,
+	)
+	return i, err
+}
+
+const SessionPlanCacheMode = `-- name: SessionPlanCacheMode :one
+SELECT current_setting('plan_cache_mode')::text AS plan_cache_mode
+`
+
+// The plan_cache_mode this session runs with. A worker asks for force_generic_plan when it connects
+// (service.WorkerPlanCacheMode: its statements are planned once); a pooler that drops the startup
+// parameter (PgBouncer's ignore_startup_parameters) leaves the login role's setting, or auto, and the
+// worker says so at start instead of spending twice the server's CPU per delivery unnoticed.
+func (q *Queries) SessionPlanCacheMode(ctx context.Context) (string, error) {
+	row := q.db.QueryRow(ctx, SessionPlanCacheMode)
+	var plan_cache_mode string
+	err := row.Scan(&plan_cache_mode)
+	return plan_cache_mode, err
+}

@@ -10,7 +10,7 @@
 //
 // Wire protocol (shared with the service's channel client):
 //
-//	POST {base}/send               {"ref":"task-<id>","to":"...","body":"..."}, header Idempotency-Key: ntf-task-<id>
+//	POST {base}/send               {"ref":"<ref>","to":"...","body":"..."}, header Idempotency-Key: ntf-<ref>
 //	                               -> 200 {"id":"<provider id>","replayed":<bool>}
 //	GET  {base}/messages?ref=<ref> -> 200 {"found":<n>,"id":"<first provider id or empty>"} (sms only, 405 elsewhere)
 package fakes
@@ -76,6 +76,16 @@ type Step struct {
 	Drop bool
 }
 
+// Message is one new outbound message a fake accepted: what the user would have received. A replay
+// (push: a key seen before) is not one; it answers with the message first accepted under that key.
+type Message struct {
+	ID   string `json:"id"`
+	Ref  string `json:"ref"`
+	Key  string `json:"key,omitempty"` // the Idempotency-Key it came with
+	To   string `json:"to"`
+	Body string `json:"body"`
+}
+
 // Counts is a copy of a channel's per-reference counters.
 type Counts struct {
 	Sends     map[string]int `json:"sends"`
@@ -98,8 +108,9 @@ type Channel struct {
 	sends    map[string]int
 	outbound map[string]int
 	queries  map[string]int
-	firstID  map[string]string // ref -> provider id of its first accepted message
-	byKey    map[string]string // Idempotency-Key -> provider id (push only)
+	firstID  map[string]string    // ref -> provider id of its first accepted message
+	messages map[string][]Message // ref -> the new outbound messages accepted under it, in order
+	byKey    map[string]string    // Idempotency-Key -> provider id (push only)
 	seq      int
 	changed  chan struct{} // closed and replaced whenever an outbound is recorded
 
@@ -187,6 +198,7 @@ func newChannel(kind Kind) *Channel {
 		outbound:  map[string]int{},
 		queries:   map[string]int{},
 		firstID:   map[string]string{},
+		messages:  map[string][]Message{},
 		byKey:     map[string]string{},
 		changed:   make(chan struct{}),
 		throttled: map[string]int{},
@@ -342,6 +354,14 @@ func (c *Channel) total(m map[string]int) int {
 		n += v
 	}
 	return n
+}
+
+// Messages returns the new outbound messages accepted under ref, in order: a test can check whose
+// message a channel holds under a reference (after a restore or a failover, ids are handed out again).
+func (c *Channel) Messages(ref string) []Message {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]Message(nil), c.messages[ref]...)
 }
 
 // AcceptedRefs lists, sorted, the refs with at least one outbound message.

@@ -78,7 +78,7 @@ func (c *Channel) handleSend(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, step)
 		return
 	}
-	reply := c.accept(req.Ref, r.Header.Get("Idempotency-Key"))
+	reply := c.accept(req, r.Header.Get("Idempotency-Key"))
 	c.mu.Unlock()
 	c.finish(w, r, step, reply)
 }
@@ -86,7 +86,8 @@ func (c *Channel) handleSend(w http.ResponseWriter, r *http.Request) {
 // accept records one accepted send and returns the answer for it. A push
 // request whose Idempotency-Key was seen before is a replay: same id, no new
 // outbound. Callers hold c.mu.
-func (c *Channel) accept(ref, key string) sendReply {
+func (c *Channel) accept(req sendRequest, key string) sendReply {
+	ref := req.Ref
 	if c.kind == Push && key != "" {
 		if id, ok := c.byKey[key]; ok {
 			return sendReply{ID: id, Replayed: true}
@@ -101,6 +102,7 @@ func (c *Channel) accept(ref, key string) sendReply {
 		c.firstID[ref] = id
 	}
 	c.outbound[ref]++
+	c.messages[ref] = append(c.messages[ref], Message{ID: id, Ref: ref, Key: key, To: req.To, Body: req.Body})
 	c.acceptedAt = append(c.acceptedAt, time.Now())
 	close(c.changed)
 	c.changed = make(chan struct{})

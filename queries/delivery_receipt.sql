@@ -2,6 +2,14 @@
 -- receipts. Matching finds our task; notifier_apply_receipt settles it when nobody holds it; the receipt
 -- row keeps what came and what it did. Nothing here moves a final state (schema/010 refuses it anyway).
 
+-- name: ReceiptTaskByRef :one
+-- The task a receipt names by our reference (the task's ref, schema/016; the provider echoes it back as
+-- sent: in a status callback's URL, a message tag or metadata). The ref is unique and never reused, so a
+-- receipt can only match the task that was sent: after a restore from a backup or a failover that lost
+-- transactions, a receipt for a lost task matches nothing (pgx.ErrNoRows: refused, nothing written)
+-- instead of a newer task that was handed the same id. Through delivery_task_ref_key.
+SELECT id FROM delivery_task WHERE ref = @ref::text;
+
 -- name: ReceiptTasksByProviderMsgID :many
 -- The tasks a provider's message id belongs to, for a receipt that carries no reference of ours: the id
 -- the finish stored on the task, or one an attempt kept (also as a late observation). At most two rows:

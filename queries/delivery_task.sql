@@ -1,22 +1,17 @@
 -- name: TaskInsertForEnabledPrefs :many
--- Creates one PENDING task per channel the user has enabled, in the same transaction that created the
--- notification, due at once (next_attempt_at's default, now(); the creator role may set no other). Guards
--- R2: UNIQUE (notification_id, channel) allows one task per channel; it runs only for the submitter
--- whose NotificationInsert returned a row (for the creator role, row-level security also requires that
--- this transaction inserted the notification and that the channel is enabled: schema/010).
+-- Creates one PENDING task per channel each user has enabled, in the same transaction that created the
+-- notifications (NotificationInsert returned them), due at once (next_attempt_at's default, now(); the
+-- creator role may set no other). Guards R2: UNIQUE (notification_id, channel) allows one task per
+-- channel; it runs only for the notifications this submitter created (for the creator role, row-level
+-- security also requires that this transaction inserted the notification and that the channel is
+-- enabled: schema/010).
 INSERT INTO delivery_task (notification_id, channel, max_attempts)
-SELECT @notification_id, p.channel, @max_attempts
-FROM channel_pref p
-WHERE p.user_id = @user_id AND p.enabled
-ORDER BY p.channel
-RETURNING id, channel;
-
--- name: TaskListByNotification :many
--- The tasks of one notification (returned to a duplicate submitter; it writes none).
-SELECT id, channel
-FROM delivery_task
-WHERE notification_id = @notification_id
-ORDER BY channel;
+SELECT n.id, p.channel, n.max_attempts
+FROM (SELECT unnest(@notification_ids::bigint[]) AS id, unnest(@user_ids::text[]) AS user_id,
+             unnest(@max_attempts::int[]) AS max_attempts) AS n
+JOIN channel_pref p ON p.user_id = n.user_id AND p.enabled
+ORDER BY n.id, p.channel
+RETURNING id, notification_id, channel, ref;
 
 -- name: TaskClaim :many
 -- Locks up to @max_tasks tasks of one channel for this claimer, in one statement: first SENDING tasks
@@ -34,8 +29,10 @@ ORDER BY channel;
 -- a worker runs this statement prepared, and its generic plan cannot see @max_tasks; it guesses 10% of
 -- the due backlog and, with a backlog large next to notification, would hash the locked rows and scan
 -- all of notification (history) on every claim (TestClaimGenericPlanLooksUpByKey).
+-- ref is what the worker sends the channel to name the task (schema/016): random, never reused, so no
+-- call can be answered with another task's message.
 WITH lease_expired AS (
-    SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+    SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
            t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
     FROM delivery_task t
     WHERE t.channel = @channel::text
@@ -45,7 +42,7 @@ WITH lease_expired AS (
     LIMIT @max_tasks
     FOR UPDATE OF t SKIP LOCKED
 ), due AS (
-    SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+    SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
            t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
     FROM delivery_task t
     WHERE t.channel = @channel::text
@@ -60,7 +57,7 @@ WITH lease_expired AS (
      SELECT d.*, false AS lease_expired FROM due d)
     LIMIT @max_tasks
 )
-SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
        t.lease_expired::bool            AS lease_expired,
        t.attempt_token                  AS held_token,
        coalesce(p.enabled, false)::bool AS pref_enabled,
@@ -85,7 +82,8 @@ LEFT JOIN LATERAL (
 -- Makes the claimer the only holder of tasks it has locked in this transaction, and opens their attempt
 -- rows before any call is made (R3: if the worker dies during the call, its row stays open and the next
 -- claim marks it LEASE_EXPIRED). Per task: a fresh attempt token (any earlier holder's finish now matches
--- 0 rows, R2), a lease on the database clock, the action the claimer decided, and the uncertainty the
+-- 0 rows, R2; random, chosen by the claimer so that it can find its claim again when the answer to the
+-- commit is lost: TaskHeldByTokens), a lease on the database clock, the action the claimer decided, and the uncertainty the
 -- attempt starts with (true when an earlier attempt may have been accepted, including a lease that
 -- expired: then it began when the lost attempt was claimed, the row's updated_at). The state condition
 -- repeats the claim's (due and waiting, or SENDING with an expired lease, on the same transaction's
@@ -94,7 +92,7 @@ LEFT JOIN LATERAL (
 WITH started AS (
     UPDATE delivery_task t
     SET state             = 'SENDING',
-        attempt_token     = gen_random_uuid(),
+        attempt_token     = u.attempt_token::uuid,
         lease_owner       = @worker::text,
         lease_until       = now() + make_interval(secs => @lease_seconds::float8),
         next_attempt_at   = NULL,
@@ -103,6 +101,7 @@ WITH started AS (
         uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
         updated_at        = now()
     FROM (SELECT unnest(@ids::bigint[]) AS id,
+                 unnest(@attempt_tokens::text[]) AS attempt_token,
                  unnest(@outcome_uncertain::bool[]) AS outcome_uncertain,
                  unnest(@actions::text[]) AS action) AS u
     WHERE t.id = u.id
@@ -116,6 +115,20 @@ WITH started AS (
 )
 SELECT s.id, s.attempt_token::uuid AS attempt_token, s.attempt_count, s.lease_until::timestamptz AS lease_until
 FROM started s;
+
+-- name: TaskHeldByTokens :many
+-- The tasks a claimer holds by the attempt tokens it chose, for a claim whose commit's answer was lost
+-- (the connection broke after the COMMIT was sent): the claim committed exactly when its tokens are the
+-- tasks' tokens now. No call was made yet, and the lease is live (nobody else may take the tasks), so
+-- the claimer calls them as it would have; without this each such task waited for its lease to run out
+-- and was then taken over as uncertain: parked, on a channel that can neither dedupe nor be asked.
+-- Through the attempt rows' unique token index, then the task by key.
+SELECT t.id, t.attempt_count, t.lease_until::timestamptz AS lease_until, a.attempt_token::text AS attempt_token
+FROM delivery_attempt a
+JOIN delivery_task t ON t.id = a.task_id AND t.attempt_token = a.attempt_token
+WHERE a.attempt_token = ANY (CAST(@attempt_tokens::text[] AS uuid[]))
+  AND t.state = 'SENDING'
+  AND t.lease_until > now();
 
 -- name: TaskSettleWithoutCall :one
 -- Claim-time decision not to call (preference disabled, notification expired). Guards R5 and R6: the
@@ -192,12 +205,17 @@ WHERE id = @id
 -- one transaction; this statement waits for that task row lock, so the late branch is chosen exactly when
 -- the takeover committed first, and its update re-checks `late_outcome IS NULL` on the attempt's newest
 -- version (data-modifying CTEs run to completion whether or not the final SELECT reads them). Returns
--- per attempt whether its task changed (current). next_attempt_at is set only for states that wait for a
+-- per attempt whether its observation is the task's (current: recorded now, or by an earlier copy). next_attempt_at is set only for states that wait for a
 -- retry (a negative retry_after_seconds means none: finished, or parked with needs_review; the table's
 -- CHECKs refuse any other combination). An empty provider_msg_id, last_error or error means none.
 -- Attempt tokens arrive as text[] and are cast to uuid here: the worker holds them as strings, and pgx
 -- cannot send strings as a binary uuid[], so a uuid[] parameter made it fail and retry the encoding as
 -- text on every call. A malformed token fails the whole statement, as before.
+-- Idempotent: a worker whose finish met a broken connection cannot know whether it committed, and sends
+-- it again (Dispatcher.FinishBatch, until the lease would run out). An attempt whose row already holds
+-- this very outcome was recorded by an earlier copy of this finish (no other statement writes a call's
+-- outcome: a takeover writes LEASE_EXPIRED, a late observation goes to late_outcome): recorded_before
+-- changes nothing and reports it current, not superseded.
 WITH u AS (
     SELECT unnest(@ids::bigint[]) AS id,
            unnest(@attempt_tokens::text[])::uuid AS attempt_token,
@@ -209,6 +227,11 @@ WITH u AS (
            unnest(@retry_after_seconds::float8[]) AS retry_after_seconds,
            unnest(@outcomes::text[]) AS outcome,
            unnest(@errors::text[]) AS error
+), recorded_before AS (
+    SELECT u.attempt_token
+    FROM u
+    JOIN delivery_attempt a ON a.attempt_token = u.attempt_token
+    WHERE a.outcome = u.outcome
 ), finished AS (
     UPDATE delivery_task t
     SET state             = u.state,
@@ -248,8 +271,12 @@ WITH u AS (
     WHERE a.attempt_token = u.attempt_token
       AND a.late_outcome IS NULL
       AND NOT EXISTS (SELECT 1 FROM finished f WHERE f.attempt_token = u.attempt_token)
+      AND NOT EXISTS (SELECT 1 FROM recorded_before r WHERE r.attempt_token = u.attempt_token)
+      -- re-checked on the row's newest version after a wait: an earlier copy that committed meanwhile
+      AND a.outcome IS DISTINCT FROM u.outcome
 )
-SELECT u.id::bigint AS id, (f.id IS NOT NULL)::bool AS current
+SELECT u.id::bigint AS id,
+       (f.id IS NOT NULL OR EXISTS (SELECT 1 FROM recorded_before r WHERE r.attempt_token = u.attempt_token))::bool AS current
 FROM u
 LEFT JOIN finished f ON f.attempt_token = u.attempt_token;
 
@@ -265,7 +292,7 @@ FROM notifier_resolve(@id::bigint, @final_state::text, @note::text, @operator::t
 
 -- name: TaskGet :one
 -- One task as the service knows it.
-SELECT id, notification_id, channel, state, attempt_count, max_attempts, attempt_token, lease_owner,
+SELECT id, notification_id, channel, ref, state, attempt_count, max_attempts, attempt_token, lease_owner,
        lease_until, next_attempt_at, outcome_uncertain, uncertain_since, needs_review, provider_msg_id,
        last_error, created_at, updated_at
 FROM delivery_task

@@ -1,21 +1,32 @@
--- name: NotificationInsert :one
--- Creates the logical notification unless (user_id, event_key) exists. Guards R1: the UNIQUE constraint,
--- not a prior SELECT, decides; a concurrent duplicate waits on the index and then inserts nothing, so
--- this returns no row (pgx.ErrNoRows) to every submitter but one.
-INSERT INTO notification (user_id, event_key, body, expires_at)
-VALUES (@user_id, @event_key, @body, now() + make_interval(secs => @ttl_seconds::float8))
-ON CONFLICT (user_id, event_key) DO NOTHING
-RETURNING id;
-
--- name: NotificationGetIDByUserEvent :one
--- Reads the notification that won the insert. Must run as a new statement (Read Committed) so it sees the
--- row committed by the concurrent winner, which the INSERT's own snapshot could not.
-SELECT id
-FROM notification
-WHERE user_id = @user_id AND event_key = @event_key;
-
 -- name: NotificationGet :one
 -- One notification, for operators and tests.
 SELECT id, user_id, event_key, body, created_at, expires_at
 FROM notification
 WHERE id = @id;
+
+-- name: NotificationInsert :many
+-- Creates the logical notifications of a batch of events (one for notifier create, up to thousands for
+-- create --jsonl), one per (user_id, event_key) that does not exist yet. Guards R1: the UNIQUE
+-- constraint, not a prior SELECT, decides; an event that exists (from before, from a concurrent
+-- submitter, whose insert this one waits for on the index, or earlier in this very batch) inserts
+-- nothing and returns no row, to every submitter but one. Rows go in (user_id, event_key) order, the first of equal
+-- keys first (its body wins), so that two batches lock shared keys in the same order and cannot
+-- deadlock on each other.
+INSERT INTO notification (user_id, event_key, body, expires_at)
+SELECT e.user_id, e.event_key, e.body, now() + make_interval(secs => e.ttl_seconds)
+FROM (SELECT unnest(@user_ids::text[]) AS user_id, unnest(@event_keys::text[]) AS event_key,
+             unnest(@bodies::text[]) AS body, unnest(@ttl_seconds::float8[]) AS ttl_seconds,
+             generate_series(1, cardinality(@user_ids::text[])) AS n) AS e
+ORDER BY e.user_id, e.event_key, e.n
+ON CONFLICT (user_id, event_key) DO NOTHING
+RETURNING id, user_id, event_key;
+
+-- name: NotificationListWithTasks :many
+-- The notifications and tasks of a batch's events that its insert did not create (they existed, or
+-- repeat an earlier line): a new statement, so it sees a concurrent winner's committed rows and this
+-- transaction's own. A notification without a task (no channel enabled) comes back once, with NULLs.
+SELECT n.id AS notification_id, n.user_id, n.event_key, t.id AS task_id, t.channel, t.ref
+FROM (SELECT DISTINCT unnest(@user_ids::text[]) AS user_id, unnest(@event_keys::text[]) AS event_key) AS e
+JOIN notification n ON n.user_id = e.user_id AND n.event_key = e.event_key
+LEFT JOIN delivery_task t ON t.notification_id = n.id
+ORDER BY n.id, t.channel;

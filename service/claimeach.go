@@ -2,30 +2,11 @@ package service
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/notifierhq/notifier/dbgen"
 )
-
-// refusedForRow reports whether the server refused a claim for what one of its locked tasks' rows
-// holds: a data exception (22), a constraint (23) or a PL/pgSQL exception (P0), such as an attempt row
-// that clashes with the task's next attempt number. Unlike a finish (rowFault), a deadlock or
-// serialization failure says nothing about a row here: the claim is simply tried again later.
-func refusedForRow(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
-		return false
-	}
-	switch pgErr.Code[:2] {
-	case "22", "23", "P0":
-		return true
-	}
-	return false
-}
 
 // claimEach claims again, one task per transaction, after a claim of the tasks in locked was refused
 // for what one of their rows holds (refused). Nothing of the refused claim was written, so the tasks
@@ -90,5 +71,5 @@ func (d *Dispatcher) setAside(ctx context.Context, t dbgen.TaskClaimRow, refused
 	}); err != nil {
 		return Result{}, fmt.Errorf("claim: %w (and setting task %d aside failed: %w)", refused, t.ID, err)
 	}
-	return Result{Kind: ResultSetAside, TaskID: t.ID, Channel: t.Channel, Detail: why}, nil
+	return Result{Kind: ResultSetAside, TaskID: t.ID, Channel: t.Channel, Detail: why, Err: refused}, nil
 }

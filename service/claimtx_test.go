@@ -32,7 +32,7 @@ func TestClaimTxWritesNothingWhenTheStatementBeforeCommitFails(t *testing.T) {
 		is.Equal(parked, int64(1)) // of the locked task
 		tx.commitWithNext()
 		_, err = q.TaskStartAttempts(ctx, dbgen.TaskStartAttemptsParams{
-			IDs: []int64{rows[0].ID}, OutcomeUncertain: []bool{false}, Actions: []string{"NOT-AN-ACTION"},
+			IDs: []int64{rows[0].ID}, AttemptTokens: []string{newToken()}, OutcomeUncertain: []bool{false}, Actions: []string{"NOT-AN-ACTION"},
 			Worker: "w-test", LeaseSeconds: 30,
 		})
 		return err
@@ -114,7 +114,7 @@ func TestPreludeCommitsAloneWhenTheClaimFails(t *testing.T) {
 		is.Equal(len(rows), 1) // the push task is locked
 		tx.commitWithNext()
 		_, err = q.TaskStartAttempts(ctx, dbgen.TaskStartAttemptsParams{
-			IDs: []int64{rows[0].ID}, OutcomeUncertain: []bool{false}, Actions: []string{"NOT-AN-ACTION"},
+			IDs: []int64{rows[0].ID}, AttemptTokens: []string{newToken()}, OutcomeUncertain: []bool{false}, Actions: []string{"NOT-AN-ACTION"},
 			Worker: "w-test", LeaseSeconds: 30,
 		})
 		return err
@@ -138,7 +138,7 @@ func TestFailedPreludeDoesNotStopTheClaim(t *testing.T) {
 	ctx, n, pool, ids := twoTasks(t)
 	bad := recordedPrelude(ctx, func(q *dbgen.Queries) error {
 		_, err := q.TaskStartAttempts(ctx, dbgen.TaskStartAttemptsParams{
-			IDs: []int64{ids[0]}, OutcomeUncertain: []bool{false}, Actions: []string{"NOT-AN-ACTION"},
+			IDs: []int64{ids[0]}, AttemptTokens: []string{newToken()}, OutcomeUncertain: []bool{false}, Actions: []string{"NOT-AN-ACTION"},
 			Worker: "w-test", LeaseSeconds: 30,
 		})
 		return err

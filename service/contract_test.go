@@ -19,7 +19,7 @@ func TestContractIdempotencyWindowParks(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	ref := service.Ref(id)
+	ref := e.ref(id)
 	e.push.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout, backoff: time.Second,
 		contracts: map[string]service.Contract{"push": {IdempotencyWindow: 500 * time.Millisecond}}})
@@ -38,7 +38,7 @@ func TestContractIdempotencyWindowResendsInside(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.push.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	e.push.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout,
 		contracts: map[string]service.Contract{"push": {IdempotencyWindow: time.Hour}}})
 	runOnce(t, d)
@@ -52,7 +52,7 @@ func TestContractQuerySettleKeepsUncertainty(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 4)[0].TaskID
-	ref := service.Ref(id)
+	ref := e.ref(id)
 	// A 409 leaves the outcome unknown without an acceptance, so the fake's query answers found=0: the
 	// answer a lagging query gives for a message it has not seen yet.
 	e.sms.ScriptSend(ref, fakes.Step{Status: 409})
@@ -88,7 +88,7 @@ func TestContractServerErrorsUncertain(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.sms.ScriptSend(service.Ref(id), fakes.Step{Status: 503})
+	e.sms.ScriptSend(e.ref(id), fakes.Step{Status: 503})
 	d := e.dispatcher(dcfg{contracts: map[string]service.Contract{"sms": {ServerErrorsUncertain: true}}})
 	is.Equal(runOnce(t, d).Kind, service.ResultUnknown) // uncertain
 	res := runNext(t, d)
@@ -103,7 +103,7 @@ func TestContractMaxInFlightAgeParks(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 10)[0].TaskID
-	ref := service.Ref(id)
+	ref := e.ref(id)
 	e.push.ScriptSend(ref, fakes.Step{Status: 409}, fakes.Step{Status: 409}, fakes.Step{Status: 409}, fakes.Step{Status: 409})
 	d := e.dispatcher(dcfg{backoff: 400 * time.Millisecond,
 		contracts: map[string]service.Contract{"push": {MaxInFlightAge: time.Second}}})
@@ -122,7 +122,7 @@ func TestContractTopicResend(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "none")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.none.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	e.none.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout,
 		contracts: map[string]service.Contract{"none": {ResendWithTopic: true}}})
 	is.Equal(runOnce(t, d).Kind, service.ResultUnknown) // not parked: a Topic resend is allowed
@@ -131,5 +131,5 @@ func TestContractTopicResend(t *testing.T) {
 	is.Equal(res.Kind, service.ResultSent)
 	history := e.attempts(id)
 	is.Equal(history[1].Action, service.ActionTopicResend) // recorded as TOPIC_RESEND
-	is.Equal(e.none.Outbound(service.Ref(id)), 2)          // the fake has no Topic: both copies went out
+	is.Equal(e.none.Outbound(e.ref(id)), 2)                // the fake has no Topic: both copies went out
 }

@@ -2,8 +2,10 @@ package service
 
 import (
 	"context"
+	cryptorand "crypto/rand"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -38,6 +40,13 @@ type DispatcherConfig struct {
 	// claim or finish: keep them short.
 	RateLimited func(channel string)
 	Paused      func(channel string, pause time.Duration, err error)
+	// FinishRetried, when set, is told each time a finish of this many attempts is about to be sent again
+	// after err (a broken connection, a failover: FinishBatch); try counts from 0. It runs on the
+	// finish's goroutine.
+	FinishRetried func(attempts, try int, err error)
+	// ClaimRecovered, when set, is told when a claim whose commit's answer was lost (err) turned out to
+	// have committed, and its attempts were recovered by their tokens.
+	ClaimRecovered func(attempts int, err error)
 }
 
 // Defaults for fields left zero.
@@ -128,6 +137,9 @@ type Result struct {
 	Outcome Outcome    `json:"outcome,omitempty"`
 	Token   string     `json:"token,omitempty"`
 	Detail  string     `json:"detail,omitempty"`
+	// Err is the database's refusal behind an UNRECORDED or SET_ASIDE result, as the driver returned it
+	// (errors.As finds its *pgconn.PgError); Detail is its text.
+	Err error `json:"-"`
 	// CallDuration is how long the channel call took (set by the worker; zero without a call).
 	CallDuration time.Duration `json:"-"`
 }
@@ -170,9 +182,21 @@ func (d *Dispatcher) claimBatch(ctx context.Context, limit int, pre *prelude) ([
 		return d.claimEach(ctx, limit, locked, err)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("claim: %w", err)
+		return nil, nil, d.failed("claim", err)
 	}
 	return attempts, settled, nil
+}
+
+// failed wraps a claim's error. A server that refused to write (SQLSTATE 25006) is a standby now, or
+// was never the primary: the pool's connections to it are discarded, so that the next statement
+// connects anew and, with target_session_attrs=read-write, finds the current primary. An error that a
+// connection pooler's configuration caused says so, with the fix (ExplainPooler).
+func (d *Dispatcher) failed(op string, err error) error {
+	if sqlState(err) == sqlStateReadOnly {
+		d.pool.Reset()
+		return refuseReadOnly(op, err)
+	}
+	return ExplainPooler(fmt.Errorf("%s: %w", op, err), d.pool.Config().ConnConfig.User)
 }
 
 // claimOnce runs one claim transaction for up to limit tasks. locked lists the rows TaskClaim locked,
@@ -180,6 +204,12 @@ func (d *Dispatcher) claimBatch(ctx context.Context, limit int, pre *prelude) ([
 func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (attempts []*Attempt, settled []Result, locked []dbgen.TaskClaimRow, err error) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.DBTimeout)
 	defer cancel()
+	var committing *claimRecovery // set once the COMMIT is on its way
+	defer func() {
+		if err != nil && committing != nil && transient(err) {
+			attempts, settled, err = d.recoverClaim(ctx, committing, err)
+		}
+	}()
 	err = inClaimTx(ctx, d.pool, pre, func(q *dbgen.Queries, tx *claimTx) error {
 		allowance, err := d.peekTokens(ctx, q)
 		if err != nil {
@@ -222,6 +252,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 			byID[row.ID] = row
 			if dec.Kind == ClaimCall {
 				start.IDs = append(start.IDs, row.ID)
+				start.AttemptTokens = append(start.AttemptTokens, newToken())
 				start.OutcomeUncertain = append(start.OutcomeUncertain, dec.Uncertain)
 				start.Actions = append(start.Actions, string(dec.Action))
 			}
@@ -243,9 +274,22 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 		if len(start.IDs) == 0 {
 			return nil
 		}
-		// The COMMIT travels with this statement and runs as soon as it succeeds: an error after this
-		// point leaves started attempts that nobody calls, recovered like a crash, by lease expiry.
+		// The COMMIT travels with this statement and runs as soon as it succeeds. When the answer is lost
+		// (the connection broke), the claim may have committed: recoverClaim asks by the tokens chosen here.
 		tx.commitWithNext()
+		attemptOf := func(s dbgen.TaskHeldByTokensRow) *Attempt {
+			row, dec := byID[s.ID], decisions[s.ID]
+			route := d.cfg.Routes[row.Channel]
+			return &Attempt{
+				TaskID: s.ID, Channel: row.Channel, Mode: route.Mode, Contract: route.Contract, No: int(s.AttemptCount),
+				MaxAttempts: int(row.MaxAttempts), Token: s.AttemptToken, Action: dec.Action,
+				PriorUncertain: dec.Uncertain, UncertainAge: seconds(row.UncertainAgeSeconds), claimed: claimed,
+				LeaseUntil: s.LeaseUntil,
+				Message: Message{Ref: row.Ref, IdempotencyKey: IdempotencyKey(row.Ref), To: row.Address, Body: row.Body,
+					ExpiresAt: row.ExpiresAt, Action: dec.Action},
+			}
+		}
+		committing = &claimRecovery{tokens: start.AttemptTokens, attemptOf: attemptOf}
 		started, err := q.TaskStartAttempts(ctx, start)
 		if err != nil {
 			return fmt.Errorf("start attempts: %w", err)
@@ -254,16 +298,8 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 			return fmt.Errorf("start attempts: %d of %d locked tasks started", len(started), len(start.IDs))
 		}
 		for _, s := range started {
-			row, dec := byID[s.ID], decisions[s.ID]
-			route := d.cfg.Routes[row.Channel]
-			attempts = append(attempts, &Attempt{
-				TaskID: s.ID, Channel: row.Channel, Mode: route.Mode, Contract: route.Contract, No: int(s.AttemptCount),
-				MaxAttempts: int(row.MaxAttempts), Token: s.AttemptToken, Action: dec.Action,
-				PriorUncertain: dec.Uncertain, UncertainAge: seconds(row.UncertainAgeSeconds), claimed: claimed,
-				LeaseUntil: s.LeaseUntil,
-				Message: Message{Ref: Ref(s.ID), IdempotencyKey: IdempotencyKey(s.ID), To: row.Address, Body: row.Body,
-					ExpiresAt: row.ExpiresAt, Action: dec.Action},
-			})
+			attempts = append(attempts, attemptOf(dbgen.TaskHeldByTokensRow{ID: s.ID, AttemptCount: s.AttemptCount,
+				LeaseUntil: s.LeaseUntil, AttemptToken: s.AttemptToken}))
 		}
 		return nil
 	})
@@ -271,6 +307,42 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 		return nil, nil, locked, err
 	}
 	return attempts, settled, locked, nil
+}
+
+// claimRecovery is what recoverClaim needs of a claim whose COMMIT was sent: the attempt tokens it
+// chose, and how to make an Attempt of a task found holding one.
+type claimRecovery struct {
+	tokens    []string
+	attemptOf func(dbgen.TaskHeldByTokensRow) *Attempt
+}
+
+// recoverClaim finds out whether a claim whose commit's answer was lost (claimErr, transient)
+// committed: the tasks that hold the tokens it chose are its own, under a live lease, and no call was
+// made for them yet, so they are handed back to be called. The claim's tasks settled without a call are
+// then written too; their results are not reported. When the claim did not commit, or the question
+// cannot be asked, the claim fails with claimErr as before, and a claim that committed unseen is
+// recovered after its lease, like a crash.
+func (d *Dispatcher) recoverClaim(ctx context.Context, c *claimRecovery, claimErr error) ([]*Attempt, []Result, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
+	defer cancel()
+	// The pool's other connections may have broken with the claim's (a failover, a restart): the
+	// question is asked again on a new one, a few times.
+	held, err := dbgen.New(d.pool).TaskHeldByTokens(ctx, c.tokens)
+	for try := 0; transient(err) && try < 3 && ctx.Err() == nil; try++ {
+		time.Sleep(finishRetryDelay(try))
+		held, err = dbgen.New(d.pool).TaskHeldByTokens(ctx, c.tokens)
+	}
+	if err != nil || len(held) == 0 {
+		return nil, nil, claimErr
+	}
+	attempts := make([]*Attempt, len(held))
+	for i, h := range held {
+		attempts[i] = c.attemptOf(h)
+	}
+	if d.cfg.ClaimRecovered != nil {
+		d.cfg.ClaimRecovered(len(attempts), claimErr)
+	}
+	return attempts, nil, nil
 }
 
 // lockDue locks up to limit due tasks of this worker's channels, one channel at a time (TaskClaim walks
@@ -393,14 +465,73 @@ func (d *Dispatcher) finishBatch(ctx context.Context, attempts []*Attempt, obs [
 	if err != nil {
 		return nil, err
 	}
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
-	defer cancel()
-	// One autocommit statement: the token-guarded task updates and the attempt rows they decide.
-	rows, err := dbgen.New(d.pool).TaskFinish(fctx, params)
+	rows, err := d.finish(ctx, attempts, params, nil)
 	if rowFault(err) {
 		return d.finishEach(ctx, attempts, params, results), nil
 	}
 	return finishResults(attempts, results, rows, err)
+}
+
+// finish runs TaskFinish, one autocommit statement: the token-guarded task updates and the attempt rows
+// they decide. A finish that failed transiently (a broken connection, a server restarting or failed
+// over: transient) may or may not have committed; TaskFinish is idempotent, so it is sent again, with
+// backoff, for as long as the attempts' leases leave time for it (finishDeadline). Only then are the
+// tasks left to lease expiry, as uncertain: without the retry a NONE-channel task whose call was
+// accepted would be parked for a human because the database blinked. A first failure that came from a
+// finish sent ahead of a claim (first) is retried the same way. The retries are not cancelled with ctx:
+// a stopping worker still records its answers.
+func (d *Dispatcher) finish(ctx context.Context, attempts []*Attempt, params dbgen.TaskFinishParams, err error) ([]dbgen.TaskFinishRow, error) {
+	deadline := finishDeadline(attempts, d.cfg.Lease)
+	var rows []dbgen.TaskFinishRow
+	if err == nil { // the first try goes whatever the lease: a superseded holder's finish keeps its late outcome
+		rows, err = d.finishTry(ctx, params, time.Now().Add(d.cfg.DBTimeout))
+	}
+	for try := 0; transient(err); try++ {
+		if sqlState(err) == sqlStateReadOnly {
+			d.pool.Reset() // a standby now: reconnect, to the new primary
+		}
+		wait := finishRetryDelay(try)
+		if time.Until(deadline) < wait+minFinishTry {
+			return nil, fmt.Errorf("%w (sent %d times; no time left before the lease runs out)", err, try+1)
+		}
+		if d.cfg.FinishRetried != nil {
+			d.cfg.FinishRetried(len(attempts), try, err)
+		}
+		time.Sleep(wait)
+		rows, err = d.finishTry(ctx, params, deadline)
+	}
+	return rows, err
+}
+
+// finishTry sends TaskFinish once, bounded by DBTimeout and the deadline.
+func (d *Dispatcher) finishTry(ctx context.Context, params dbgen.TaskFinishParams, deadline time.Time) ([]dbgen.TaskFinishRow, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(d.cfg.DBTimeout, time.Until(deadline)))
+	defer cancel()
+	return dbgen.New(d.pool).TaskFinish(ctx, params)
+}
+
+// minFinishTry is the least time worth a finish's try: less than this before the lease ends and the
+// tasks are left to lease expiry.
+const minFinishTry = 500 * time.Millisecond
+
+// finishDeadline is when the earliest lease of attempts ends, on this process's clock: the lease
+// started on the database clock during the claim, before the claim returned (claimed), so this is no
+// earlier than the real end, and a finish sent after it is fenced by the token (it reads STALE).
+func finishDeadline(attempts []*Attempt, lease time.Duration) time.Time {
+	var deadline time.Time
+	for _, a := range attempts {
+		if end := a.claimed.Add(lease); deadline.IsZero() || end.Before(deadline) {
+			deadline = end
+		}
+	}
+	return deadline
+}
+
+// finishRetryDelay is the wait before retry number try+1 of a finish: 100 ms doubled per retry, at most
+// 2 s, spread.
+func finishRetryDelay(try int) time.Duration {
+	d := 100 * time.Millisecond << min(try, 5)
+	return spread(min(d, 2*time.Second))
 }
 
 // Handoff is what FinishBatchThenClaim did: one batch finished, the next one claimed.
@@ -449,11 +580,15 @@ func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attem
 		h.Finished, h.FinishErr = d.finishBatch(ctx, attempts, obs)
 		return h
 	}
-	if rowFault(pre.err) {
+	err = pre.err
+	if transient(err) { // it may have committed: send it again (TaskFinish is idempotent)
+		rows, err = d.finish(ctx, attempts, params, err)
+	}
+	if rowFault(err) {
 		h.Finished = d.finishEach(ctx, attempts, params, results)
 		return h
 	}
-	h.Finished, h.FinishErr = finishResults(attempts, results, rows, pre.err)
+	h.Finished, h.FinishErr = finishResults(attempts, results, rows, err)
 	return h
 }
 
@@ -473,7 +608,7 @@ func (d *Dispatcher) finishParams(attempts []*Attempt, obs []Observation) (dbgen
 			Outcome: o.Outcome, Token: a.Token, Detail: o.Detail}
 		retry := -1.0
 		if t.Retry {
-			retry = max(d.cfg.Backoff.Delay(a.No, o.RetryAfter), t.NotBefore).Seconds()
+			retry = spread(max(d.cfg.Backoff.Delay(a.No, o.RetryAfter), t.NotBefore)).Seconds()
 		}
 		finish.IDs = append(finish.IDs, a.TaskID)
 		finish.AttemptTokens = append(finish.AttemptTokens, a.Token)
@@ -490,13 +625,13 @@ func (d *Dispatcher) finishParams(attempts []*Attempt, obs []Observation) (dbgen
 }
 
 // finishResults checks TaskFinish's rows against the attempts: an attempt whose token no longer held
-// is STALE.
+// is STALE. A failure that a connection pooler's configuration caused says so (ExplainPooler).
 func finishResults(attempts []*Attempt, results []Result, rows []dbgen.TaskFinishRow, err error) ([]Result, error) {
 	if err == nil && len(rows) != len(attempts) {
 		err = fmt.Errorf("%d rows for %d attempts", len(rows), len(attempts))
 	}
 	if err != nil {
-		return nil, fmt.Errorf("finish: %w", err)
+		return nil, ExplainPooler(fmt.Errorf("finish: %w", err), "")
 	}
 	current := make(map[int64]bool, len(rows))
 	for _, r := range rows {
@@ -540,4 +675,24 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return string(r[:n])
+}
+
+// spread lengthens a wait d by up to a quarter, at random, so that what waits together (a window's
+// retries after a provider's outage, the workers of a database that comes back) does not go again in
+// lockstep. Never shorter: a wait is at least what it was computed to be (a Retry-After, a settle
+// time). The same rule as the worker loop's polls and backoff (worker.spread).
+func spread(d time.Duration) time.Duration {
+	return d + time.Duration(rand.Float64()*float64(d)/4)
+}
+
+// newToken is a random attempt token (a version 4 UUID), chosen by the claimer: TaskStartAttempts sets
+// it, and TaskHeldByTokens finds the claim by it when the answer to its commit was lost.
+func newToken() string {
+	var b [16]byte
+	if _, err := cryptorand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails on Linux; a token must never repeat
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }

@@ -5,8 +5,10 @@
 // query code stays in dbgen; callers of this package see only domain types.
 package service
 
-// TaskRef names one delivery task of a notification.
+// TaskRef names one delivery task of a notification: its id here, and the reference the channel sees
+// (random, never reused; a provider's console or receipt shows it, as ntf-<ref> where a key is sent).
 type TaskRef struct {
 	TaskID  int64  `json:"task_id"`
 	Channel string `json:"channel"`
+	Ref     string `json:"ref"`
 }

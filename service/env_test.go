@@ -12,6 +12,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/internal/seedcase"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
@@ -273,3 +274,28 @@ var finishHistory = []string{
 }
 
 var _ = is.New
+
+// ref is a task's channel reference (random, stored with the task: schema/016), what the fakes file its
+// requests under.
+func (e *env) ref(taskID int64) string {
+	e.t.Helper()
+	task, err := e.n.Task(e.ctx, taskID)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return task.Ref
+}
+
+// checkSeed holds a seed case's task to the case's expected end (testdata/seed/traces.json), with what
+// fake counted under its reference.
+func (e *env) checkSeed(name string, taskID int64, fake *fakes.Channel) {
+	e.t.Helper()
+	task := e.task(taskID)
+	got := seedcase.Got{State: string(task.State), Parked: task.NeedsReview,
+		Sends: fake.Sends(task.Ref), Queries: fake.Queries(task.Ref), Outbound: fake.Outbound(task.Ref)}
+	for _, a := range e.attempts(taskID) {
+		got.Outcomes = append(got.Outcomes, string(a.Outcome))
+		got.LateOutcomes = append(got.LateOutcomes, string(a.LateOutcome))
+	}
+	seedcase.Check(e.t, name, got)
+}

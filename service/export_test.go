@@ -7,6 +7,7 @@ package service
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // RunOnce claims one due task, calls its channel outside any transaction, and records the result.
@@ -70,4 +71,15 @@ func (d *Dispatcher) Finish(ctx context.Context, a *Attempt, obs Observation) (R
 		return Result{}, err
 	}
 	return results[0], nil
+}
+
+// FinishBatchOnce is FinishBatch without the retry of a finish lost to a broken connection: one try,
+// as before the finish was idempotent. The negative control of that retry.
+func (d *Dispatcher) FinishBatchOnce(ctx context.Context, attempts []*Attempt, obs []Observation) ([]Result, error) {
+	params, results, err := d.finishParams(attempts, obs)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := d.finishTry(ctx, params, time.Now().Add(d.cfg.DBTimeout))
+	return finishResults(attempts, results, rows, err)
 }

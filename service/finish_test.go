@@ -72,7 +72,7 @@ func TestFinishWaitingOnTakeoverRecordsLate(t *testing.T) {
 	is.NoErr(err)
 	is.Equal(closed, int64(1)) // the old attempt is closed in the claim's transaction
 	started, err := q.TaskStartAttempts(e.ctx, dbgen.TaskStartAttemptsParams{Worker: "w-new", LeaseSeconds: 60,
-		IDs: []int64{id}, OutcomeUncertain: []bool{true}, Actions: []string{string(service.ActionSend)}})
+		IDs: []int64{id}, AttemptTokens: []string{"00000000-0000-4000-8000-00000000beef"}, OutcomeUncertain: []bool{true}, Actions: []string{string(service.ActionSend)}})
 	is.NoErr(err)
 	is.Equal(len(started), 1) // the new holder has its token
 

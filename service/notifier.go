@@ -62,7 +62,7 @@ func (n *Notifier) SetPreference(ctx context.Context, userID, channel, address s
 	}
 	row, err := n.q.PrefUpsert(ctx, dbgen.PrefUpsertParams{UserID: userID, Channel: channel, Address: address, Enabled: enabled})
 	if err != nil {
-		return Preference{}, needsRole("set preference", RoleCreator, fmt.Errorf("set preference: %w", err))
+		return Preference{}, n.refused("set preference", RoleCreator, fmt.Errorf("set preference: %w", err))
 	}
 	return Preference(row), nil
 }
@@ -75,52 +75,11 @@ func (n *Notifier) Create(ctx context.Context, userID, eventKey, body string, tt
 	if err := ValidateCreate(userID, eventKey, body, ttl, maxAttempts); err != nil {
 		return 0, false, nil, err
 	}
-	var (
-		id      int64
-		created bool
-		tasks   []TaskRef
-	)
-	err := inTx(ctx, n.pool, func(q *dbgen.Queries) error {
-		var err error
-		id, err = q.NotificationInsert(ctx, dbgen.NotificationInsertParams{
-			UserID: userID, EventKey: eventKey, Body: body, TTLSeconds: ttl.Seconds(),
-		})
-		switch {
-		case err == nil:
-			created = true
-			rows, err := q.TaskInsertForEnabledPrefs(ctx, dbgen.TaskInsertForEnabledPrefsParams{
-				NotificationID: id, MaxAttempts: int32(maxAttempts), UserID: userID,
-			})
-			if err != nil {
-				return fmt.Errorf("insert tasks: %w", err)
-			}
-			tasks = make([]TaskRef, len(rows))
-			for i, r := range rows {
-				tasks[i] = TaskRef{TaskID: r.ID, Channel: r.Channel}
-			}
-			return nil
-		case errors.Is(err, pgx.ErrNoRows):
-			// Someone else's insert won. A new statement sees their committed row.
-			if id, err = q.NotificationGetIDByUserEvent(ctx, dbgen.NotificationGetIDByUserEventParams{UserID: userID, EventKey: eventKey}); err != nil {
-				return fmt.Errorf("read existing notification: %w", err)
-			}
-			rows, err := q.TaskListByNotification(ctx, id)
-			if err != nil {
-				return fmt.Errorf("read existing tasks: %w", err)
-			}
-			tasks = make([]TaskRef, len(rows))
-			for i, r := range rows {
-				tasks[i] = TaskRef{TaskID: r.ID, Channel: r.Channel}
-			}
-			return nil
-		default:
-			return fmt.Errorf("insert notification: %w", err)
-		}
-	})
+	out, err := n.create(ctx, []CreateRequest{{UserID: userID, EventKey: eventKey, Body: body, TTL: ttl, MaxAttempts: maxAttempts}})
 	if err != nil {
-		return 0, false, nil, needsRole("create", RoleCreator, fmt.Errorf("create: %w", err))
+		return 0, false, nil, err
 	}
-	return id, created, tasks, nil
+	return out[0].NotificationID, out[0].Created, out[0].Tasks, nil
 }
 
 // ValidateCreate checks Create's input without touching the database.
@@ -156,7 +115,7 @@ func (n *Notifier) ResolveManually(ctx context.Context, taskID int64, final Stat
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil
 	case err != nil:
-		return false, needsRole("resolve", RoleOperator, fmt.Errorf("resolve task %d: %w", taskID, err))
+		return false, n.refused("resolve", RoleOperator, fmt.Errorf("resolve task %d: %w", taskID, err))
 	}
 	return true, nil
 }

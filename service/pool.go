@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -32,6 +33,29 @@ func ConfigureWorkerConn(cfg *pgx.ConnConfig) {
 		cfg.RuntimeParams = map[string]string{}
 	}
 	cfg.RuntimeParams["plan_cache_mode"] = WorkerPlanCacheMode
+}
+
+// PlanCacheModeWarning reads the plan_cache_mode a worker's session runs with and, when the pool asks
+// for WorkerPlanCacheMode (ConfigureWorkerConn) and the session runs with something else, says why and
+// what to do; "" when the session runs as asked. Behind PgBouncer the startup parameter is dropped
+// (ignore_startup_parameters), and only the login role's own setting applies: a setting on a group role
+// such as notifier_worker does not reach its members.
+func PlanCacheModeWarning(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	cfg := pool.Config().ConnConfig
+	if cfg.RuntimeParams["plan_cache_mode"] != WorkerPlanCacheMode {
+		return "", nil
+	}
+	mode, err := dbgen.New(pool).SessionPlanCacheMode(ctx)
+	if err != nil {
+		return "", fmt.Errorf("read the session's plan_cache_mode: %w", err)
+	}
+	if mode == WorkerPlanCacheMode {
+		return "", nil
+	}
+	return fmt.Sprintf("the database session runs with plan_cache_mode = %s, not %s: a connection pooler dropped the startup parameter "+
+		"(PgBouncer's ignore_startup_parameters), and the server may plan the claim and the finish on every call; "+
+		"set it on the login role: ALTER ROLE %s SET plan_cache_mode = %s (a group role's setting does not apply to its members; %s)",
+		mode, WorkerPlanCacheMode, pgx.Identifier{cfg.User}.Sanitize(), WorkerPlanCacheMode, poolerDocs), nil
 }
 
 // MaxPoolShare is the largest part of the server's connections one worker process may take: a quarter
@@ -89,4 +113,55 @@ func parseConfigReason(err error, conn string) string {
 		why += ": " + redact.Error(inner)
 	}
 	return redact.Scrub(why, conn)
+}
+
+// WaitForDatabase connects pool's first connection, retrying while no server accepts it (a failover in
+// progress: with target_session_attrs=read-write no host is the primary yet; a server starting up or
+// unreachable), with backoff from 250 ms doubling to 5 s, for at most wait; retrying is called before
+// each wait. A server that answers but refuses us (authentication, an unknown database or role) is not
+// retried: that needs a person. Returns the last error when wait runs out.
+func WaitForDatabase(ctx context.Context, pool *pgxpool.Pool, wait time.Duration, retrying func(err error, next time.Duration)) error {
+	deadline := time.Now().Add(wait)
+	delay := 250 * time.Millisecond
+	for {
+		pctx, cancel := context.WithTimeout(ctx, max(time.Second, min(DefaultDBTimeout, time.Until(deadline))))
+		err := pool.Ping(pctx)
+		cancel()
+		if err == nil || !unreachable(err) || ctx.Err() != nil {
+			return err
+		}
+		next := spread(delay)
+		if wait <= 0 {
+			return err
+		}
+		if time.Until(deadline) < next {
+			return fmt.Errorf("no database server accepted a connection for %s: %w", wait.Round(time.Second), err)
+		}
+		if retrying != nil {
+			retrying(err, next)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(next):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+// unreachable reports whether a connection failed for want of a server that takes it: refused, timed
+// out, a host that does not resolve, a server starting up or shutting down (57P03, 57P01), or no host
+// of the URL acceptable (target_session_attrs). Not when a server answered and refused us: invalid
+// authorization (28), an unknown database (3D), a missing privilege (42), or a startup parameter a
+// pooler does not pass on (refusedStartupParameter).
+func unreachable(err error) bool {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) || refusedStartupParameter(err) != "" { // a pooler that answered and refused us
+		return false
+	}
+	switch sqlClass(err) {
+	case "28", "3D", "42":
+		return false
+	}
+	return true
 }

@@ -382,8 +382,8 @@ func TestRateLimit429PausesEveryWorker(t *testing.T) {
 			smsID = task.TaskID
 		}
 	}
-	e.push.ScriptSend(service.Ref(pushID), fakes.Step{Status: 429, RetryAfter: "2"})
-	e.sms.ScriptSend(service.Ref(smsID), fakes.Step{Status: 429, RetryAfter: "2"})
+	e.push.ScriptSend(e.ref(pushID), fakes.Step{Status: 429, RetryAfter: "2"})
+	e.sms.ScriptSend(e.ref(smsID), fakes.Step{Status: 429, RetryAfter: "2"})
 	type pause struct {
 		channel string
 		pause   time.Duration
@@ -488,7 +488,7 @@ func TestRateLimitPauseWithoutRetryAfter(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.push.ScriptSend(service.Ref(id), fakes.Step{Status: 429})
+	e.push.ScriptSend(e.ref(id), fakes.Step{Status: 429})
 	d := e.dispatcher(dcfg{rateLimits: map[string]service.RateLimit{"push": {PerSecond: 100, Burst: 100}}})
 	is.Equal(runOnce(t, d).Outcome, service.OutcomeThrottled)
 	is.Equal(e.bucket("push").pause, service.DefaultThrottlePause.Seconds()) // 1 s

@@ -18,6 +18,7 @@ type Task struct {
 	ID               int64      `json:"task_id"`
 	NotificationID   int64      `json:"notification_id"`
 	Channel          string     `json:"channel"`
+	Ref              string     `json:"ref"`
 	State            State      `json:"state"`
 	AttemptCount     int        `json:"attempt_count"`
 	MaxAttempts      int        `json:"max_attempts"`
@@ -56,7 +57,7 @@ func (n *Notifier) Task(ctx context.Context, id int64) (Task, error) {
 		return Task{}, fmt.Errorf("read task %d: %w", id, err)
 	}
 	return Task{
-		ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, State: State(r.State),
+		ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, Ref: r.Ref, State: State(r.State),
 		AttemptCount: int(r.AttemptCount), MaxAttempts: int(r.MaxAttempts), LeaseOwner: deref(r.LeaseOwner),
 		LeaseUntil: r.LeaseUntil, NextAttemptAt: r.NextAttemptAt, OutcomeUncertain: r.OutcomeUncertain, UncertainSince: r.UncertainSince,
 		NeedsReview: r.NeedsReview, ProviderMsgID: deref(r.ProviderMsgID), LastError: deref(r.LastError), UpdatedAt: r.UpdatedAt,
@@ -231,6 +232,15 @@ type Status struct {
 	Receipts []ReceiptCount `json:"receipts"`
 	// RateLimits are the channels' rate-limit buckets (schema/014), as they stand now.
 	RateLimits []Bucket `json:"rate_limits"`
+	// Database is the server's standing: whether commits wait for a standby.
+	Database StandingReport `json:"database"`
+}
+
+// StandingReport is a ServerStanding with what follows from it.
+type StandingReport struct {
+	ServerStanding
+	Durability Durability `json:"durability"`
+	Warnings   []string   `json:"warnings,omitempty"`
 }
 
 // ReceiptCount is the number of receipts of one kind that had one effect.
@@ -277,6 +287,11 @@ func (n *Notifier) status(ctx context.Context) (Status, error) {
 	if s.RateLimits, err = n.RateLimits(ctx); err != nil {
 		return Status{}, err
 	}
+	standing, err := n.Standing(ctx)
+	if err != nil {
+		return Status{}, err
+	}
+	s.Database = StandingReport{ServerStanding: standing, Durability: standing.Durability(), Warnings: standing.Warnings()}
 	return s, nil
 }
 

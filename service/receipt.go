@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -49,8 +47,8 @@ type Receipt struct {
 	EventID       string      // the provider's id of this event: a replay of it is recorded once
 	Kind          ReceiptKind //
 	HardBounce    bool        // with ReceiptBounced: the address is gone for good
-	TaskID        int64       // from our reference (ntf-task-<id>); 0 when the receipt carries none
-	ProviderMsgID string      // the provider's message id, when given (matched when TaskID is 0)
+	Ref           string      // our reference of the task (ParseRef), when the receipt carries it back
+	ProviderMsgID string      // the provider's message id, when given (matched when Ref is empty)
 	OccurredAt    time.Time   // the provider's time of the event; zero when not given
 	Detail        string      // a short description, for the receipt row
 }
@@ -70,21 +68,6 @@ var (
 	ErrAmbiguousReference = errors.New("the receipt's message id belongs to more than one task")
 )
 
-// ParseRef reads our reference of a task as a receipt carries it back: the idempotency key
-// (ntf-task-<id>) or the channel reference (task-<id>).
-func ParseRef(s string) (int64, bool) {
-	s = strings.TrimPrefix(strings.TrimSpace(s), "ntf-")
-	digits, ok := strings.CutPrefix(s, "task-")
-	if !ok {
-		return 0, false
-	}
-	id, err := strconv.ParseInt(digits, 10, 64)
-	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != digits {
-		return 0, false
-	}
-	return id, true
-}
-
 // ValidateReceipt checks a receipt before anything is written.
 func ValidateReceipt(r Receipt) error {
 	switch r.Source {
@@ -103,7 +86,12 @@ func ValidateReceipt(r Receipt) error {
 	if err := checkPrintable("receipt event id", r.EventID, MaxIDLength); err != nil {
 		return err
 	}
-	if r.TaskID <= 0 && r.ProviderMsgID == "" {
+	if r.Ref != "" {
+		if _, ok := ParseRef(r.Ref); !ok {
+			return &InputError{Field: "receipt reference", Reason: fmt.Sprintf("%q is not a reference of ours", r.Ref)}
+		}
+	}
+	if r.Ref == "" && r.ProviderMsgID == "" {
 		return &InputError{Field: "receipt", Reason: "it carries neither our reference nor the provider's message id"}
 	}
 	if r.ProviderMsgID != "" {
@@ -181,7 +169,7 @@ func (n *Notifier) RecordReceipt(ctx context.Context, r Receipt, disableOnBounce
 		return ReceiptResult{TaskID: res.TaskID, Duplicate: true}, nil
 	}
 	if err != nil {
-		return ReceiptResult{}, fmt.Errorf("record receipt %s %s: %w", r.Source, r.EventID, err)
+		return ReceiptResult{}, n.refused("record receipt", RoleReceiver, fmt.Errorf("record receipt %s %s: %w", r.Source, r.EventID, err))
 	}
 	return res, nil
 }
@@ -190,8 +178,16 @@ var errDuplicateReceipt = errors.New("receipt already recorded")
 
 // matchReceipt finds the task a receipt is about.
 func matchReceipt(ctx context.Context, q *dbgen.Queries, r Receipt) (int64, error) {
-	if r.TaskID > 0 {
-		return r.TaskID, nil // an unknown id is refused by notifier_apply_receipt, which finds no task
+	if r.Ref != "" {
+		ref, _ := ParseRef(r.Ref) // checked by ValidateReceipt
+		id, err := q.ReceiptTaskByRef(ctx, ref)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return 0, ErrUnknownReference
+		case err != nil:
+			return 0, fmt.Errorf("match: %w", err)
+		}
+		return id, nil
 	}
 	ids, err := q.ReceiptTasksByProviderMsgID(ctx, r.ProviderMsgID)
 	switch {

@@ -15,8 +15,14 @@ import (
 	"github.com/notifierhq/notifier/service"
 )
 
-func delivered(taskID int64, event string) service.Receipt {
-	return service.Receipt{Source: service.ReceiptSourceStandardWebhooks, EventID: event, Kind: service.ReceiptDelivered, TaskID: taskID}
+// delivered is a provider's delivery receipt for a task, carrying the task's reference back.
+func (e *env) delivered(taskID int64, event string) service.Receipt {
+	e.t.Helper()
+	return deliveredRef(e.ref(taskID), event)
+}
+
+func deliveredRef(ref, event string) service.Receipt {
+	return service.Receipt{Source: service.ReceiptSourceStandardWebhooks, EventID: event, Kind: service.ReceiptDelivered, Ref: ref}
 }
 
 func (e *env) record(r service.Receipt) service.ReceiptResult {
@@ -47,7 +53,7 @@ func TestReceiptWhileTheHolderCalls(t *testing.T) {
 	a, _, err := d.Claim(e.ctx)
 	is.NoErr(err)
 	is.True(a != nil) // the holder claimed; its call is under way
-	res := e.record(delivered(id, "evt-1"))
+	res := e.record(e.delivered(id, "evt-1"))
 	is.Equal(res.Effect, service.ReceiptNoted) // noted: the holder decides
 	is.Equal(e.task(id).State, service.StateSending)
 	fin, err := d.Finish(e.ctx, a, d.Call(e.ctx, a))
@@ -66,11 +72,11 @@ func TestReceiptAfterTheTimeoutSettles(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.push.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	e.push.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
 	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout) // accepted, answer lost
 	is.Equal(e.task(id).State, service.StateUnknown)
-	res := e.record(delivered(id, "evt-1"))
+	res := e.record(e.delivered(id, "evt-1"))
 	is.Equal(res.Effect, service.ReceiptSettled) // settled by the receipt
 	task := e.task(id)
 	is.Equal(task.State, service.StateSent)
@@ -82,7 +88,7 @@ func TestReceiptAfterTheTimeoutSettles(t *testing.T) {
 	is.NoErr(err)
 	is.True(held == nil) // no resend
 	is.Equal(none.Kind, service.ResultNothing)
-	is.Equal(e.push.Sends(service.Ref(id)), 1) // one request on the wire
+	is.Equal(e.push.Sends(e.ref(id)), 1) // one request on the wire
 }
 
 // After parking: a NONE channel parked the task for a human; the receipt settles it instead.
@@ -90,7 +96,7 @@ func TestReceiptAfterParkingSettles(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	id := secParked(t, e, "u1", "e1")
-	res := e.record(delivered(id, "evt-1"))
+	res := e.record(e.delivered(id, "evt-1"))
 	is.Equal(res.Effect, service.ReceiptSettled)
 	task := e.task(id)
 	is.Equal(task.State, service.StateSent) // no longer waiting for a human
@@ -112,10 +118,10 @@ func TestReceiptNeverMovesAFinalState(t *testing.T) {
 		is.NoErr(err)
 		is.True(changed)
 	}
-	res := e.record(delivered(failed, "evt-f"))
+	res := e.record(e.delivered(failed, "evt-f"))
 	is.Equal(res.Effect, service.ReceiptContradicts)    // FAILED, but the provider had it
 	is.Equal(e.task(failed).State, service.StateFailed) // final
-	res = e.record(delivered(sent, "evt-s"))
+	res = e.record(e.delivered(sent, "evt-s"))
 	is.Equal(res.Effect, service.ReceiptUnchanged)  // SENT already
 	is.Equal(e.task(sent).State, service.StateSent) // final
 	is.Equal(len(e.attempts(failed)), 2)            // no attempt added to either
@@ -132,11 +138,11 @@ func TestReceiptTwiceAndOutOfOrder(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	id := secParked(t, e, "u1", "e1")
-	first := e.record(delivered(id, "evt-1"))
+	first := e.record(e.delivered(id, "evt-1"))
 	is.Equal(first.Effect, service.ReceiptSettled)
-	again := e.record(delivered(id, "evt-1"))
+	again := e.record(e.delivered(id, "evt-1"))
 	is.True(again.Duplicate) // the same event: nothing more
-	accepted := delivered(id, "evt-0")
+	accepted := e.delivered(id, "evt-0")
 	accepted.Kind = service.ReceiptAccepted
 	late := e.record(accepted)
 	is.Equal(late.Effect, service.ReceiptUnchanged)                                              // the earlier event, arriving later
@@ -148,7 +154,7 @@ func TestReceiptTwiceAndOutOfOrder(t *testing.T) {
 func TestReceiptForAnUnknownTask(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	_, err := e.n.RecordReceipt(e.ctx, delivered(424242, "evt-1"), false)
+	_, err := e.n.RecordReceipt(e.ctx, deliveredRef("task-424242", "evt-1"), false)
 	is.True(errors.Is(err, service.ErrUnknownReference)) // unknown reference
 	byID := service.Receipt{Source: service.ReceiptSourceTwilio, EventID: "SM1:delivered", Kind: service.ReceiptDelivered, ProviderMsgID: "SM1"}
 	_, err = e.n.RecordReceipt(e.ctx, byID, false)
@@ -171,14 +177,14 @@ func TestNotedReceiptSettlesAfterTheHolder(t *testing.T) {
 	for _, ch := range []string{"none", "push"} {
 		id := byChannel[ch]
 		fake := map[string]*fakes.Channel{"push": e.push, "none": e.none}[ch]
-		fake.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+		fake.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	}
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
 	attempts, _, err := d.ClaimBatch(e.ctx, 2)
 	is.NoErr(err)
 	is.Equal(len(attempts), 2) // both held
 	for _, tr := range tasks {
-		is.Equal(e.record(delivered(tr.TaskID, "evt-"+tr.Channel)).Effect, service.ReceiptNoted)
+		is.Equal(e.record(e.delivered(tr.TaskID, "evt-"+tr.Channel)).Effect, service.ReceiptNoted)
 	}
 	results, err := d.FinishBatch(e.ctx, attempts, d.CallAll(e.ctx, attempts))
 	is.NoErr(err)
@@ -190,9 +196,9 @@ func TestNotedReceiptSettlesAfterTheHolder(t *testing.T) {
 
 	claim := runNext(t, d)
 	is.Equal(claim.TaskID, byChannel["push"])
-	is.Equal(claim.Kind, service.ResultSent)             // settled at claim
-	is.Equal(claim.Action, service.ActionReceipt)        // by the receipt
-	is.Equal(e.push.Sends(service.Ref(claim.TaskID)), 1) // not resent
+	is.Equal(claim.Kind, service.ResultSent)       // settled at claim
+	is.Equal(claim.Action, service.ActionReceipt)  // by the receipt
+	is.Equal(e.push.Sends(e.ref(claim.TaskID)), 1) // not resent
 	settled, err := e.n.SweepReceipts(e.ctx, 10)
 	is.NoErr(err)
 	is.Equal(settled, 1)                                         // the parked one
@@ -205,7 +211,7 @@ func TestHardBounceDisablesThePreference(t *testing.T) {
 	e := newEnv(t)
 	id := secParked(t, e, "u1", "e1")
 	bounce := service.Receipt{Source: service.ReceiptSourceStandardWebhooks, EventID: "evt-b", Kind: service.ReceiptBounced,
-		HardBounce: true, TaskID: id}
+		HardBounce: true, Ref: e.ref(id)}
 	res, err := e.n.RecordReceipt(e.ctx, bounce, true)
 	is.NoErr(err)
 	is.True(res.PrefDisabled) // switched off
@@ -218,13 +224,13 @@ func TestPruneTakesReceiptsWithTheirTask(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	settled := secParked(t, e, "u1", "e1")
-	e.record(delivered(settled, "evt-settled"))
+	e.record(e.delivered(settled, "evt-settled"))
 	e.user("u2", "push")
 	held := e.create("u2", "e2", time.Hour, 3)[0].TaskID
 	a, _, err := e.dispatcher(dcfg{}).Claim(e.ctx)
 	is.NoErr(err)
 	is.Equal(a.TaskID, held)
-	e.record(delivered(held, "evt-held")) // noted: the task is still SENDING
+	e.record(e.delivered(held, "evt-held")) // noted: the task is still SENDING
 	e.backdate(settled, held)
 	st, err := e.n.Prune(e.ctx, 24*time.Hour, 100, 0)
 	is.NoErr(err)

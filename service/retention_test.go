@@ -76,16 +76,16 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 	sentA := e.create("two", "sent-a", time.Hour, 3) // push + sms, both SENT
 	sentB := e.create("two", "sent-b", time.Hour, 3)
 	failed := e.create("p", "failed", time.Hour, 3)[0]
-	e.push.ScriptSend(service.Ref(failed.TaskID), fakes.Step{Status: 400}) // REJECTED -> FAILED
+	e.push.ScriptSend(e.ref(failed.TaskID), fakes.Step{Status: 400}) // REJECTED -> FAILED
 	unknown := e.create("p", "unknown", time.Hour, 3)[0]
-	e.push.ScriptSend(service.Ref(unknown.TaskID), fakes.Step{Status: 409}) // IN_FLIGHT -> UNKNOWN, retry in an hour
+	e.push.ScriptSend(e.ref(unknown.TaskID), fakes.Step{Status: 409}) // IN_FLIGHT -> UNKNOWN, retry in an hour
 	parked := e.create("n", "parked", time.Hour, 3)[0]
-	e.none.ScriptSend(service.Ref(parked.TaskID), fakes.Step{Status: 409}) // IN_FLIGHT on NONE -> parked
-	mixed := e.create("mixed", "mixed", time.Hour, 3)                      // push SENT, none parked
+	e.none.ScriptSend(e.ref(parked.TaskID), fakes.Step{Status: 409}) // IN_FLIGHT on NONE -> parked
+	mixed := e.create("mixed", "mixed", time.Hour, 3)                // push SENT, none parked
 	if mixed[0].Channel == "none" {
 		mixed[0], mixed[1] = mixed[1], mixed[0]
 	}
-	e.none.ScriptSend(service.Ref(mixed[1].TaskID), fakes.Step{Status: 409})
+	e.none.ScriptSend(e.ref(mixed[1].TaskID), fakes.Step{Status: 409})
 	drain(t, d)
 
 	e.user("s", "push")

@@ -36,6 +36,18 @@ func (e *PermissionError) Is(target error) bool { return target == ErrPermission
 
 func (e *PermissionError) Unwrap() error { return e.Err }
 
+// refused is err as a command reports it: a *PermissionError naming the role op needs (needsRole), a
+// *ReadOnlyError when the server is not the primary (refuseReadOnly: the pool's connections to it are
+// discarded, so that a long-running command reconnects, to the new primary after a failover), or err
+// unchanged.
+func (n *Notifier) refused(op, role string, err error) error {
+	err = refuseReadOnly(op, needsRole(op, role, err))
+	if errors.Is(err, ErrReadOnly) {
+		n.pool.Reset()
+	}
+	return err
+}
+
 // needsRole turns the database's insufficient_privilege (no grant, or a row-level security policy that
 // refused the row) into a *PermissionError naming the role op needs; any other error passes unchanged.
 func needsRole(op, role string, err error) error {

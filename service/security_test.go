@@ -217,7 +217,7 @@ func secParked(t *testing.T, e *env, user, key string) int64 {
 		t.Fatal(err)
 	}
 	id := e.create(user, key, time.Hour, 3)[0].TaskID
-	e.none.ScriptSend(service.Ref(id), fakes.Step{Status: 409})
+	e.none.ScriptSend(e.ref(id), fakes.Step{Status: 409})
 	is.Equal(runOnce(t, e.dispatcher(dcfg{})).Kind, service.ResultParked) // 409 on a NONE channel: parked
 	task := e.task(id)
 	is.True(task.State == service.StateUnknown && task.NeedsReview) // UNKNOWN, waiting for a human
@@ -323,8 +323,8 @@ func TestAttemptDeleteOnlyForTerminalTasks(t *testing.T) {
 	}
 
 	// UNKNOWN waiting for a retry: push answers 409 (in flight) and has budget left.
-	e.push.ScriptSend(service.Ref(byChannel["push"]), fakes.Step{Status: 409})
-	e.sms.ScriptSend(service.Ref(byChannel["sms"]), fakes.Step{Status: 503})
+	e.push.ScriptSend(e.ref(byChannel["push"]), fakes.Step{Status: 409})
+	e.sms.ScriptSend(e.ref(byChannel["sms"]), fakes.Step{Status: 503})
 	d := e.dispatcher(dcfg{backoff: time.Hour})
 	kinds := map[service.ResultKind]bool{runOnce(t, d).Kind: true, runOnce(t, d).Kind: true}
 	is.Equal(kinds, map[service.ResultKind]bool{service.ResultUnknown: true, service.ResultPending: true}) // one UNKNOWN, one PENDING
@@ -474,7 +474,7 @@ func TestWorkerRoleRunsTheProtocol(t *testing.T) {
 	// Finish-time park: a 409 on a NONE channel (TaskFinish with needs_review).
 	e.user("u2", "none")
 	parkedAtFinish := e.create("u2", "e4", time.Hour, 3)[0].TaskID
-	e.none.ScriptSend(service.Ref(parkedAtFinish), fakes.Step{Status: 409})
+	e.none.ScriptSend(e.ref(parkedAtFinish), fakes.Step{Status: 409})
 	is.Equal(runOnce(t, d).Kind, service.ResultParked)
 	is.True(e.task(parkedAtFinish).NeedsReview)
 
@@ -668,7 +668,7 @@ func TestRolesEndToEnd(t *testing.T) {
 	is.Equal(len(tasks), 3)
 	for _, tk := range tasks {
 		if tk.Channel == "none" {
-			e.none.ScriptSend(service.Ref(tk.TaskID), fakes.Step{Status: 409})
+			e.none.ScriptSend(e.ref(tk.TaskID), fakes.Step{Status: 409})
 		}
 	}
 	d := secDispatcher(t, e, worker, dcfg{})

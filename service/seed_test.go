@@ -217,10 +217,10 @@ func TestNC1ClaimWithoutLock(t *testing.T) {
 	client, err := httpchannel.New(e.sms.URL(), httpchannel.Options{})
 	is.NoErr(err)
 	for range 2 { // each claimer calls the channel
-		msg := service.Message{Ref: service.Ref(unguarded), IdempotencyKey: service.IdempotencyKey(unguarded), To: "x", Body: "b"}
+		msg := service.Message{Ref: e.ref(unguarded), IdempotencyKey: service.IdempotencyKey(e.ref(unguarded)), To: "x", Body: "b"}
 		is.Equal(client.Send(e.ctx, msg).Outcome, service.OutcomeAccepted)
 	}
-	is.Equal(e.sms.Outbound(service.Ref(unguarded)), 2) // damage: the task went out twice
+	is.Equal(e.sms.Outbound(e.ref(unguarded)), 2) // damage: the task went out twice
 }
 
 func TestT1IdempotentResendAfterTimeout(t *testing.T) {
@@ -228,7 +228,7 @@ func TestT1IdempotentResendAfterTimeout(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.push.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	e.push.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
 	first := runOnce(t, d)
 	is.Equal(first.Outcome, service.OutcomeTimeout) // the response did not come back in time
@@ -236,12 +236,9 @@ func TestT1IdempotentResendAfterTimeout(t *testing.T) {
 	task := e.task(id)
 	is.True(task.OutcomeUncertain) // recorded as uncertain
 	second := runNext(t, d)
-	is.Equal(second.Action, service.ActionSend)                                               // IDEMPOTENT: resend
-	is.Equal(second.Kind, service.ResultSent)                                                 // SENT
-	is.Equal(e.outcomes(id), outcomes(service.OutcomeTimeout, service.OutcomeAcceptedReplay)) // [TIMEOUT, ACCEPTED_REPLAY]
-	is.Equal(e.push.Sends(service.Ref(id)), 2)                                                // the fake got 2 sends
-	is.Equal(e.push.Outbound(service.Ref(id)), 1)                                             // and sent 1 message
-	is.Equal(e.task(id).State, service.StateSent)                                             // SENT
+	is.Equal(second.Action, service.ActionSend) // IDEMPOTENT: resend
+	is.Equal(second.Kind, service.ResultSent)   // SENT
+	e.checkSeed("T1", id, e.push)               // [TIMEOUT, ACCEPTED_REPLAY]; the fake got 2 sends and sent 1 message; SENT
 }
 
 func TestT2QueryAfterTimeout(t *testing.T) {
@@ -249,17 +246,13 @@ func TestT2QueryAfterTimeout(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.sms.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	e.sms.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
 	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout) // first call times out
 	second := runNext(t, d)
-	is.Equal(second.Action, service.ActionQuery)                                          // QUERYABLE: query first
-	is.Equal(e.outcomes(id), outcomes(service.OutcomeTimeout, service.OutcomeQueryFound)) // [TIMEOUT, QUERY_FOUND]
-	is.Equal(e.sms.Outbound(service.Ref(id)), 1)                                          // 1 outbound
-	is.Equal(e.sms.Sends(service.Ref(id)), 1)                                             // no resend
-	task := e.task(id)
-	is.Equal(task.State, service.StateSent)      // SENT
-	is.Equal(task.ProviderMsgID, "sms-msg-0001") // provider id written back from the query
+	is.Equal(second.Action, service.ActionQuery)       // QUERYABLE: query first
+	e.checkSeed("T2", id, e.sms)                       // [TIMEOUT, QUERY_FOUND]; 1 outbound, no resend; SENT
+	is.Equal(e.task(id).ProviderMsgID, "sms-msg-0001") // provider id written back from the query
 }
 
 func TestT3QueryFailsUntilBudgetThenManualResolve(t *testing.T) {
@@ -267,21 +260,18 @@ func TestT3QueryFailsUntilBudgetThenManualResolve(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	ref := service.Ref(id)
+	ref := e.ref(id)
 	e.sms.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
 	e.sms.ScriptQuery(ref, fakes.Step{Status: 503}, fakes.Step{Status: 503})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
 	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout) // accepted, then timed out
 	is.Equal(runNext(t, d).Outcome, service.OutcomeQueryFailed)
 	last := runNext(t, d)
-	is.Equal(last.Kind, service.ResultParked)                                                                          // budget used up: parked
-	is.Equal(e.outcomes(id), outcomes(service.OutcomeTimeout, service.OutcomeQueryFailed, service.OutcomeQueryFailed)) // [TIMEOUT, QUERY_FAILED, QUERY_FAILED]
+	is.Equal(last.Kind, service.ResultParked) // budget used up: parked
+	e.checkSeed("T3", id, e.sms)              // [TIMEOUT, QUERY_FAILED, QUERY_FAILED]; UNKNOWN, needs_review; 1 outbound
 	task := e.task(id)
-	is.Equal(task.State, service.StateUnknown)          // UNKNOWN
-	is.True(task.NeedsReview)                           // needs_review
 	is.True(task.NextAttemptAt == nil)                  // next_attempt_at NULL
 	is.Equal(runOnce(t, d).Kind, service.ResultNothing) // no claim selects it again
-	is.Equal(e.sms.Outbound(ref), 1)                    // 1 outbound: no blind resend
 
 	changed, err := e.n.ResolveManually(e.ctx, id, service.StateSent, "seen in the sms console", "ops-1")
 	is.NoErr(err)
@@ -306,14 +296,12 @@ func TestNC2BlindResend(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.sms.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	e.sms.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout, modes: map[string]service.Mode{"sms": service.ModeIdempotent}})
 	runOnce(t, d)
 	is.Equal(runNext(t, d).Kind, service.ResultSent)
-	is.Equal(e.outcomes(id), outcomes(service.OutcomeTimeout, service.OutcomeAccepted)) // [TIMEOUT, ACCEPTED]
-	is.Equal(e.scalar("SELECT count(*) FROM notification"), int64(1))                   // 1 logical notification
-	is.Equal(e.task(id).State, service.StateSent)                                       // SENT
-	is.Equal(e.sms.Outbound(service.Ref(id)), 2)                                        // damage: 2 outbounds
+	is.Equal(e.scalar("SELECT count(*) FROM notification"), int64(1)) // 1 logical notification
+	e.checkSeed("NC2", id, e.sms)                                     // [TIMEOUT, ACCEPTED]; SENT; damage: 2 outbounds
 }
 
 func TestF1RefusedBeforeAcceptance(t *testing.T) {
@@ -322,7 +310,7 @@ func TestF1RefusedBeforeAcceptance(t *testing.T) {
 		e := newEnv(t)
 		e.user("u1", "push")
 		id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-		e.push.ScriptSend(service.Ref(id), fakes.Step{Status: 503})
+		e.push.ScriptSend(e.ref(id), fakes.Step{Status: 503})
 		d := e.dispatcher(dcfg{})
 		is.Equal(runOnce(t, d).Kind, service.ResultPending) // certainly not accepted: PENDING
 		task := e.task(id)
@@ -330,20 +318,18 @@ func TestF1RefusedBeforeAcceptance(t *testing.T) {
 		is.True(task.NextAttemptAt != nil) // scheduled for a retry
 		is.True(!task.OutcomeUncertain)    // nothing uncertain
 		is.Equal(runNext(t, d).Kind, service.ResultSent)
-		is.Equal(e.outcomes(id), outcomes(service.OutcomeHTTP5xx, service.OutcomeAccepted)) // [HTTP_5XX, ACCEPTED]
-		is.Equal(e.push.Outbound(service.Ref(id)), 1)
+		e.checkSeed("F1-503", id, e.push) // [HTTP_5XX, ACCEPTED]
 	})
 	t.Run("400 fails", func(t *testing.T) {
 		is := is.New(t)
 		e := newEnv(t)
 		e.user("u1", "push")
 		id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-		e.push.ScriptSend(service.Ref(id), fakes.Step{Status: 400})
+		e.push.ScriptSend(e.ref(id), fakes.Step{Status: 400})
 		d := e.dispatcher(dcfg{})
-		is.Equal(runOnce(t, d).Kind, service.ResultFailed)          // FAILED
-		is.Equal(e.outcomes(id), outcomes(service.OutcomeRejected)) // [REJECTED]
-		is.Equal(e.push.Outbound(service.Ref(id)), 0)               // nothing went out
-		is.Equal(runOnce(t, d).Kind, service.ResultNothing)         // not retried
+		is.Equal(runOnce(t, d).Kind, service.ResultFailed)  // FAILED
+		e.checkSeed("F1-400", id, e.push)                   // [REJECTED]; nothing went out
+		is.Equal(runOnce(t, d).Kind, service.ResultNothing) // not retried
 	})
 }
 
@@ -356,10 +342,9 @@ func TestB1NotSentWhenDisabledOrExpired(t *testing.T) {
 		_, err := e.n.SetPreference(e.ctx, "u1", "push", "u1@push", false)
 		is.NoErr(err)
 		res := runOnce(t, e.dispatcher(dcfg{}))
-		is.Equal(res.Kind, service.ResultSuppressed)                    // SUPPRESSED
-		is.Equal(e.task(id).State, service.StateSuppressed)             // SUPPRESSED
-		is.Equal(e.outcomes(id), outcomes(service.OutcomePrefDisabled)) // [PREF_DISABLED]
-		is.Equal(e.push.TotalSends(), 0)                                // no call made
+		is.Equal(res.Kind, service.ResultSuppressed) // SUPPRESSED
+		e.checkSeed("B1-pref", id, e.push)           // [PREF_DISABLED]; no call made
+		is.Equal(e.push.TotalSends(), 0)             // none at all
 	})
 	t.Run("expired before claim", func(t *testing.T) {
 		is := is.New(t)
@@ -368,10 +353,9 @@ func TestB1NotSentWhenDisabledOrExpired(t *testing.T) {
 		id := e.create("u1", "e1", 300*time.Millisecond, 3)[0].TaskID
 		e.waitDB("(SELECT expires_at <= now() FROM notification)")
 		res := runOnce(t, e.dispatcher(dcfg{}))
-		is.Equal(res.Kind, service.ResultFailed)                      // FAILED
-		is.Equal(e.task(id).State, service.StateFailed)               // FAILED
-		is.Equal(e.outcomes(id), outcomes(service.OutcomeTTLExpired)) // [TTL_EXPIRED]
-		is.Equal(e.push.TotalSends(), 0)                              // no call made
+		is.Equal(res.Kind, service.ResultFailed) // FAILED
+		e.checkSeed("B1-ttl", id, e.push)        // [TTL_EXPIRED]; no call made
+		is.Equal(e.push.TotalSends(), 0)         // none at all
 	})
 }
 
@@ -380,19 +364,13 @@ func TestB2ExpiryAfterUncertainParks(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "sms")
 	id := e.create("u1", "e1", 2*time.Second, 3)[0].TaskID
-	ref := service.Ref(id)
+	ref := e.ref(id)
 	e.sms.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout, backoff: 2500 * time.Millisecond})
 	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout) // accepted, then timed out
 	res := runNext(t, d)                                    // after the 2.5 s backoff the notification has expired
 	is.Equal(res.Kind, service.ResultParked)
-	is.Equal(e.outcomes(id), outcomes(service.OutcomeTimeout, service.OutcomeTTLExpiredUncertain)) // [TIMEOUT, TTL_EXPIRED_UNCERTAIN]
-	task := e.task(id)
-	is.Equal(task.State, service.StateUnknown) // UNKNOWN, not FAILED
-	is.True(task.NeedsReview)                  // needs_review
-	is.Equal(e.sms.Queries(ref), 0)            // no query after expiry
-	is.Equal(e.sms.Sends(ref), 1)              // no send after expiry
-	is.Equal(e.sms.Outbound(ref), 1)           // the first attempt did go out
+	e.checkSeed("B2", id, e.sms) // [TIMEOUT, TTL_EXPIRED_UNCERTAIN]; UNKNOWN (not FAILED), parked; no query or send after expiry
 }
 
 func TestB3RefusalAfterUncertainParks(t *testing.T) {
@@ -400,17 +378,14 @@ func TestB3RefusalAfterUncertainParks(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 2)[0].TaskID
-	ref := service.Ref(id)
+	ref := e.ref(id)
 	e.push.ScriptSend(ref, fakes.Step{Delay: fakeDelay}, fakes.Step{Status: 503})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
 	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout)
 	res := runNext(t, d)
 	is.Equal(res.Outcome, service.OutcomeHTTP5xx)
 	is.Equal(res.Kind, service.ResultParked) // budget used up with an uncertain history
-	task := e.task(id)
-	is.Equal(task.State, service.StateUnknown) // UNKNOWN, not FAILED
-	is.True(task.NeedsReview)
-	is.Equal(e.push.Outbound(ref), 1) // the first attempt did go out
+	e.checkSeed("B3", id, e.push)            // UNKNOWN (not FAILED), parked; the first attempt did go out
 }
 
 // TestLeaseTakeover is P1's protocol in one process: a holder that never finishes is taken over after
@@ -435,7 +410,7 @@ func TestLeaseTakeover(t *testing.T) {
 	is.Equal(res.Outcome, service.OutcomeAcceptedReplay)
 	is.Equal(res.Kind, service.ResultSent)
 	is.Equal(e.outcomes(id), outcomes(service.OutcomeLeaseExpired, service.OutcomeAcceptedReplay)) // attempt 1 reads LEASE_EXPIRED
-	is.Equal(e.push.Outbound(service.Ref(id)), 1)                                                  // one message
+	is.Equal(e.push.Outbound(e.ref(id)), 1)                                                        // one message
 }
 
 // TestNC3LateFinish is P2's protocol in one process, then the negative control: the late observation
@@ -450,7 +425,7 @@ func supersededHolder(t *testing.T) (e *env, id int64, a *dispatcher, held *serv
 	e = newEnv(t)
 	e.user("u1", "push")
 	id = e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.push.ScriptSend(service.Ref(id), fakes.Step{Hang: true})
+	e.push.ScriptSend(e.ref(id), fakes.Step{Hang: true})
 	a = e.dispatcher(dcfg{worker: "w-p2-a", lease: time.Second, timeout: 1500 * time.Millisecond})
 	held, _, err := a.Claim(e.ctx)
 	is.NoErr(err)
@@ -546,14 +521,14 @@ func TestNoneChannelTimeoutParksAtOnce(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "none")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.none.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	e.none.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
 	res := runOnce(t, d)
 	is.Equal(res.Kind, service.ResultParked) // parked on the first uncertain attempt, budget left or not
 	task := e.task(id)
 	is.True(task.NeedsReview && task.State == service.StateUnknown)
 	is.Equal(runOnce(t, d).Kind, service.ResultNothing) // never called again automatically
-	is.Equal(e.none.Outbound(service.Ref(id)), 1)       // 1 outbound
+	is.Equal(e.none.Outbound(e.ref(id)), 1)             // 1 outbound
 }
 
 func TestUncertainResponsesNeverFail(t *testing.T) {
@@ -567,7 +542,7 @@ func TestUncertainResponsesNeverFail(t *testing.T) {
 			e := newEnv(t)
 			e.user("u1", "push")
 			id := e.create("u1", "e1", time.Hour, 1)
-			e.push.ScriptSend(service.Ref(id[0].TaskID), step)
+			e.push.ScriptSend(e.ref(id[0].TaskID), step)
 			res := runOnce(t, e.dispatcher(dcfg{timeout: clientTimeout}))
 			is.Equal(res.Kind, service.ResultParked) // budget of 1 used up, outcome unknown: parked, never FAILED
 			task := e.task(id[0].TaskID)
@@ -582,7 +557,7 @@ func TestConcurrentResolveHasOneWinner(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "none")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	e.none.ScriptSend(service.Ref(id), fakes.Step{Delay: fakeDelay})
+	e.none.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	is.Equal(runOnce(t, e.dispatcher(dcfg{timeout: clientTimeout})).Kind, service.ResultParked)
 	var (
 		wg    sync.WaitGroup

@@ -297,6 +297,10 @@ var smMoves = []smMove{
 		owner: smRefused("delivery_task_fixed", "channel"), worker: smDenied},
 	{name: "budget raised", fixture: "parked", sql: `UPDATE delivery_task SET max_attempts = 100 WHERE id = $1`,
 		owner: smRefused("delivery_task_fixed", "max_attempts"), worker: smDenied},
+	{name: "reference rewritten", fixture: "parked", sql: `UPDATE delivery_task SET ref = gen_random_uuid()::text WHERE id = $1`,
+		owner: smRefused("delivery_task_fixed", "ref"), worker: smDenied},
+	{name: "reference of a sent task reused", fixture: "sent", sql: `UPDATE delivery_task SET ref = 'task-' || id WHERE id = $1`,
+		owner: smRefused("delivery_task_fixed", "ref"), worker: smDenied},
 
 	// MANUAL rows are the resolve's.
 	{name: "a MANUAL row forged", fixture: "parked",
@@ -634,7 +638,7 @@ func TestStateMachineAllCovered(t *testing.T) {
 	// The worker has no privilege that could reach these rules (schema/006, schema/010).
 	unreachable := map[string]string{
 		"delivery_task_fixed": `SELECT bool_or(has_column_privilege('notifier_worker', 'delivery_task', c, 'UPDATE'))
-			FROM unnest(ARRAY['id', 'notification_id', 'channel', 'max_attempts', 'created_at']) AS c`,
+			FROM unnest(ARRAY['id', 'notification_id', 'channel', 'ref', 'max_attempts', 'created_at']) AS c`,
 		"delivery_receipt_append_only": `SELECT has_table_privilege('notifier_worker', 'delivery_receipt', 'UPDATE')
 			OR has_table_privilege('notifier_worker', 'delivery_receipt', 'DELETE')
 			OR has_table_privilege('notifier_worker', 'delivery_receipt', 'TRUNCATE')`,

@@ -74,5 +74,5 @@ var (
 	IdempotencyKey  = delivery.IdempotencyKey
 	Next            = delivery.Next
 	ParseMode       = delivery.ParseMode
-	Ref             = delivery.Ref
+	ParseRef        = delivery.ParseRef
 )

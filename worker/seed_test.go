@@ -18,6 +18,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/internal/seedcase"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/httpchannel"
 	"github.com/notifierhq/notifier/worker"
@@ -99,6 +100,17 @@ func (w *streamWorld) user(t *testing.T, user string, channels ...string) {
 	}
 }
 
+// checkSeed holds a seed case's task, settled, to the case's expected end (testdata/seed/traces.json),
+// with what fake counted under its reference.
+func (w *streamWorld) checkSeed(t *testing.T, name string, taskID int64, fake *fakes.Channel) taskState {
+	t.Helper()
+	s := settle(t, w.pool, taskID)
+	ref := refOf(t, w.pool, taskID)
+	seedcase.Check(t, name, seedcase.Got{Outcomes: outcomesOf(s), State: s.State, Parked: s.Parked,
+		Sends: fake.Sends(ref), Queries: fake.Queries(ref), Outbound: fake.Outbound(ref)})
+	return s
+}
+
 func outcomesOf(s taskState) []string {
 	var out []string
 	for _, a := range s.Attempts {
@@ -110,7 +122,6 @@ func outcomesOf(s taskState) []string {
 // T1, T2 (timeouts), N2 (normal delivery), F1 (refused before acceptance), NC2 (the negative control:
 // a channel that cannot dedupe treated as if it could) on one streaming worker at once.
 func TestSeedCasesStreaming(t *testing.T) {
-	is := is.New(t)
 	w := newStreamWorld(t)
 	w.user(t, "u1", "push", "sms")
 	w.user(t, "u2", "push")
@@ -122,28 +133,19 @@ func TestSeedCasesStreaming(t *testing.T) {
 	f1Reject := w.create(t, "u2", "f1-400", time.Hour, 3)[0].TaskID
 	nc2 := w.create(t, "u4", "nc2", time.Hour, 3)[0].TaskID
 	push, sms := t1t2[0].TaskID, t1t2[1].TaskID
-	w.push.ScriptSend(service.Ref(push), fakes.Step{Delay: 1200 * time.Millisecond})
-	w.sms.ScriptSend(service.Ref(sms), fakes.Step{Delay: 1200 * time.Millisecond})
-	w.sms.ScriptSend(service.Ref(f1Retry), fakes.Step{Status: 503})
-	w.push.ScriptSend(service.Ref(f1Reject), fakes.Step{Status: 400})
-	w.none.ScriptSend(service.Ref(nc2), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.push.ScriptSend(refOf(t, w.pool, push), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.sms.ScriptSend(refOf(t, w.pool, sms), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.sms.ScriptSend(refOf(t, w.pool, f1Retry), fakes.Step{Status: 503})
+	w.push.ScriptSend(refOf(t, w.pool, f1Reject), fakes.Step{Status: 400})
+	w.none.ScriptSend(refOf(t, w.pool, nc2), fakes.Step{Delay: 1200 * time.Millisecond})
 	w.run(t, 1, map[string]service.Mode{"none": service.ModeIdempotent}) // NC2: blind resends on none
 
-	got := settle(t, w.pool, push)
-	is.Equal(outcomesOf(got), []string{"TIMEOUT", "ACCEPTED_REPLAY"}) // T1
-	is.Equal(w.push.Sends(service.Ref(push)), 2)                      // 2 sends
-	is.Equal(w.push.Outbound(service.Ref(push)), 1)                   // 1 outbound
-	got = settle(t, w.pool, sms)
-	is.Equal(outcomesOf(got), []string{"TIMEOUT", "QUERY_FOUND"}) // T2
-	is.Equal(w.sms.Outbound(service.Ref(sms)), 1)
-	is.Equal(settle(t, w.pool, n2).State, "SENT") // N2
-	got = settle(t, w.pool, f1Retry)
-	is.Equal(outcomesOf(got), []string{"HTTP_5XX", "ACCEPTED"}) // F1: refused before acceptance, retried
-	got = settle(t, w.pool, f1Reject)
-	is.Equal(got.State, "FAILED") // F1: 400 before acceptance
-	got = settle(t, w.pool, nc2)
-	is.Equal(got.State, "SENT")                    // NC2: one logical notification, SENT
-	is.Equal(w.none.Outbound(service.Ref(nc2)), 2) // damage: the user got it twice
+	w.checkSeed(t, "T1", push, w.push)
+	w.checkSeed(t, "T2", sms, w.sms)
+	w.checkSeed(t, "N2-push", n2, w.push)
+	w.checkSeed(t, "F1-503", f1Retry, w.sms) // refused before acceptance, retried
+	w.checkSeed(t, "F1-400", f1Reject, w.push)
+	w.checkSeed(t, "NC2", nc2, w.none) // one logical notification, SENT; damage: the user got it twice
 }
 
 // T3, B1 and B3: where the stream must park, suppress or fail, never write off what went out.
@@ -158,23 +160,14 @@ func TestSeedCasesStreamingParkAndWriteOff(t *testing.T) {
 	suppressed := w.create(t, "u2", "b1-pref", time.Hour, 3)[0].TaskID
 	_, err := w.n.SetPreference(context.Background(), "u2", "push", "u2@push", false) // disabled before the claim
 	is.NoErr(err)
-	w.sms.ScriptSend(service.Ref(t3), fakes.Step{Delay: 1200 * time.Millisecond})
-	w.sms.ScriptQuery(service.Ref(t3), fakes.Step{Status: 503}, fakes.Step{Status: 503})
-	w.push.ScriptSend(service.Ref(b3), fakes.Step{Delay: 1200 * time.Millisecond}, fakes.Step{Status: 503})
+	w.sms.ScriptSend(refOf(t, w.pool, t3), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.sms.ScriptQuery(refOf(t, w.pool, t3), fakes.Step{Status: 503}, fakes.Step{Status: 503})
+	w.push.ScriptSend(refOf(t, w.pool, b3), fakes.Step{Delay: 1200 * time.Millisecond}, fakes.Step{Status: 503})
 	w.run(t, 1, nil)
 
-	got := settle(t, w.pool, t3)
-	is.Equal(outcomesOf(got), []string{"TIMEOUT", "QUERY_FAILED", "QUERY_FAILED"}) // T3
-	is.True(got.Parked)                                                            // parked
-	is.Equal(w.sms.Outbound(service.Ref(t3)), 1)
-	got = settle(t, w.pool, b3)
-	is.Equal(outcomesOf(got), []string{"TIMEOUT", "HTTP_5XX"}) // B3
-	is.Equal(got.State, "UNKNOWN")                             // not FAILED: the first may have gone out
-	is.True(got.Parked)
-	is.Equal(w.push.Outbound(service.Ref(b3)), 1)
-	got = settle(t, w.pool, suppressed)
-	is.Equal(got.State, "SUPPRESSED")                  // B1
-	is.Equal(w.push.Sends(service.Ref(suppressed)), 0) // no call made
+	w.checkSeed(t, "T3", t3, w.sms)
+	w.checkSeed(t, "B3", b3, w.push) // not FAILED: the first may have gone out
+	w.checkSeed(t, "B1-pref", suppressed, w.push)
 }
 
 // C1 through the stream: four workers with windows drain 40 tasks: every task called once, one message
@@ -199,16 +192,10 @@ func TestSeedC1Streaming(t *testing.T) {
 // B2 through the stream: sms, TTL 2 s, the first call accepted then timed out, the retry 2.5 s later:
 // the notification has expired by then, and the task is parked, not FAILED (the first call went out).
 func TestSeedB2Streaming(t *testing.T) {
-	is := is.New(t)
 	w := newStreamWorld(t)
 	w.user(t, "u1", "sms")
 	b2 := w.create(t, "u1", "b2", 2*time.Second, 3)[0].TaskID
-	w.sms.ScriptSend(service.Ref(b2), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.sms.ScriptSend(refOf(t, w.pool, b2), fakes.Step{Delay: 1200 * time.Millisecond})
 	w.runWith(t, 1, nil, 2500*time.Millisecond)
-	got := settle(t, w.pool, b2)
-	is.Equal(outcomesOf(got), []string{"TIMEOUT", "TTL_EXPIRED_UNCERTAIN"}) // B2
-	is.Equal(got.State, "UNKNOWN")                                          // not FAILED
-	is.True(got.Parked)
-	is.Equal(w.sms.Queries(service.Ref(b2)), 0)  // no query after the expiry
-	is.Equal(w.sms.Outbound(service.Ref(b2)), 1) // the one that went out
+	w.checkSeed(t, "B2", b2, w.sms) // not FAILED; no query after the expiry; the one that went out
 }

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"log/slog"
 	"time"
 
 	"github.com/notifierhq/notifier/service"
@@ -15,92 +14,6 @@ type Dispatcher interface {
 	Call(ctx context.Context, a *service.Attempt) service.Observation
 	FinishBatch(ctx context.Context, attempts []*service.Attempt, obs []service.Observation) ([]service.Result, error)
 	FinishBatchThenClaim(ctx context.Context, attempts []*service.Attempt, obs []service.Observation, limit int) service.Handoff
-}
-
-// Defaults of Config, sized for channels that answer in 50-500 ms: a window of 1024 calls allows up
-// to ~10,000 deliveries/s at a 100 ms median, more than one database of modest size records, so the
-// database and not the window sets the pace; it costs little when answers come at once. Claims of up
-// to 256 keep claim round trips few at that rate (docs/benchmarks.md has the measurements).
-const (
-	DefaultMaxInFlight = 1024
-	DefaultBatch       = 256
-	DefaultFinishBatch = 128
-	DefaultFinishers   = 2
-	DefaultFinishDelay = 2 * time.Millisecond
-	DefaultPoll        = 200 * time.Millisecond
-	DefaultMaxBackoff  = 10 * time.Second
-)
-
-// Bounds of Config that the command lines accept (`notifier work` and the load bench).
-const (
-	// MaxInFlightLimit bounds MaxInFlight: each call in flight is a goroutine and an open HTTP request.
-	MaxInFlightLimit = 100_000
-	// MaxFinishersLimit bounds Finishers: each finish at once holds a database connection.
-	MaxFinishersLimit = 64
-)
-
-// Hooks let a caller time the loop's database work (the bench does). Each runs on the loop's own
-// goroutine: keep it short.
-type Hooks struct {
-	Claimed  func(took time.Duration, tasks int, err error) // after each claim (tasks: attempts and settled)
-	Finished func(took time.Duration, tasks int, err error) // after each finish (tasks: answers recorded)
-}
-
-// Config of a worker loop. Zero fields take the defaults above.
-type Config struct {
-	// MaxInFlight bounds the calls in flight: the window. Each call has its own lease; answers waiting
-	// to be recorded do not take room in it, but while as many wait as the window holds, no claim is
-	// made (the database is behind). A crash leaves at most twice this many tasks uncertain.
-	MaxInFlight int
-	// Batch is the most tasks one claim takes; a claim never takes more than the room in the window, and
-	// waits until that room is worth a claim (an eighth of the window, or Batch) unless nothing is in
-	// flight.
-	Batch int
-	// FinishBatch is the most answers one finish records. Answers that arrive while a finish runs are
-	// recorded together by the next one (group commit): no answer waits for another call.
-	FinishBatch int
-	// FinishDelay is how long an answer may wait for others to share its finish while more calls are in
-	// flight (never when none is: a lone answer is recorded at once).
-	FinishDelay time.Duration
-	// Finishers is how many finish statements may run at once.
-	Finishers  int
-	Poll       time.Duration // wait after a claim found nothing to do
-	MaxBackoff time.Duration // longest wait between claims while the database fails
-	Logger     *slog.Logger
-	OnResult   func(service.Result)
-	Hooks      Hooks
-}
-
-// WithDefaults returns c with its zero fields set.
-func (c Config) WithDefaults() Config {
-	setInt(&c.MaxInFlight, DefaultMaxInFlight)
-	setInt(&c.Batch, DefaultBatch)
-	setInt(&c.FinishBatch, DefaultFinishBatch)
-	setInt(&c.Finishers, DefaultFinishers)
-	if c.Poll <= 0 {
-		c.Poll = DefaultPoll
-	}
-	if c.FinishDelay <= 0 {
-		c.FinishDelay = DefaultFinishDelay
-	}
-	if c.MaxBackoff <= 0 {
-		c.MaxBackoff = DefaultMaxBackoff
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	c.Batch = min(c.Batch, c.MaxInFlight, service.MaxBatch)
-	return c
-}
-
-// Connections is how many database connections the loop uses at most: one claim and Finishers
-// finishes at once. It does not grow with MaxInFlight: no connection is held during a call.
-func (c Config) Connections() int { return 1 + c.WithDefaults().Finishers }
-
-func setInt(v *int, def int) {
-	if *v <= 0 {
-		*v = def
-	}
 }
 
 // answer is one call's observation, waiting to be recorded.
@@ -136,8 +49,10 @@ type finishDone struct {
 // database fails it backs off up to MaxBackoff and logs once when that starts and once when it ends.
 //
 // On cancellation no new task is claimed; calls in flight end (bounded by the client timeout) and are
-// recorded before Run returns.
-func Run(ctx context.Context, d Dispatcher, cfg Config) {
+// recorded before Run returns nil. Run stops the same way, and returns the error, when the database has
+// answered read-only for longer than ReadOnlyGrace (the worker is pointed at a standby), or as soon as a
+// claim or finish fails for a connection pooler's configuration (service.ErrPooler).
+func Run(ctx context.Context, d Dispatcher, cfg Config) error {
 	cfg = cfg.WithDefaults()
 	s := &stream{
 		d: d, cfg: cfg, health: &dbHealth{log: cfg.Logger},
@@ -145,7 +60,7 @@ func Run(ctx context.Context, d Dispatcher, cfg Config) {
 		claims:   make(chan claimDone, 1),
 		finishes: make(chan finishDone, cfg.Finishers),
 	}
-	s.run(ctx)
+	return s.run(ctx)
 }
 
 type stream struct {
@@ -157,118 +72,87 @@ type stream struct {
 	finishes chan finishDone
 }
 
-func (s *stream) run(ctx context.Context) {
-	var (
-		calling    int      // calls in flight: the window's fill
-		waiting    []answer // answered, not yet being recorded
-		recording  int      // answers in finishes running now
-		finishing  int      // finish statements running
-		claiming   bool
-		backoff    time.Duration // after a failed claim or finish; 0 while healthy
-		nextClaim  time.Time     // no claim before this
-		oldest     time.Time     // when the first of waiting arrived
-		timer      = time.NewTimer(time.Hour)
-		done       = ctx.Done()
-		worthClaim = min(s.cfg.Batch, max(1, s.cfg.MaxInFlight/8))
-	)
+func (s *stream) run(ctx context.Context) error {
+	w := newWindow(s.cfg)
+	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	done := ctx.Done()
 	for {
 		now := time.Now()
-		stopping := done == nil
-		room := s.cfg.MaxInFlight - calling
-		canClaim := !stopping && !claiming && !now.Before(nextClaim) &&
-			(room >= worthClaim || (room > 0 && calling == 0)) &&
-			len(waiting)+recording <= s.cfg.MaxInFlight // the database keeps up with the answers
-
-		// Record answers once enough are waiting, or one has waited FinishDelay, or no other answer is
-		// coming (nothing in flight, or stopping).
-		flush := len(waiting) >= s.cfg.FinishBatch || calling == 0 || stopping ||
-			(len(waiting) > 0 && now.Sub(oldest) >= s.cfg.FinishDelay)
-		for flush && len(waiting) > 0 && finishing < s.cfg.Finishers {
-			group := waiting[:min(len(waiting), s.cfg.FinishBatch)]
-			waiting = waiting[len(group):]
-			oldest = now
-			finishing++
-			recording += len(group)
-			if canClaim { // one round trip: the finish, then the claim
-				claiming, canClaim = true, false
-				go s.finishThenClaim(ctx, group, min(s.cfg.Batch, room))
+		limit, claimDue := w.claimDue(now)
+		for _, group := range w.takeGroups(now) {
+			if claimDue { // one round trip: the finish, then the claim
+				claimDue = false
+				w.claimStarted()
+				go s.finishThenClaim(ctx, group, limit)
 			} else {
 				go s.finish(ctx, group)
 			}
 		}
-		if canClaim {
-			claiming = true
-			go s.claim(ctx, min(s.cfg.Batch, room))
+		if claimDue {
+			w.claimStarted()
+			go s.claim(ctx, limit)
 		}
-		if stopping && calling == 0 && len(waiting) == 0 && !claiming && finishing == 0 {
-			return
+		if w.done() {
+			return w.fatal
 		}
-		// Wake up for the next claim after a pause, or for answers that have waited long enough.
-		var wake time.Time
-		if !stopping && !claiming && room > 0 && now.Before(nextClaim) {
-			wake = nextClaim
-		}
-		if len(waiting) > 0 && finishing < s.cfg.Finishers {
-			if at := oldest.Add(s.cfg.FinishDelay); wake.IsZero() || at.Before(wake) {
-				wake = at
-			}
-		}
-		if !wake.IsZero() {
-			timer.Reset(max(0, time.Until(wake)))
+		if at := w.wake(now); !at.IsZero() {
+			timer.Reset(max(0, at.Sub(now)))
 		}
 
 		select {
 		case <-done:
 			done = nil // stop claiming; drain what is held
+			w.stopping = true
 		case a := <-s.answers:
-			calling--
-			if len(waiting) == 0 {
-				oldest = time.Now()
-			}
-			waiting = append(waiting, a)
+			w.answered(a, time.Now())
 		case c := <-s.claims:
-			claiming = false
+			finishFailed := false
 			if c.finish != nil {
-				finishing--
-				recording -= len(c.finish.answers)
-				backoff = s.recorded(*c.finish, backoff)
+				finishFailed = c.finish.err != nil
+				s.recorded(*c.finish)
+				w.finished(len(c.finish.answers), finishFailed, time.Now())
+				if w.stopFor(c.finish.err) {
+					s.stoppingForPooler(c.finish.err)
+				}
 			}
 			if s.cfg.Hooks.Claimed != nil {
 				s.cfg.Hooks.Claimed(c.took, len(c.attempts)+len(c.settled), c.err)
 			}
-			switch {
-			case c.err != nil && ctx.Err() == nil:
+			switch w.claimed(len(c.attempts), len(c.settled), c.err, finishFailed, ctx.Err() != nil, time.Now()) {
+			case claimReadOnly:
 				s.health.failed(c.err)
-				backoff = s.longer(backoff)
-				nextClaim = time.Now().Add(backoff)
-			case c.err == nil:
+				s.cfg.Logger.Error("the database is read-only: reconnecting, to the primary if the URL names it (target_session_attrs=read-write)",
+					"stop_after", s.cfg.ReadOnlyGrace.String(), "error", c.err)
+			case claimPooler:
+				s.stoppingForPooler(c.err)
+			case claimFailed:
+				s.health.failed(c.err)
+			case claimOK:
 				s.health.ok()
-				if c.finish == nil || c.finish.err == nil {
-					backoff = 0
-				}
 				logSettled(s.cfg.Logger, c.settled)
 				s.report(c.settled)
-				calling += len(c.attempts)
 				for _, a := range c.attempts {
 					s.startCall(ctx, a)
 				}
-				if len(c.attempts)+len(c.settled) == 0 {
-					nextClaim = time.Now().Add(s.cfg.Poll)
-				}
 			}
-			// A claim that failed because the loop is stopping needs nothing: no new claim follows.
 		case f := <-s.finishes:
-			finishing--
-			recording -= len(f.answers)
-			backoff = s.recorded(f, backoff)
-			if backoff > 0 {
-				nextClaim = time.Now().Add(backoff)
+			s.recorded(f)
+			w.finished(len(f.answers), f.err != nil, time.Now())
+			if w.stopFor(f.err) {
+				s.stoppingForPooler(f.err)
 			}
 		case <-timer.C:
 		}
 	}
+}
+
+// stoppingForPooler says why the loop stops by itself for a connection pooler's configuration (the
+// error names the fix).
+func (s *stream) stoppingForPooler(err error) {
+	s.cfg.Logger.Error("stopping: the connection pooler's configuration breaks the worker's statements; calls in flight finish",
+		"error", err)
 }
 
 // startCall calls the attempt's channel on its own goroutine and hands the answer back. The call is
@@ -306,29 +190,21 @@ func (s *stream) finishThenClaim(ctx context.Context, group []answer, limit int)
 		finish: &finishDone{answers: group, results: h.Finished, err: h.FinishErr, took: took}}
 }
 
-// recorded logs and reports a finish and returns the claim backoff: a failed finish backs off like a
-// failed claim (the database is likely in trouble); a recorded one leaves it as it was.
-func (s *stream) recorded(f finishDone, backoff time.Duration) time.Duration {
+// recorded logs and reports a finish (one that failed: once, as the database failing).
+func (s *stream) recorded(f finishDone) {
 	if s.cfg.Hooks.Finished != nil {
 		s.cfg.Hooks.Finished(f.took, len(f.answers), f.err)
 	}
 	if f.err != nil {
 		logFinishFailed(s.cfg.Logger, len(f.answers), f.err)
 		s.health.failed(f.err)
-		return s.longer(backoff)
+		return
 	}
 	elapsed := make([]time.Duration, len(f.answers))
 	for i, a := range f.answers {
 		elapsed[i] = a.took
 	}
 	s.report(logFinished(s.cfg.Logger, f.results, elapsed))
-	return backoff
-}
-
-// longer is the backoff after a failed claim or finish: double the last one, at least Poll, at most
-// MaxBackoff.
-func (s *stream) longer(backoff time.Duration) time.Duration {
-	return min(max(2*backoff, s.cfg.Poll), s.cfg.MaxBackoff)
 }
 
 func (s *stream) report(results []service.Result) {

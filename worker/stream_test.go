@@ -24,6 +24,7 @@ type memDispatcher struct {
 	due         []int64
 	answer      func(a *service.Attempt) service.Observation
 	claimErr    error
+	finishErr   error     // every finish fails with it
 	claims      []int     // limits asked for, in order
 	finishes    [][]int64 // task ids of each finish, in order
 	finishing   int       // finishes running now
@@ -97,6 +98,9 @@ func (m *memDispatcher) FinishBatch(_ context.Context, attempts []*service.Attem
 	}
 	m.finishes = append(m.finishes, ids)
 	m.held -= len(attempts)
+	if m.finishErr != nil {
+		return nil, m.finishErr
+	}
 	return results, nil
 }
 

@@ -6,7 +6,6 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -48,10 +47,10 @@ func RunOnce(ctx context.Context, d Dispatcher, log *slog.Logger) (service.Resul
 		return service.Result{Kind: service.ResultNothing}, err
 	}
 	if err == nil && results[0].Kind == service.ResultUnrecorded {
-		err = errors.New(results[0].Detail) // a failed finish ("finish: ..."), as for a batch of one it always was
+		err = results[0].Err // a failed finish ("finish: ..."), as for a batch of one it always was
 	}
 	if err == nil && results[0].Kind == service.ResultSetAside {
-		err = fmt.Errorf("claim: task %d set aside: %s", results[0].TaskID, results[0].Detail)
+		err = fmt.Errorf("claim: task %d set aside until the longest backoff has passed: %w", results[0].TaskID, results[0].Err)
 	}
 	return results[0], err
 }

@@ -24,7 +24,7 @@
 BEGIN ISOLATION LEVEL READ COMMITTED;
 -- TaskClaim (queries/delivery_task.sql)
 WITH lease_expired AS (
-    SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+    SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
            t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
     FROM delivery_task t
     WHERE t.channel = 'push'::text
@@ -34,7 +34,7 @@ WITH lease_expired AS (
     LIMIT :max_tasks
     FOR UPDATE OF t SKIP LOCKED
 ), due AS (
-    SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+    SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
            t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
     FROM delivery_task t
     WHERE t.channel = 'push'::text
@@ -49,7 +49,7 @@ WITH lease_expired AS (
      SELECT d.*, false AS lease_expired FROM due d)
     LIMIT :max_tasks
 )
-SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
        t.lease_expired::bool            AS lease_expired,
        t.attempt_token                  AS held_token,
        coalesce(p.enabled, false)::bool AS pref_enabled,
@@ -70,7 +70,7 @@ LEFT JOIN LATERAL (
 WITH started AS (
     UPDATE delivery_task t
     SET state             = 'SENDING',
-        attempt_token     = gen_random_uuid(),
+        attempt_token     = u.attempt_token::uuid,
         lease_owner       = 'pgbench'::text,
         lease_until       = now() + make_interval(secs => :lease_seconds::float8),
         next_attempt_at   = NULL,
@@ -79,6 +79,7 @@ WITH started AS (
         uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
         updated_at        = now()
     FROM (SELECT unnest(ARRAY[:id]::bigint[]) AS id,
+                 unnest(ARRAY[gen_random_uuid()::text]) AS attempt_token,
                  unnest('{f}'::bool[]) AS outcome_uncertain,
                  unnest('{SEND}'::text[]) AS action) AS u
     WHERE t.id = u.id
@@ -107,6 +108,11 @@ WITH u AS (
            unnest('{-1}'::float8[]) AS retry_after_seconds,
            unnest('{ACCEPTED}'::text[]) AS outcome,
            unnest('{""}'::text[]) AS error
+), recorded_before AS (
+    SELECT u.attempt_token
+    FROM u
+    JOIN delivery_attempt a ON a.attempt_token = u.attempt_token
+    WHERE a.outcome = u.outcome
 ), finished AS (
     UPDATE delivery_task t
     SET state             = u.state,
@@ -145,7 +151,10 @@ WITH u AS (
     WHERE a.attempt_token = u.attempt_token
       AND a.late_outcome IS NULL
       AND NOT EXISTS (SELECT 1 FROM finished f WHERE f.attempt_token = u.attempt_token)
+      AND NOT EXISTS (SELECT 1 FROM recorded_before r WHERE r.attempt_token = u.attempt_token)
+      AND a.outcome IS DISTINCT FROM u.outcome
 )
-SELECT u.id::bigint AS id, (f.id IS NOT NULL)::bool AS current
+SELECT u.id::bigint AS id,
+       (f.id IS NOT NULL OR EXISTS (SELECT 1 FROM recorded_before r WHERE r.attempt_token = u.attempt_token))::bool AS current
 FROM u
 LEFT JOIN finished f ON f.attempt_token = u.attempt_token;

@@ -55,6 +55,12 @@ var pgbenchParams = map[string]string{
 	"@errors::text[]":                `'{""}'::text[]`,
 }
 
+// pgbenchParamsOf overrides pgbenchParams for one query: the claim chooses a fresh attempt token (the
+// Go worker sends a random UUID), the finish sends the one the claim returned (\gset).
+var pgbenchParamsOf = map[string]map[string]string{
+	"TaskStartAttempts": {"@attempt_tokens::text[]": "ARRAY[gen_random_uuid()::text]"},
+}
+
 var sqlcParam = regexp.MustCompile(`@[a-z_]+(::[a-z0-9]+(\[\])?)?`)
 
 // pgbenchScript generates claim_finish.sql from queries/.
@@ -90,7 +96,10 @@ func pgbenchScript(t *testing.T) string {
 	stmt := func(file, name string, gset bool) {
 		body := queryBody(t, file, name)
 		body = sqlcParam.ReplaceAllStringFunc(body, func(p string) string {
-			v, ok := pgbenchParams[p]
+			v, ok := pgbenchParamsOf[name][p]
+			if !ok {
+				v, ok = pgbenchParams[p]
+			}
 			if !ok {
 				t.Fatalf("%s in %s: parameter %s not mapped in pgbenchParams", name, file, p)
 			}

@@ -261,12 +261,14 @@ func (h *harness) urlFor(db string) string {
 }
 
 // exec runs an admin statement. After a test restarts the cluster, the pool's idle connections are
-// dead and it hands each out once before noticing: an error that is not the server's answer is retried.
+// dead and it hands each out once before noticing: an error that is not the server's answer to the
+// statement (no answer, or the shutdown's FATAL the dead connection still held: class 57) is retried.
 func (h *harness) exec(ctx context.Context, sql string) error {
 	for attempt := 1; ; attempt++ {
 		_, err := h.admin.Exec(ctx, sql)
 		var pgErr *pgconn.PgError
-		if err == nil || errors.As(err, &pgErr) || attempt == 10 || ctx.Err() != nil {
+		answered := errors.As(err, &pgErr) && !strings.HasPrefix(pgErr.Code, "57")
+		if err == nil || answered || attempt == 10 || ctx.Err() != nil {
 			return err
 		}
 		time.Sleep(50 * time.Millisecond)

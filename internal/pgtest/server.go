@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -37,6 +36,7 @@ type Server struct {
 	dataDir string // dir/data
 	logPath string
 	port    int
+	portRes *Port                       // the reservation of port, released by Close
 	attr    func() *syscall.SysProcAttr // how to run server processes (credentials when root)
 	version string
 
@@ -50,6 +50,41 @@ type process struct {
 	done chan struct{} // closed once the process has been waited for
 	err  error         // Wait's result, valid after done is closed
 }
+
+// Process is a server process started by Spawn.
+type Process struct{ p *process }
+
+// Spawn starts cmd so that a parent-death signal set in its SysProcAttr (ServerUser's) fires only
+// when this process dies, not when the goroutine's thread happens to exit, and waits for it in the
+// background.
+func Spawn(cmd *exec.Cmd) (*Process, error) {
+	p, err := spawn(cmd)
+	if err != nil {
+		return nil, err
+	}
+	return &Process{p}, nil
+}
+
+// Pid is the process id.
+func (p *Process) Pid() int { return p.p.cmd.Process.Pid }
+
+// Done is closed once the process has exited and been waited for.
+func (p *Process) Done() <-chan struct{} { return p.p.done }
+
+// Err is the process's exit (Wait's error), valid once Done is closed.
+func (p *Process) Err() error { return p.p.err }
+
+// ServerUser says how to run PostgreSQL's programs (postgres, initdb, pg_autoctl), which refuse
+// root: as root, as the unprivileged user "nobody" (or $PGTEST_USER, or "postgres"), with owner its
+// credentials; otherwise as ourselves, owner nil. attr gives each process its own process group and
+// SIGQUIT (immediate shutdown) should this process die first.
+func ServerUser() (attr func() *syscall.SysProcAttr, owner *syscall.Credential, err error) {
+	return serverCredentials()
+}
+
+// TempBase returns a directory for throwaway clusters' directories; with otherUser (ServerUser's
+// owner is not nil), one whose every ancestor that user can traverse.
+func TempBase(otherUser bool) (string, error) { return tempBase(otherUser) }
 
 // StartServer creates and starts a throwaway cluster with the server binaries
 // found by FindBinDir. It returns once the server accepts connections.
@@ -108,12 +143,14 @@ func startServer(ctx context.Context, binDir string) (*Server, error) {
 	if err := s.initdb(ctx); err != nil {
 		return nil, err
 	}
-	// The port is picked before postgres binds it; retry if someone else took it meanwhile.
+	// The port is picked before postgres binds it; retry if something else took it meanwhile.
 	for attempt := 1; ; attempt++ {
-		s.port, err = freePort()
+		s.portRes.Release()
+		s.portRes, err = ReservePort()
 		if err != nil {
 			return nil, err
 		}
+		s.port = s.portRes.Number
 		err = s.Start(ctx)
 		if err == nil {
 			break
@@ -311,6 +348,7 @@ func (s *Server) Close() error {
 	}
 	s.closed = true
 	err := s.stopLocked(syscall.SIGINT, 30*time.Second)
+	s.portRes.Release()
 	if rmErr := os.RemoveAll(s.dir); rmErr != nil {
 		err = errors.Join(err, rmErr)
 	}
@@ -364,15 +402,6 @@ func tail(s string, n int) string {
 		return s
 	}
 	return "…" + s[len(s)-n:]
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free TCP port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // serverEnv is the environment of initdb/postgres: ours, minus libpq/server

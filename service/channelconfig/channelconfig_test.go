@@ -299,3 +299,27 @@ func TestConfigInvalid(t *testing.T) {
 	is.True(err != nil && strings.Contains(err.Error(), "missing.toml"))           // a missing file names itself
 	is.True(base64.StdEncoding.EncodedLen(24) == len(webhookSecret)-len("whsec_")) // the test secret is 24 bytes
 }
+
+// The example channels files of testdata/channels, one per kind, load as they are (their secrets from
+// the environment they name, or a key file written beside a copy).
+func TestExampleChannelsFilesLoad(t *testing.T) {
+	examples, err := filepath.Glob("../../testdata/channels/*.toml")
+	if err != nil || len(examples) == 0 {
+		t.Fatalf("no example channels files: %v", err)
+	}
+	secrets := env(map[string]string{"WEBHOOK_SECRET": webhookSecret, "SMTP_PASSWORD": "hunter2"})
+	for _, path := range examples {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			is := is.New(t)
+			data, err := os.ReadFile(path)
+			is.NoErr(err)
+			routes, err := channelconfig.Load(writeDir(t, map[string]string{"channels.toml": string(data), "vapid.pem": vapidPEM(t)}), secrets)
+			is.NoErr(err)            // loads
+			is.True(len(routes) > 0) // with its channels
+			for name, r := range routes {
+				is.True(r.Client != nil) // each with a client
+				t.Logf("%s: %s", name, r.Mode)
+			}
+		})
+	}
+}

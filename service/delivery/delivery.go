@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -96,10 +97,12 @@ type Observation struct {
 	Detail        string        // a short description for last_error; never contains secrets
 }
 
-// Message is what a send carries. Ref and IdempotencyKey are bound to the task, identical on every attempt.
+// Message is what a send carries. Ref and IdempotencyKey are bound to the task, identical on every
+// attempt, and never name another task: Ref is the task's random reference, stored with it (tasks
+// created before references were random keep task-<id>).
 type Message struct {
-	Ref            string // task-<id>
-	IdempotencyKey string // ntf-task-<id>
+	Ref            string // the task's reference (delivery_task.ref)
+	IdempotencyKey string // IdempotencyKey(Ref): ntf-<ref>
 	To             string // the user's address on the channel (channel_pref.address)
 	Body           string
 	ExpiresAt      time.Time // the notification's expiry: a channel should not deliver after it
@@ -113,11 +116,46 @@ type Channel interface {
 	Query(ctx context.Context, ref string) Observation
 }
 
-// Ref is the channel-facing reference of a task; IdempotencyKey derives from it.
-func Ref(taskID int64) string { return fmt.Sprintf("task-%d", taskID) }
+// IdempotencyKey is a task's key for a channel that deduplicates: derived from the task's reference,
+// so it is the same on every attempt and an idempotent channel can dedupe a resend.
+func IdempotencyKey(ref string) string { return KeyPrefix + ref }
 
-// IdempotencyKey is the same for every attempt of a task, so an idempotent channel can dedupe a resend.
-func IdempotencyKey(taskID int64) string { return "ntf-" + Ref(taskID) }
+// KeyPrefix starts every idempotency key; a receipt may carry our reference with or without it.
+const KeyPrefix = "ntf-"
+
+// ParseRef reads our reference of a task as a provider carries it back: the reference itself, or the
+// idempotency key (ntf-<ref>). ok is false for anything that cannot be one of ours.
+func ParseRef(s string) (ref string, ok bool) {
+	ref = strings.TrimPrefix(strings.TrimSpace(s), KeyPrefix)
+	if !validRef(ref) {
+		return "", false
+	}
+	return ref, true
+}
+
+// validRef is the schema's delivery_task_ref_check: a lowercase UUID (gen_random_uuid, every task since
+// schema/016), or task-<id> (a task created before, which keeps the reference it was sent with).
+func validRef(ref string) bool {
+	if id, ok := strings.CutPrefix(ref, "task-"); ok {
+		return id != "" && len(id) <= 19 && id[0] != '0' && strings.Trim(id, "0123456789") == ""
+	}
+	if len(ref) != 36 {
+		return false
+	}
+	for i, c := range []byte(ref) {
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}
 
 // Errors callers can test for with errors.Is.
 var (

@@ -272,7 +272,7 @@ type standardEvent struct {
 	Type      string `json:"type"`
 	Timestamp string `json:"timestamp"`
 	Data      struct {
-		Ref           string `json:"ref"`             // ntf-task-<id> or task-<id>
+		Ref           string `json:"ref"`             // the task's ref, or ntf-<ref>
 		ProviderMsgID string `json:"provider_msg_id"` // when no ref
 		Bounce        string `json:"bounce"`          // message.bounced: hard or soft
 		Detail        string `json:"detail"`
@@ -290,7 +290,7 @@ var standardKinds = map[string]service.ReceiptKind{
 }
 
 // ParseStandardWebhook reads a verified Standard Webhooks body: {"type": "message.delivered",
-// "timestamp": RFC 3339, "data": {"ref": "ntf-task-42", "provider_msg_id": ..., "bounce": "hard"}}.
+// "timestamp": RFC 3339, "data": {"ref": "ntf-<ref>", "provider_msg_id": ..., "bounce": "hard"}}.
 func ParseStandardWebhook(body []byte) (service.Receipt, error) {
 	var ev standardEvent
 	if err := json.Unmarshal(body, &ev); err != nil {
@@ -303,11 +303,11 @@ func ParseStandardWebhook(body []byte) (service.Receipt, error) {
 	rec := service.Receipt{Source: service.ReceiptSourceStandardWebhooks, Kind: kind,
 		ProviderMsgID: ev.Data.ProviderMsgID, Detail: ev.Data.Detail}
 	if ev.Data.Ref != "" {
-		id, ok := service.ParseRef(ev.Data.Ref)
+		ref, ok := service.ParseRef(ev.Data.Ref)
 		if !ok {
-			return service.Receipt{}, refuse(http.StatusBadRequest, "malformed", "data.ref %q is not a reference of ours (ntf-task-<id>)", ev.Data.Ref)
+			return service.Receipt{}, refuse(http.StatusBadRequest, "malformed", "data.ref %q is not a reference of ours (the task's ref or ntf-<ref>)", ev.Data.Ref)
 		}
-		rec.TaskID = id
+		rec.Ref = ref
 	}
 	switch {
 	case kind != service.ReceiptBounced && ev.Data.Bounce != "":
@@ -415,11 +415,11 @@ func ParseTwilio(form url.Values, ref string) (service.Receipt, error) {
 		rec.Detail = "Twilio " + status + ", error " + code
 	}
 	if ref != "" {
-		id, ok := service.ParseRef(ref)
+		ours, ok := service.ParseRef(ref)
 		if !ok {
-			return service.Receipt{}, refuse(http.StatusBadRequest, "malformed", "ref %q is not a reference of ours (ntf-task-<id>)", ref)
+			return service.Receipt{}, refuse(http.StatusBadRequest, "malformed", "ref %q is not a reference of ours (the task's ref or ntf-<ref>)", ref)
 		}
-		rec.TaskID = id
+		rec.Ref = ours
 	}
 	return rec, nil
 }

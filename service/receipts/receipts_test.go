@@ -2,9 +2,12 @@ package receipts_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,15 +21,34 @@ import (
 	"github.com/notifierhq/notifier/service/webhook"
 )
 
-// The Standard Webhooks specification's published test vector: any receiver of the specification
-// must accept it.
-const (
-	specSecret    = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-	specID        = "msg_p5jXN8AQM9LWM0D4loKWxJek"
-	specTimestamp = 1614265330
-	specBody      = `{"test": 2432232314}`
-	specSignature = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+// The Standard Webhooks specification's published test vector (testdata/vectors/standard-webhooks.json):
+// any receiver of the specification must accept it.
+var spec = func() (v struct {
+	Secret    string `json:"secret"`
+	ID        string `json:"id"`
+	Timestamp int64  `json:"timestamp"`
+	Body      string `json:"body"`
+	Signature string `json:"signature"`
+}) {
+	readVector("standard-webhooks.json", &v)
+	return v
+}()
+
+var (
+	specSecret, specID, specTimestamp = spec.Secret, spec.ID, spec.Timestamp
+	specBody, specSignature           = spec.Body, spec.Signature
 )
+
+// readVector reads a published test vector from testdata/vectors.
+func readVector(name string, v any) {
+	data, err := os.ReadFile(filepath.Join("..", "..", "testdata", "vectors", name))
+	if err == nil {
+		err = json.Unmarshal(data, v)
+	}
+	if err != nil {
+		panic(err)
+	}
+}
 
 func specKey(t *testing.T) []byte {
 	t.Helper()
@@ -77,18 +99,29 @@ func TestStandardWebhooksSpecVector(t *testing.T) {
 	}
 }
 
-// Twilio's published validator vector (its libraries' tests and documentation).
+// Twilio's published validator vector (its libraries' tests and documentation;
+// testdata/vectors/twilio.json).
 func TestTwilioSignatureVector(t *testing.T) {
 	is := is.New(t)
-	params := url.Values{"Digits": {"1234"}, "CallSid": {"CA1234567890ABCDE"}, "To": {"+18005551212"},
-		"Caller": {"+14158675309"}, "From": {"+14158675309"}}
-	const u = "https://mycompany.com/myapp.php?foo=1&bar=2"
-	is.Equal(receipts.TwilioSignature("12345", u, params), "RSOYDt4T1cUTdK1PDd93/VVr8B8=") // the published signature
-	is.True(receipts.VerifyTwilio("12345", u, params, "RSOYDt4T1cUTdK1PDd93/VVr8B8="))
-	is.True(receipts.VerifyTwilio("12345", "https://mycompany.com:443/myapp.php?foo=1&bar=2", params, "RSOYDt4T1cUTdK1PDd93/VVr8B8=")) // with the default port
-	is.True(!receipts.VerifyTwilio("12346", u, params, "RSOYDt4T1cUTdK1PDd93/VVr8B8="))                                                // another token
+	var v struct {
+		AuthToken string            `json:"auth_token"`
+		URL       string            `json:"url"`
+		Params    map[string]string `json:"params"`
+		Signature string            `json:"signature"`
+	}
+	readVector("twilio.json", &v)
+	params := url.Values{}
+	for k, val := range v.Params {
+		params.Set(k, val)
+	}
+	is.Equal(receipts.TwilioSignature(v.AuthToken, v.URL, params), v.Signature) // the published signature
+	is.True(receipts.VerifyTwilio(v.AuthToken, v.URL, params, v.Signature))
+	withPort := strings.Replace(v.URL, "https://mycompany.com/", "https://mycompany.com:443/", 1)
+	is.True(withPort != v.URL)                                                   // (the vector's host, with the default port)
+	is.True(receipts.VerifyTwilio(v.AuthToken, withPort, params, v.Signature))   // with the default port
+	is.True(!receipts.VerifyTwilio(v.AuthToken+"6", v.URL, params, v.Signature)) // another token
 	params.Set("Digits", "1235")
-	is.True(!receipts.VerifyTwilio("12345", u, params, "RSOYDt4T1cUTdK1PDd93/VVr8B8=")) // a changed parameter
+	is.True(!receipts.VerifyTwilio(v.AuthToken, v.URL, params, v.Signature)) // a changed parameter
 }
 
 func TestParseTwilio(t *testing.T) {
@@ -100,7 +133,7 @@ func TestParseTwilio(t *testing.T) {
 		r, err := receipts.ParseTwilio(url.Values{"MessageSid": {"SM1"}, "MessageStatus": {status}}, "ntf-task-7")
 		is.NoErr(err)
 		is.Equal(r.Kind, want)             // the status's kind
-		is.Equal(r.TaskID, int64(7))       // matched by our reference
+		is.Equal(r.Ref, "task-7")          // our reference, without the key prefix
 		is.Equal(r.EventID, "SM1:"+status) // one event per message and status
 		is.Equal(r.ProviderMsgID, "SM1")   // and the provider's id
 	}
@@ -110,8 +143,8 @@ func TestParseTwilio(t *testing.T) {
 	is.True(r.HardBounce)
 	_, err = receipts.ParseTwilio(url.Values{"MessageSid": {"SM1"}, "MessageStatus": {"exploded"}}, "")
 	is.True(err != nil) // an unknown status is refused
-	_, err = receipts.ParseTwilio(url.Values{"MessageSid": {"SM1"}, "MessageStatus": {"sent"}}, "task-x")
-	is.True(err != nil) // so is a reference that is not ours
+	_, err = receipts.ParseTwilio(url.Values{"MessageSid": {"SM1"}, "MessageStatus": {"sent"}}, "task 7/../x")
+	is.True(err != nil) // so is a reference that cannot be ours
 }
 
 // fakeRecorder records what the handler passes on and answers what the test says.
@@ -171,7 +204,7 @@ func TestHandlerRefusesUnverifiedCallbacks(t *testing.T) {
 	is.Equal(w.Code, http.StatusOK) // a signed receipt is recorded
 	is.Equal(len(rec.got), 1)
 	is.Equal(rec.got[0], service.Receipt{Source: service.ReceiptSourceStandardWebhooks, EventID: "msg_1",
-		Kind: service.ReceiptBounced, HardBounce: true, TaskID: 42, OccurredAt: time.Date(2027, 1, 15, 8, 0, 0, 0, time.UTC)})
+		Kind: service.ReceiptBounced, HardBounce: true, Ref: "task-42", OccurredAt: time.Date(2027, 1, 15, 8, 0, 0, 0, time.UTC)})
 	is.True(rec.disabled[0]) // with --disable-on-bounce passed on
 	is.True(strings.Contains(w.Body.String(), `"result":"settled"`))
 
@@ -228,7 +261,7 @@ func TestHandlerTwilio(t *testing.T) {
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
 	is.Equal(w.Code, http.StatusOK) // verified against the public URL
-	is.Equal(rec.got[0].TaskID, int64(9))
+	is.Equal(rec.got[0].Ref, "task-9")
 	is.Equal(rec.got[0].Kind, service.ReceiptDelivered)
 	is.True(strings.Contains(w.Body.String(), `"result":"noted"`))
 }

@@ -2,7 +2,7 @@
 // with optional STARTTLS (RFC 3207, certificates always verified) and AUTH PLAIN (RFC 4954).
 //
 // Contract: NONE. SMTP has no idempotency key and no way to ask a relay what it accepted. Every
-// message carries a stable Message-ID, <ntf-task-<id>@<domain>>, the same on every attempt: a hint a
+// message carries a stable Message-ID, <ntf-<ref>@<domain>>, the same on every attempt: a hint a
 // receiving system may use to drop a duplicate, nothing the relay promises.
 //
 // Where the outcome is certain and where it is not. A relay takes responsibility for a message only

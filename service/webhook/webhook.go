@@ -2,7 +2,7 @@
 // a signed JSON POST to the subscriber's URL (the user's address on the channel, msg.To).
 //
 // The contract is IDEMPOTENT: every attempt of a task carries the same webhook-id (the task's
-// idempotency key, ntf-task-<id>), and the Standard Webhooks specification asks receivers to
+// idempotency key, ntf-<ref>), and the Standard Webhooks specification asks receivers to
 // deduplicate on it. A resend after a timeout therefore reaches the user once if the receiver
 // follows the specification. Receivers do not tell a replay from a first delivery, so a resend that
 // the receiver deduplicated is reported as ACCEPTED, not ACCEPTED_REPLAY.
@@ -107,7 +107,7 @@ type Payload struct {
 
 // Data is the notification itself.
 type Data struct {
-	Ref  string `json:"ref"` // task-<id>: the same on every attempt
+	Ref  string `json:"ref"` // the task's reference: the same on every attempt
 	Body string `json:"body"`
 }
 

@@ -254,7 +254,7 @@ func TTL(expiresAt, now time.Time) int64 {
 
 // Notification is the plaintext the browser's service worker receives (after decryption).
 type Notification struct {
-	Ref  string `json:"ref"` // task-<id>: the same on every copy, so the service worker can drop a duplicate
+	Ref  string `json:"ref"` // the task's reference: the same on every copy, so the service worker can drop a duplicate
 	Body string `json:"body"`
 }
 
