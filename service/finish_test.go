@@ -2,12 +2,14 @@ package service_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/dbgen"
@@ -133,7 +135,14 @@ func refusingBatch(t *testing.T, errcode string) (*env, *dispatcher, []*service.
 // docs/reliability.md#a-bad-row-costs-only-itself names: 22, 23, P0, and 40 (a deadlock or a
 // serialization failure rolled the statement back: nothing of it was written either).
 func TestRefusedRowCostsOnlyItsOwnObservation(t *testing.T) {
-	for _, errcode := range []string{"invalid_text_representation", "check_violation", "raise_exception", "deadlock_detected", "serialization_failure"} {
+	for _, refusal := range []struct{ errcode, sqlstate string }{
+		{"invalid_text_representation", "22P02"},
+		{"check_violation", "23514"},
+		{"raise_exception", "P0001"},
+		{"deadlock_detected", "40P01"},
+		{"serialization_failure", "40001"},
+	} {
+		errcode := refusal.errcode
 		for _, carried := range []bool{false, true} {
 			t.Run(errcode+"/"+map[bool]string{false: "FinishBatch", true: "FinishBatchThenClaim"}[carried], func(t *testing.T) {
 				is := is.New(t)
@@ -153,6 +162,9 @@ func TestRefusedRowCostsOnlyItsOwnObservation(t *testing.T) {
 				kinds := []service.ResultKind{results[0].Kind, results[1].Kind, results[2].Kind}
 				is.Equal(kinds, []service.ResultKind{service.ResultSent, service.ResultUnrecorded, service.ResultSent})
 				is.True(strings.Contains(results[1].Detail, "refused by the test")) // the server's reason
+				var pgErr *pgconn.PgError
+				is.True(errors.As(results[1].Err, &pgErr)) // the refusal stays a value, not only its text
+				is.Equal(pgErr.Code, refusal.sqlstate)     // the server's own
 				is.Equal(e.task(attempts[0].TaskID).State, service.StateSent)
 				is.Equal(e.task(attempts[2].TaskID).State, service.StateSent)
 				is.Equal(e.task(attempts[1].TaskID).State, service.StateSending)            // left to lease expiry

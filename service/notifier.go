@@ -189,3 +189,5 @@ func checkMaxAttempts(n int) error {
 	}
 	return nil
 }
+
+func ptr[T any](v T) *T { return &v }
