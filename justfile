@@ -76,17 +76,23 @@ generate:
 sqlc-check:
     sqlc=$(sh internal/tools/install-sqlc); "$sqlc" diff; "$sqlc" vet; echo 'sqlc-check: generated code is up to date'
 
-# Mutation testing with gremlins (v0.6.0, installed into .tools/bin on first use) of the packages whose tests need no database, each held to .gremlins.yaml's thresholds (85% efficacy and mutator coverage); args: other packages, e.g. `just mutants ./service/redact`
+# Mutation testing with gremlins (v0.6.0, installed into .tools/bin on first use) of the packages whose tests need no database (worker's few database tests skip: PGTEST_SKIP=1), each held to .gremlins.yaml's thresholds (85% efficacy and mutator coverage); args: other packages, e.g. `just mutants ./service/redact`
 mutants *args:
     @gremlins=$(sh internal/tools/install-gremlins); \
-    if [ $# -eq 0 ]; then set -- ./service/delivery ./service/httpkit ./service/redact ./service/channelconfig; fi; \
+    if [ $# -eq 0 ]; then set -- ./service/delivery ./service/httpkit ./service/redact ./service/channelconfig ./worker; fi; \
     failed=; for pkg in "$@"; do \
       echo "==> gremlins unleash $pkg" >&2; \
-      GOFLAGS=-count=1 "$gremlins" unleash "$pkg" || failed="$failed $pkg"; \
+      PGTEST_SKIP=1 GOFLAGS=-count=1 "$gremlins" unleash "$pkg" || failed="$failed $pkg"; \
     done; \
     if [ -n "$failed" ]; then echo "mutants: below the thresholds of .gremlins.yaml (or gremlins failed):$failed" >&2; exit 1; fi
 
-# Run what CI runs (.ci/run): test, sqlc-check, migrate-check
+# Static analysis with staticcheck (v0.8.2, installed into .tools/bin on first use, its default checks) over ./... (bench/river is a module of its own); args: other packages
+staticcheck *args:
+    @staticcheck=$(sh internal/tools/install-staticcheck); \
+    if [ $# -eq 0 ]; then set -- ./...; fi; \
+    "$staticcheck" "$@"; echo 'staticcheck: clean' >&2
+
+# Run what CI runs (.ci/run): staticcheck, test, river-vet, benchmarks, sqlc-check, migrate-check, ha-soak
 ci:
     bash .ci/run
 
