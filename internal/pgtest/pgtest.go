@@ -15,7 +15,9 @@
 // server binaries ($PG_BIN, `pg_config --bindir`, /usr/lib/postgresql/*/bin)
 // and removed at the end of Main. Environment knobs: DBMATE (dbmate binary),
 // PGTEST_MIGRATIONS_DIR (instead of <repo>/schema), PGTEST_USER (user that runs
-// postgres when we are root; default nobody), PGTEST_FSYNC (e.g. off; default on).
+// postgres when we are root; default nobody), PGTEST_FSYNC (e.g. off; default on),
+// PGTEST_SKIP=1 (NewDB and NewDBURL skip their test instead: `just mutants` runs a
+// package's tests once per mutant, and only those that need no database).
 package pgtest
 
 import (
@@ -135,6 +137,9 @@ var errNoMain = errors.New("pgtest: the package's tests must run through pgtest.
 
 func get(t testing.TB) *harness {
 	t.Helper()
+	if os.Getenv("PGTEST_SKIP") == "1" {
+		t.Skip("pgtest: PGTEST_SKIP=1: this test needs a database")
+	}
 	if !mainCalled.Load() {
 		t.Fatal(errNoMain)
 	}
