@@ -161,134 +161,147 @@ func runUntil(t *testing.T, d Dispatcher, cfg Config, cond func() bool) {
 // The window bounds the calls in flight and the tasks held, and claims refill it: every task is
 // delivered exactly once, and a claim never asks for more than the room left.
 func TestRunKeepsTheWindow(t *testing.T) {
-	is := is.New(t)
-	m := newMem(500, func(*service.Attempt) service.Observation {
-		time.Sleep(2 * time.Millisecond) // a channel that takes a moment
-		return service.Observation{Outcome: service.OutcomeAccepted}
+	synctest.Test(t, func(t *testing.T) {
+		is := is.New(t)
+		m := newMem(500, func(*service.Attempt) service.Observation {
+			time.Sleep(2 * time.Millisecond) // a channel that takes a moment
+			return service.Observation{Outcome: service.OutcomeAccepted}
+		})
+		runUntil(t, m, Config{MaxInFlight: 16, Batch: 10, Logger: quiet, Poll: time.Millisecond},
+			func() bool { return len(m.finishedIDs()) == 500 })
+		seen := m.finishedIDs()
+		for id := int64(1); id <= 500; id++ {
+			is.Equal(seen[id], 1) // every task recorded once
+		}
+		is.True(m.maxCalling <= 16) // never more calls at once than the window
+		is.True(m.maxHeld <= 32)    // nor more held than the window and as many answers waiting to be recorded
+		is.True(m.maxCalling > 10)  // and the window is really used, beyond one claim's batch
+		for _, limit := range m.claims {
+			is.True(limit >= 1 && limit <= 10) // a claim asks for at most --batch, and at least one
+		}
 	})
-	runUntil(t, m, Config{MaxInFlight: 16, Batch: 10, Logger: quiet, Poll: time.Millisecond},
-		func() bool { return len(m.finishedIDs()) == 500 })
-	seen := m.finishedIDs()
-	for id := int64(1); id <= 500; id++ {
-		is.Equal(seen[id], 1) // every task recorded once
-	}
-	is.True(m.maxCalling <= 16) // never more calls at once than the window
-	is.True(m.maxHeld <= 32)    // nor more held than the window and as many answers waiting to be recorded
-	is.True(m.maxCalling > 10)  // and the window is really used, beyond one claim's batch
-	for _, limit := range m.claims {
-		is.True(limit >= 1 && limit <= 10) // a claim asks for at most --batch, and at least one
-	}
 }
 
 // A slow call holds nobody hostage: while one call hangs, the others' answers are recorded and the
 // window keeps being refilled. Before the streaming loop, a cycle waited for its slowest call.
 func TestSlowCallDoesNotHoldOtherAnswers(t *testing.T) {
-	is := is.New(t)
-	release := make(chan struct{})
-	m := newMem(100, func(a *service.Attempt) service.Observation {
-		if a.TaskID == 1 {
-			<-release // the first task's channel hangs
-		}
-		return service.Observation{Outcome: service.OutcomeAccepted}
+	synctest.Test(t, func(t *testing.T) {
+		is := is.New(t)
+		release := make(chan struct{})
+		m := newMem(100, func(a *service.Attempt) service.Observation {
+			if a.TaskID == 1 {
+				<-release // the first task's channel hangs
+			}
+			return service.Observation{Outcome: service.OutcomeAccepted}
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			Run(ctx, m, Config{MaxInFlight: 8, Batch: 8, Logger: quiet, Poll: time.Millisecond})
+			close(done)
+		}()
+		waitCond(t, func() bool { return len(m.finishedIDs()) == 99 })
+		is.Equal(m.finishedIDs()[1], 0) // the hanging one is not recorded yet
+		cancel()
+		close(release)
+		<-done
+		is.Equal(m.finishedIDs()[1], 1) // and is recorded once it answers, on the way out
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		Run(ctx, m, Config{MaxInFlight: 8, Batch: 8, Logger: quiet, Poll: time.Millisecond})
-		close(done)
-	}()
-	waitCond(t, func() bool { return len(m.finishedIDs()) == 99 })
-	is.Equal(m.finishedIDs()[1], 0) // the hanging one is not recorded yet
-	cancel()
-	close(release)
-	<-done
-	is.Equal(m.finishedIDs()[1], 1) // and is recorded once it answers, on the way out
 }
 
 // Answers that arrive while a finish runs are recorded together by the next one (group commit), and
 // no more than Finishers finishes run at once.
 func TestAnswersAreRecordedInGroups(t *testing.T) {
-	is := is.New(t)
-	gate := make(chan struct{})
-	m := newMem(40, accepted)
-	m.finishGate = gate
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		Run(ctx, m, Config{MaxInFlight: 40, Batch: 40, Finishers: 1, FinishBatch: 100, Logger: quiet, Poll: time.Millisecond})
-		close(done)
-	}()
-	waitCond(t, func() bool { m.mu.Lock(); defer m.mu.Unlock(); return m.finishing == 1 }) // the first finish is running
-	time.Sleep(20 * time.Millisecond)                                                      // the other answers arrive meanwhile
-	close(gate)
-	waitCond(t, func() bool { return len(m.finishedIDs()) == 40 })
-	cancel()
-	<-done
-	is.Equal(m.maxFinishes, 1)    // one finish at a time
-	is.True(len(m.finishes) <= 3) // 40 answers in a few groups, not 40 finishes
+	synctest.Test(t, func(t *testing.T) {
+		is := is.New(t)
+		gate := make(chan struct{})
+		m := newMem(40, accepted)
+		m.finishGate = gate
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			Run(ctx, m, Config{MaxInFlight: 40, Batch: 40, Finishers: 1, FinishBatch: 100, Logger: quiet, Poll: time.Millisecond})
+			close(done)
+		}()
+		waitCond(t, func() bool { m.mu.Lock(); defer m.mu.Unlock(); return m.finishing == 1 }) // the first finish is running
+		synctest.Wait()                                                                        // the other answers arrive meanwhile
+		close(gate)
+		waitCond(t, func() bool { return len(m.finishedIDs()) == 40 })
+		cancel()
+		<-done
+		is.Equal(m.maxFinishes, 1)    // one finish at a time
+		is.True(len(m.finishes) <= 3) // 40 answers in a few groups, not 40 finishes
+	})
 }
 
 // One worker with a window of one runs the per-task cycle in two round trips: every finish but the
 // last carries the next claim (the bench found none did when the window was full).
 func TestWindowOfOneCarriesTheClaimWithTheFinish(t *testing.T) {
-	is := is.New(t)
-	m := newMem(20, accepted)
-	runUntil(t, m, Config{MaxInFlight: 1, Batch: 1, Finishers: 1, Logger: quiet, Poll: time.Millisecond},
-		func() bool { return len(m.finishedIDs()) == 20 })
-	is.Equal(m.maxCalling, 1)     // one call at a time
-	is.True(m.carried >= 19)      // each finish brought the next claim with it
-	is.Equal(len(m.finishes), 20) // one finish per task: nothing to group with
+	synctest.Test(t, func(t *testing.T) {
+		is := is.New(t)
+		m := newMem(20, accepted)
+		runUntil(t, m, Config{MaxInFlight: 1, Batch: 1, Finishers: 1, Logger: quiet, Poll: time.Millisecond},
+			func() bool { return len(m.finishedIDs()) == 20 })
+		is.Equal(m.maxCalling, 1)     // one call at a time
+		is.True(m.carried >= 19)      // each finish brought the next claim with it
+		is.Equal(len(m.finishes), 20) // one finish per task: nothing to group with
+	})
 }
 
 // While other calls are in flight, an answer waits up to FinishDelay for others to share its finish:
 // a window of answers coming in close together is recorded in a few statements, not one per answer.
 func TestAnswersWaitBrieflyToShareAFinish(t *testing.T) {
-	is := is.New(t)
-	var n sync.Mutex
-	count := 0
-	m := newMem(64, func(*service.Attempt) service.Observation {
-		n.Lock()
-		count++
-		d := time.Duration(count%8) * 100 * time.Microsecond // answers spread over under a millisecond
-		n.Unlock()
-		time.Sleep(d)
-		return service.Observation{Outcome: service.OutcomeAccepted}
+	synctest.Test(t, func(t *testing.T) {
+		is := is.New(t)
+		var n sync.Mutex
+		count := 0
+		m := newMem(64, func(*service.Attempt) service.Observation {
+			n.Lock()
+			count++
+			d := time.Duration(count%8) * 100 * time.Microsecond // answers spread over under a millisecond
+			n.Unlock()
+			time.Sleep(d)
+			return service.Observation{Outcome: service.OutcomeAccepted}
+		})
+		runUntil(t, m, Config{MaxInFlight: 64, Batch: 64, FinishDelay: 20 * time.Millisecond, Logger: quiet, Poll: time.Millisecond},
+			func() bool { return len(m.finishedIDs()) == 64 })
+		is.True(len(m.finishes) <= 8) // 64 answers in a handful of finishes
 	})
-	runUntil(t, m, Config{MaxInFlight: 64, Batch: 64, FinishDelay: 20 * time.Millisecond, Logger: quiet, Poll: time.Millisecond},
-		func() bool { return len(m.finishedIDs()) == 64 })
-	is.True(len(m.finishes) <= 8) // 64 answers in a handful of finishes
 }
 
 // On stop no task is claimed any more, and every call in flight is still recorded before Run returns.
 func TestStopRecordsCallsInFlight(t *testing.T) {
-	is := is.New(t)
-	var once sync.Once
-	calling := make(chan struct{})
-	release := make(chan struct{})
-	m := newMem(100, func(*service.Attempt) service.Observation {
-		once.Do(func() { close(calling) })
-		<-release
-		return service.Observation{Outcome: service.OutcomeAccepted}
+	synctest.Test(t, func(t *testing.T) {
+		is := is.New(t)
+		var once sync.Once
+		calling := make(chan struct{})
+		release := make(chan struct{})
+		m := newMem(100, func(*service.Attempt) service.Observation {
+			once.Do(func() { close(calling) })
+			<-release
+			return service.Observation{Outcome: service.OutcomeAccepted}
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { Run(ctx, m, Config{MaxInFlight: 5, Batch: 5, Logger: quiet}); close(done) }()
+		<-calling
+		m.mu.Lock()
+		m.stopped = true
+		m.mu.Unlock()
+		cancel()
+		synctest.Wait() // everything Run does without the calls' answers is done
+		select {
+		case <-done:
+			t.Fatal("Run returned with calls in flight")
+		default:
+		}
+		close(release)
+		<-done
+		is.Equal(len(m.finishedIDs()), 5) // the five calls in flight are recorded
+		for _, after := range m.calledAfter {
+			is.True(!after) // nothing was claimed after the stop
+		}
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { Run(ctx, m, Config{MaxInFlight: 5, Batch: 5, Logger: quiet}); close(done) }()
-	<-calling
-	m.mu.Lock()
-	m.stopped = true
-	m.mu.Unlock()
-	cancel()
-	select {
-	case <-done:
-		t.Fatal("Run returned with calls in flight")
-	case <-time.After(50 * time.Millisecond):
-	}
-	close(release)
-	<-done
-	is.Equal(len(m.finishedIDs()), 5) // the five calls in flight are recorded
-	for _, after := range m.calledAfter {
-		is.True(!after) // nothing was claimed after the stop
-	}
 }
 
 // A failing database is logged once when it starts failing and once when it recovers; claims back off
@@ -357,7 +370,7 @@ func TestClaimFailuresBackOff(t *testing.T) {
 		time.Sleep(20 * ms) // a few empty claims
 		synctest.Wait()
 		after := m.gaps()[len(failing):]
-		is.True(len(after) > 2)   // the loop went on claiming
+		is.True(len(after) > 2)            // the loop went on claiming
 		is.True(spreadOf(after[0], 40*ms)) // the first claim after the failures waited the backoff, and succeeded
 		for _, gap := range after[2:] {
 			is.True(spreadOf(gap, 5*ms)) // then empty claims poll at Poll: the backoff ended with the failures
