@@ -114,9 +114,10 @@ type Channel struct {
 	seq      int
 	changed  chan struct{} // closed and replaced whenever an outbound is recorded
 
-	limit      *bucket        // the provider's rate limit (SetRateLimit); nil: none
-	throttled  map[string]int // sends answered 429 by limit, per ref
-	acceptedAt []time.Time    // when each new outbound message was accepted, in order
+	now        func() time.Time // the fake's clock (SetClock): time.Now unless a test moves it
+	limit      *bucket          // the provider's rate limit (SetRateLimit); nil: none
+	throttled  map[string]int   // sends answered 429 by limit, per ref
+	acceptedAt []time.Time      // when each new outbound message was accepted, in order
 
 	conns ConnCounter // TCP connections accepted
 }
@@ -202,6 +203,7 @@ func newChannel(kind Kind) *Channel {
 		byKey:     map[string]string{},
 		changed:   make(chan struct{}),
 		throttled: map[string]int{},
+		now:       time.Now,
 	}
 }
 
@@ -271,7 +273,15 @@ func (c *Channel) SetRateLimit(perSecond float64) {
 		return
 	}
 	burst := max(1, perSecond)
-	c.limit = &bucket{perSecond: perSecond, burst: burst, tokens: burst, at: time.Now()}
+	c.limit = &bucket{perSecond: perSecond, burst: burst, tokens: burst, at: c.now()}
+}
+
+// SetClock replaces the fake's clock, which refills the rate limit's bucket (SetRateLimit) and stamps
+// AcceptedAt, so a test can move time on instead of sleeping.
+func (c *Channel) SetClock(now func() time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = now
 }
 
 // bucket is a token bucket on the fake's own clock.

@@ -633,6 +633,10 @@ func TestControlDropStep(t *testing.T) {
 func TestRateLimit(t *testing.T) {
 	is := is.New(t)
 	c := start(t, fakes.Push)
+	var clock sync.Mutex
+	now := time.Now()
+	c.SetClock(func() time.Time { clock.Lock(); defer clock.Unlock(); return now })
+	advance := func(d time.Duration) { clock.Lock(); defer clock.Unlock(); now = now.Add(d) }
 	c.SetRateLimit(1) // 1/s, burst 1: the next token comes a second after the first send
 	c.ScriptSend("task-2", fakes.Step{Status: 503})
 	status, _ := send(t, c, "task-1")
@@ -649,7 +653,15 @@ func TestRateLimit(t *testing.T) {
 	is.Equal(c.Snapshot().Throttled, map[string]int{"task-2": 1})
 	is.Equal(len(c.AcceptedAt()), 1) // one acceptance recorded
 
-	time.Sleep(1100 * time.Millisecond) // at least a second: a token is back
+	advance(600 * time.Millisecond) // not yet a token
+	resp, err = postSend(http.DefaultClient, c, "task-2", "ntf-task-2")
+	is.NoErr(err)
+	resp.Body.Close()
+	is.Equal(resp.StatusCode, http.StatusTooManyRequests) // still over the rate
+	is.Equal(resp.Header.Get("Retry-After"), "1")         // 0.4 s, rounded up to a whole second
+	is.Equal(c.Throttled("task-2"), 2)
+
+	advance(400 * time.Millisecond) // a second since the first send: a token is back
 	status, _ = send(t, c, "task-2")
 	is.Equal(status, http.StatusServiceUnavailable) // the scripted step was kept for the send the limit let through
 

@@ -64,7 +64,7 @@ func (c *Channel) handleSend(w http.ResponseWriter, r *http.Request) {
 	c.mu.Lock()
 	c.sends[req.Ref]++
 	if c.limit != nil {
-		if ok, wait := c.limit.take(time.Now()); !ok {
+		if ok, wait := c.limit.take(c.now()); !ok {
 			c.throttled[req.Ref]++
 			c.mu.Unlock()
 			secs := int64(math.Ceil(wait.Seconds()))
@@ -103,7 +103,7 @@ func (c *Channel) accept(req sendRequest, key string) sendReply {
 	}
 	c.outbound[ref]++
 	c.messages[ref] = append(c.messages[ref], Message{ID: id, Ref: ref, Key: key, To: req.To, Body: req.Body})
-	c.acceptedAt = append(c.acceptedAt, time.Now())
+	c.acceptedAt = append(c.acceptedAt, c.now())
 	close(c.changed)
 	c.changed = make(chan struct{})
 	return sendReply{ID: id}

@@ -49,7 +49,18 @@ type pushService struct {
 	requests   int
 	conns      fakes.ConnCounter
 	lastHeader http.Header
-	script     []step // consumed one per request; empty: store and answer 201 at once
+	script     []step        // consumed one per request; empty: store and answer 201 at once
+	ahead      time.Duration // how far the push service's clock runs ahead of time.Now (wait)
+}
+
+// now is the push service's clock, which decides when a stored message's TTL has run out.
+func (p *pushService) now() time.Time { return time.Now().Add(p.ahead) }
+
+// wait moves the push service's clock on by d, as if d had passed for it, instead of sleeping.
+func (p *pushService) wait(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ahead += d
 }
 
 // step scripts one request: refuse with status before storing, or store and delay the 201, or store
@@ -206,7 +217,7 @@ func (p *pushService) store(name string, h http.Header, body []byte) (int, strin
 		return http.StatusBadRequest, "payload is not a notification"
 	}
 	p.nextMsg++
-	m := &storedMsg{id: strconv.Itoa(p.nextMsg), topic: topic, expires: time.Now().Add(time.Duration(ttl) * time.Second), n: n}
+	m := &storedMsg{id: strconv.Itoa(p.nextMsg), topic: topic, expires: p.now().Add(time.Duration(ttl) * time.Second), n: n}
 	if ttl == 0 {
 		return http.StatusCreated, m.id // deliverable only to a connected device; ours is not
 	}
@@ -227,7 +238,7 @@ func (p *pushService) deliver(name string) int {
 	d := p.devices[name]
 	n := 0
 	for _, m := range d.stored {
-		if time.Now().Before(m.expires) {
+		if p.now().Before(m.expires) {
 			d.inbox = append(d.inbox, m.n)
 			n++
 		}
