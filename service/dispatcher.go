@@ -17,15 +17,6 @@ import (
 	"github.com/notifierhq/notifier/dbgen"
 )
 
-// Route is one channel a dispatcher serves: its name (as in channel_pref.channel), its contract, the
-// client that calls it, and the rate limit this worker sets on it (ConfigureRateLimits).
-type Route struct {
-	Mode      Mode
-	Contract  Contract
-	Client    Channel
-	RateLimit RateLimit
-}
-
 // DispatcherConfig configures a worker's claim-call-finish cycle.
 type DispatcherConfig struct {
 	Worker      string           // recorded as lease_owner and on every attempt
