@@ -7,6 +7,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"github.com/notifierhq/notifier/service/delivery"
 	"maps"
 	"math"
 	"slices"
@@ -43,7 +44,7 @@ func (d *Dispatcher) ConfigureRateLimits(ctx context.Context) ([]Bucket, error) 
 	q := dbgen.New(d.pool)
 	var set []string
 	for _, ch := range d.channels {
-		if r := d.cfg.Routes[ch].RateLimit; r != (RateLimit{}) {
+		if r := d.cfg.Routes[ch].RateLimit; r != (delivery.RateLimit{}) {
 			if err := r.Check(); err != nil {
 				return nil, fmt.Errorf("rate limit of %s: %w", ch, err) // before anything is written
 			}
@@ -111,10 +112,10 @@ func (d *Dispatcher) peekTokens(ctx context.Context, q *dbgen.Queries) (map[stri
 // none: the claim leaves those tasks as they are, due again at once. Rows settled or parked at claim
 // time need no token.
 func (d *Dispatcher) takeTokens(ctx context.Context, q *dbgen.Queries, rows []dbgen.TaskClaimRow,
-	decisions map[int64]ClaimDecision, allowance map[string]int, throttled *map[string]bool) ([]dbgen.TaskClaimRow, error) {
+	decisions map[int64]delivery.ClaimDecision, allowance map[string]int, throttled *map[string]bool) ([]dbgen.TaskClaimRow, error) {
 	calls := map[string]int32{}
 	for _, row := range rows {
-		if _, limited := allowance[row.Channel]; limited && decisions[row.ID].Kind == ClaimCall {
+		if _, limited := allowance[row.Channel]; limited && decisions[row.ID].Kind == delivery.ClaimCall {
 			calls[row.Channel]++
 		}
 	}
@@ -137,7 +138,7 @@ func (d *Dispatcher) takeTokens(ctx context.Context, q *dbgen.Queries, rows []db
 	kept := rows[:0:0] // a new slice: the claim keeps rows as locked, to set a task aside (claimEach)
 	for _, row := range rows {
 		n, limited := left[row.Channel] // a bucket deleted since the peek: no limit
-		if limited && decisions[row.ID].Kind == ClaimCall {
+		if limited && decisions[row.ID].Kind == delivery.ClaimCall {
 			if n == 0 {
 				d.rateLimited(row.Channel, throttled)
 				continue
@@ -170,13 +171,13 @@ func (d *Dispatcher) rateLimited(channel string, seen *map[string]bool) {
 // whether or not its task's finish is recorded, so the pause does not depend on it; it goes before the
 // claim that may ride with the finish, so that claim already sees it. A failed pause is reported and
 // changes nothing else: the throttled task itself waits for its Retry-After anyway.
-func (d *Dispatcher) pauseThrottled(ctx context.Context, attempts []*Attempt, obs []Observation) {
+func (d *Dispatcher) pauseThrottled(ctx context.Context, attempts []*Attempt, obs []delivery.Observation) {
 	if len(d.limited) == 0 {
 		return
 	}
 	var pauses map[string]time.Duration // made by the first 429: most finishes have none
 	for i, a := range attempts {
-		if i >= len(obs) || obs[i].Outcome != OutcomeThrottled || !slices.Contains(d.limited, a.Channel) {
+		if i >= len(obs) || obs[i].Outcome != delivery.OutcomeThrottled || !slices.Contains(d.limited, a.Channel) {
 			continue
 		}
 		pause := obs[i].RetryAfter

@@ -35,7 +35,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 	"github.com/notifierhq/notifier/service/smtpchannel"
 	"github.com/notifierhq/notifier/service/webhook"
@@ -107,11 +107,11 @@ var keysByKind = map[string][]string{
 
 // modesByKind lists the modes each kind's protocol supports, the default first. Claiming less than
 // the protocol offers is allowed (a webhook may be run as NONE); claiming more is not.
-var modesByKind = map[string][]service.Mode{
-	KindHTTP:    {service.ModeIdempotent, service.ModeQueryable, service.ModeNone}, // no default: the endpoint decides
-	KindWebhook: {service.ModeIdempotent, service.ModeNone},
-	KindWebPush: {service.ModeNone},
-	KindSMTP:    {service.ModeNone},
+var modesByKind = map[string][]delivery.Mode{
+	KindHTTP:    {delivery.ModeIdempotent, delivery.ModeQueryable, delivery.ModeNone}, // no default: the endpoint decides
+	KindWebhook: {delivery.ModeIdempotent, delivery.ModeNone},
+	KindWebPush: {delivery.ModeNone},
+	KindSMTP:    {delivery.ModeNone},
 }
 
 // inlineSecrets are keys that would put a secret into the file, and where it must come from instead.
@@ -130,7 +130,7 @@ var channelName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
 type Error struct{ msg string }
 
 func (e *Error) Error() string        { return e.msg }
-func (e *Error) Is(target error) bool { return target == service.ErrInvalidInput }
+func (e *Error) Is(target error) bool { return target == delivery.ErrInvalidInput }
 
 func fail(format string, args ...any) error {
 	return &Error{msg: oneLine(fmt.Sprintf(format, args...))}
@@ -138,7 +138,7 @@ func fail(format string, args ...any) error {
 
 // Load reads and checks the file and builds one route per channel. getenv resolves *_env keys
 // (os.Getenv in production). Errors are *Error, one line naming the file, the channel and the key.
-func Load(path string, getenv func(string) string) (map[string]service.Route, error) {
+func Load(path string, getenv func(string) string) (map[string]delivery.Route, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fail("channels file: %v", err)
@@ -160,7 +160,7 @@ func Load(path string, getenv func(string) string) (map[string]service.Route, er
 	}
 	sort.Strings(names)
 	l := loader{dir: filepath.Dir(path), getenv: getenv}
-	routes := make(map[string]service.Route, len(names))
+	routes := make(map[string]delivery.Route, len(names))
 	for _, name := range names {
 		r, err := l.route(name, f.Channels[name])
 		if err != nil {
@@ -206,68 +206,68 @@ type loader struct {
 	getenv func(string) string
 }
 
-func (l loader) route(name string, c channel) (service.Route, error) {
+func (l loader) route(name string, c channel) (delivery.Route, error) {
 	if !channelName.MatchString(name) {
-		return service.Route{}, errors.New("invalid name: want 1-32 of a-z, 0-9, _ or -, starting with a letter")
+		return delivery.Route{}, errors.New("invalid name: want 1-32 of a-z, 0-9, _ or -, starting with a letter")
 	}
 	modes, ok := modesByKind[c.Kind]
 	if !ok {
-		return service.Route{}, fmt.Errorf("kind %q: want http, webhook, webpush or smtp", c.Kind)
+		return delivery.Route{}, fmt.Errorf("kind %q: want http, webhook, webpush or smtp", c.Kind)
 	}
 	mode, err := l.mode(c, modes)
 	if err != nil {
-		return service.Route{}, err
+		return delivery.Route{}, err
 	}
 	contract, err := l.contract(c, mode)
 	if err != nil {
-		return service.Route{}, err
+		return delivery.Route{}, err
 	}
 	limit, err := rateLimit(c)
 	if err != nil {
-		return service.Route{}, err
+		return delivery.Route{}, err
 	}
 	client, err := l.client(c)
 	if err != nil {
-		return service.Route{}, err
+		return delivery.Route{}, err
 	}
-	return service.Route{Mode: mode, Contract: contract, Client: client, RateLimit: limit}, nil
+	return delivery.Route{Mode: mode, Contract: contract, Client: client, RateLimit: limit}, nil
 }
 
 // rateLimit reads rate_limit ("50/s", "3000/min", "20000/h") and burst (a whole number of calls, by
 // default one second's worth and at least one).
-func rateLimit(c channel) (service.RateLimit, error) {
+func rateLimit(c channel) (delivery.RateLimit, error) {
 	if c.RateLimit == "" {
 		if c.Burst != nil {
-			return service.RateLimit{}, errors.New("burst: applies only with rate_limit")
+			return delivery.RateLimit{}, errors.New("burst: applies only with rate_limit")
 		}
-		return service.RateLimit{}, nil
+		return delivery.RateLimit{}, nil
 	}
-	rate, err := service.ParseRate(c.RateLimit)
+	rate, err := delivery.ParseRate(c.RateLimit)
 	if err != nil {
-		var bad *service.InputError
+		var bad *delivery.InputError
 		if errors.As(err, &bad) {
 			err = errors.New("rate_limit " + bad.Reason)
 		}
-		return service.RateLimit{}, err
+		return delivery.RateLimit{}, err
 	}
-	limit := service.RateLimit{PerSecond: rate, Burst: service.DefaultBurst(rate)}
+	limit := delivery.RateLimit{PerSecond: rate, Burst: delivery.DefaultBurst(rate)}
 	if c.Burst != nil {
-		if *c.Burst < 1 || *c.Burst > service.MaxRate {
-			return service.RateLimit{}, fmt.Errorf("burst %d: want a whole number of calls from 1 to %d", *c.Burst, service.MaxRate)
+		if *c.Burst < 1 || *c.Burst > delivery.MaxRate {
+			return delivery.RateLimit{}, fmt.Errorf("burst %d: want a whole number of calls from 1 to %d", *c.Burst, delivery.MaxRate)
 		}
 		limit.Burst = float64(*c.Burst)
 	}
 	return limit, nil
 }
 
-func (l loader) mode(c channel, modes []service.Mode) (service.Mode, error) {
+func (l loader) mode(c channel, modes []delivery.Mode) (delivery.Mode, error) {
 	if c.Mode == "" {
 		if c.Kind == KindHTTP {
 			return "", errors.New("mode: required for kind http (idempotent, queryable or none: what the endpoint promises)")
 		}
 		return modes[0], nil
 	}
-	m, err := service.ParseMode(c.Mode)
+	m, err := delivery.ParseMode(c.Mode)
 	if err != nil {
 		return "", fmt.Errorf("mode %q: want idempotent, queryable or none", c.Mode)
 	}
@@ -289,8 +289,8 @@ func offers(kind string) string {
 	return ""
 }
 
-func (l loader) contract(c channel, mode service.Mode) (service.Contract, error) {
-	var k service.Contract
+func (l loader) contract(c channel, mode delivery.Mode) (delivery.Contract, error) {
+	var k delivery.Contract
 	var err error
 	if k.IdempotencyWindow, err = duration("idempotency_window", c.IdempotencyWindow); err != nil {
 		return k, err
@@ -301,10 +301,10 @@ func (l loader) contract(c channel, mode service.Mode) (service.Contract, error)
 	if k.MaxInFlightAge, err = duration("max_in_flight_age", c.MaxInFlightAge); err != nil {
 		return k, err
 	}
-	if c.IdempotencyWindow != "" && mode != service.ModeIdempotent {
+	if c.IdempotencyWindow != "" && mode != delivery.ModeIdempotent {
 		return k, fmt.Errorf("idempotency_window applies to mode idempotent only, not %s", strings.ToLower(string(mode)))
 	}
-	if c.QuerySettle != "" && mode != service.ModeQueryable {
+	if c.QuerySettle != "" && mode != delivery.ModeQueryable {
 		return k, fmt.Errorf("query_settle applies to mode queryable only, not %s", strings.ToLower(string(mode)))
 	}
 	k.ServerErrorsUncertain = c.ServerErrorsUncertain
@@ -323,7 +323,7 @@ func duration(key, s string) (time.Duration, error) {
 	return d, nil
 }
 
-func (l loader) client(c channel) (service.Channel, error) {
+func (l loader) client(c channel) (delivery.Channel, error) {
 	caFile := l.path(c.CAFile)
 	switch c.Kind {
 	case KindHTTP:
@@ -417,7 +417,7 @@ func keyErr(key string, err error) error {
 	if err == nil {
 		return nil
 	}
-	msg := strings.TrimPrefix(err.Error(), service.ErrInvalidInput.Error()+": ")
+	msg := strings.TrimPrefix(err.Error(), delivery.ErrInvalidInput.Error()+": ")
 	if key == "" {
 		return errors.New(msg)
 	}
