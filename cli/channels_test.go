@@ -15,6 +15,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 const testWebhookSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -75,11 +76,11 @@ secret_env = "NOTIFIER_TEST_HOOK_SECRET"
 	is.Equal(r.code, 0) // the worker ran
 	var res service.Result
 	decode(t, r.stdout, &res)
-	is.Equal(res.Kind, service.ResultSent)         // delivered
-	is.Equal(res.TaskID, tasks[0].TaskID)          // the task
-	is.Equal(res.Channel, "push")                  // through the channel from the file
-	is.Equal(res.Outcome, service.OutcomeAccepted) // accepted
-	is.Equal(push.TotalSends(), 1)                 // one call to the fake
+	is.Equal(res.Kind, service.ResultSent)          // delivered
+	is.Equal(res.TaskID, tasks[0].TaskID)           // the task
+	is.Equal(res.Channel, "push")                   // through the channel from the file
+	is.Equal(res.Outcome, delivery.OutcomeAccepted) // accepted
+	is.Equal(push.TotalSends(), 1)                  // one call to the fake
 
 	// Without the variable the same file is refused at start.
 	r = c.run("", "work", "--once", "--channels-file", file)

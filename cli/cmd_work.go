@@ -19,6 +19,7 @@ import (
 
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/channelconfig"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 	"github.com/notifierhq/notifier/service/redact"
 	"github.com/notifierhq/notifier/worker"
@@ -161,7 +162,7 @@ func workCommand(e *env) *cli.Command {
 // channelSpec is one parsed --channel value.
 type channelSpec struct {
 	Name string
-	Mode service.Mode
+	Mode delivery.Mode
 	URL  string
 }
 
@@ -180,7 +181,7 @@ func parseChannel(value string) (channelSpec, error) {
 	if name == "" {
 		return channelSpec{}, usagef("invalid --channel %q: empty channel name", shown)
 	}
-	mode, err := service.ParseMode(modeText)
+	mode, err := delivery.ParseMode(modeText)
 	if err != nil {
 		return channelSpec{}, usagef("invalid --channel %q: unknown mode %q: want idempotent, queryable or none", shown, modeText)
 	}
@@ -229,7 +230,7 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 		d.Worker = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	d.Lease, d.CallTimeout, d.DBTimeout = c.Duration("lease"), c.Duration("timeout"), e.dbTimeout
-	d.Backoff = service.Backoff{Base: c.Duration("backoff")}
+	d.Backoff = delivery.Backoff{Base: c.Duration("backoff")}
 	for name, v := range map[string]time.Duration{"lease": d.Lease, "timeout": d.CallTimeout, "backoff": d.Backoff.Base, "poll": c.Duration("poll")} {
 		if v <= 0 {
 			return workConfig{}, usagef("invalid --%s %s: must be more than 0", name, v)
@@ -255,7 +256,7 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 			return workConfig{}, usagef("invalid --metrics-addr %q: want host:port, e.g. 127.0.0.1:9464", cfg.metrics)
 		}
 	}
-	d.Routes = map[string]service.Route{}
+	d.Routes = map[string]delivery.Route{}
 	fromFile := map[string]bool{}
 	if channelsFile != "" {
 		routes, err := channelconfig.Load(channelsFile, e.getenv)
@@ -282,14 +283,14 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 		}
 		client, err := httpchannel.New(spec.URL, httpchannel.Options{CAFile: c.String("ca-file")})
 		if err != nil {
-			if errors.Is(err, service.ErrInvalidInput) {
+			if errors.Is(err, delivery.ErrInvalidInput) {
 				// The adapter's error shows the URL (redacted) once; the whole value again would put two
 				// userinfos in one line, and redaction would hide everything between them.
 				return workConfig{}, usagef("invalid --channel %s: %v", spec.Name, err)
 			}
 			return workConfig{}, err // e.g. the CA file cannot be read
 		}
-		d.Routes[spec.Name] = service.Route{Mode: spec.Mode, Client: client}
+		d.Routes[spec.Name] = delivery.Route{Mode: spec.Mode, Client: client}
 		cfg.specs = append(cfg.specs, spec)
 	}
 	if !cfg.once {
@@ -481,7 +482,7 @@ func sameStanding(a, b service.ServerStanding) bool {
 // checkBurstCoversPoll refuses a rate limit whose burst holds less than one --poll's worth of calls: a
 // worker whose claim found no token waits --poll before it claims again, and a bucket that fills up
 // sooner stops filling, so the channel would run below its limit (at most burst per poll).
-func checkBurstCoversPoll(routes map[string]service.Route, poll time.Duration) error {
+func checkBurstCoversPoll(routes map[string]delivery.Route, poll time.Duration) error {
 	for _, name := range slices.Sorted(maps.Keys(routes)) {
 		r := routes[name].RateLimit
 		if need := r.PerSecond * poll.Seconds(); r.Burst > 0 && r.Burst < need {

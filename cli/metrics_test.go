@@ -6,18 +6,18 @@ import (
 
 	"github.com/matryer/is"
 
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // acceptingChannel accepts every send and finds every query.
 type acceptingChannel struct{}
 
-func (acceptingChannel) Send(context.Context, service.Message) service.Observation {
-	return service.Observation{Outcome: service.OutcomeAccepted}
+func (acceptingChannel) Send(context.Context, delivery.Message) delivery.Observation {
+	return delivery.Observation{Outcome: delivery.OutcomeAccepted}
 }
 
-func (acceptingChannel) Query(context.Context, string) service.Observation {
-	return service.Observation{Outcome: service.OutcomeQueryFound}
+func (acceptingChannel) Query(context.Context, string) delivery.Observation {
+	return delivery.Observation{Outcome: delivery.OutcomeQueryFound}
 }
 
 // TestCallsAreCountedUnderTheirAction: a TOPIC_RESEND is counted as one, not as a SEND (it was, so a
@@ -27,10 +27,10 @@ func TestCallsAreCountedUnderTheirAction(t *testing.T) {
 	m := newMetrics()
 	ch := measuredChannel{name: "browser", next: acceptingChannel{}, m: m}
 	ctx := context.Background()
-	ch.Send(ctx, service.Message{Action: service.ActionSend})
-	ch.Send(ctx, service.Message{Action: service.ActionTopicResend})
-	ch.Send(ctx, service.Message{Action: service.ActionTopicResend})
-	ch.Send(ctx, service.Message{})
+	ch.Send(ctx, delivery.Message{Action: delivery.ActionSend})
+	ch.Send(ctx, delivery.Message{Action: delivery.ActionTopicResend})
+	ch.Send(ctx, delivery.Message{Action: delivery.ActionTopicResend})
+	ch.Send(ctx, delivery.Message{})
 	ch.Query(ctx, "task-1")
 	calls, durations := map[string]float64{}, map[string]uint64{}
 	families, err := m.registry.Gather()

@@ -19,6 +19,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // syncBuffer is a bytes.Buffer a running process writes while the test reads.
@@ -122,12 +123,12 @@ func TestSIGTERMFinishesInFlightCall(t *testing.T) {
 
 	is.Equal(p.stop(syscall.SIGTERM), 0) // a clean stop
 	task, err := n.Task(ctx, taskID)
-	is.NoErr(err)                           // the task reads back
-	is.Equal(task.State, service.StateSent) // the in-flight call's outcome was recorded
+	is.NoErr(err)                            // the task reads back
+	is.Equal(task.State, delivery.StateSent) // the in-flight call's outcome was recorded
 	attempts, err := n.Attempts(ctx, taskID)
 	is.NoErr(err)                                            // attempts read back
 	is.Equal(len(attempts), 1)                               // one attempt
-	is.Equal(attempts[0].Outcome, service.OutcomeAccepted)   // accepted
+	is.Equal(attempts[0].Outcome, delivery.OutcomeAccepted)  // accepted
 	is.Equal(push.Outbound(refOf(t, pool, taskID)), 1)       // one message
 	is.True(strings.Contains(p.stderr.String(), "stopping")) // the shutdown is logged
 	is.Equal(p.stdout.String(), "")                          // a long-running worker prints no result
@@ -343,7 +344,7 @@ func TestOnceReportsARefusedFinish(t *testing.T) {
 	is.Equal(push.Outbound(refOf(t, pool, taskID)), 1) // the call went out
 	task, err := service.NewNotifier(pool).Task(context.Background(), taskID)
 	is.NoErr(err)
-	is.Equal(task.State, service.StateSending) // left to lease expiry
+	is.Equal(task.State, delivery.StateSending) // left to lease expiry
 }
 
 // TestLogLinesNameEachKeyOnce: a worker's log lines, JSON and text, never repeat a key. The CALLED line

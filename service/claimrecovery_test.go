@@ -12,6 +12,7 @@ import (
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
@@ -64,7 +65,7 @@ func TestClaimWhoseCommitAnswerWasLostIsRecovered(t *testing.T) {
 	t.Cleanup(workerPool.Close)
 	var recovered int
 	d, err := service.NewDispatcher(workerPool, service.DispatcherConfig{Worker: "w1",
-		Routes: map[string]service.Route{"none": {Mode: service.ModeNone, Client: client}}, Lease: 30 * time.Second,
+		Routes: map[string]delivery.Route{"none": {Mode: delivery.ModeNone, Client: client}}, Lease: 30 * time.Second,
 		ClaimRecovered: func(n int, _ error) { recovered += n }})
 	is.NoErr(err)
 

@@ -12,6 +12,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 func TestCreateRejectsBadInput(t *testing.T) {
@@ -56,10 +57,10 @@ func TestCreateRejectsBadInput(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			is := is.New(t)
 			id, created, tasks, err := e.n.Create(e.ctx, c.user, c.key, c.body, c.ttl, c.maxAttempts)
-			is.True(err != nil)                              // the input is rejected
-			is.True(errors.Is(err, service.ErrInvalidInput)) // as invalid input, not as a database error
-			is.True(strings.Contains(err.Error(), c.field))  // the message names the field
-			var inputErr *service.InputError
+			is.True(err != nil)                               // the input is rejected
+			is.True(errors.Is(err, delivery.ErrInvalidInput)) // as invalid input, not as a database error
+			is.True(strings.Contains(err.Error(), c.field))   // the message names the field
+			var inputErr *delivery.InputError
 			is.True(errors.As(err, &inputErr))                                 // an *InputError
 			is.Equal(inputErr.Field, c.field)                                  // naming the right field
 			is.True(len(err.Error()) < 300)                                    // the message does not echo a huge input
@@ -106,7 +107,7 @@ func TestSetPreferenceRejectsBadInput(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			is := is.New(t)
 			_, err := e.n.SetPreference(e.ctx, c.user, c.channel, c.address, true)
-			is.True(errors.Is(err, service.ErrInvalidInput))                  // rejected as invalid input
+			is.True(errors.Is(err, delivery.ErrInvalidInput))                 // rejected as invalid input
 			is.True(strings.Contains(err.Error(), c.field))                   // the message names the field
 			is.Equal(e.scalar("SELECT count(*) FROM channel_pref"), int64(0)) // no row written
 		})

@@ -5,6 +5,7 @@ import (
 	cryptorand "crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/notifierhq/notifier/service/delivery"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -17,23 +18,14 @@ import (
 	"github.com/notifierhq/notifier/dbgen"
 )
 
-// Route is one channel a dispatcher serves: its name (as in channel_pref.channel), its contract, the
-// client that calls it, and the rate limit this worker sets on it (ConfigureRateLimits).
-type Route struct {
-	Mode      Mode
-	Contract  Contract
-	Client    Channel
-	RateLimit RateLimit
-}
-
 // DispatcherConfig configures a worker's claim-call-finish cycle.
 type DispatcherConfig struct {
-	Worker      string           // recorded as lease_owner and on every attempt
-	Routes      map[string]Route // only tasks of these channels are claimed
-	Lease       time.Duration    // how long a claim holds a task before others may take it over
-	CallTimeout time.Duration    // client timeout of one channel call, body included
-	DBTimeout   time.Duration    // bound on one claim or finish transaction
-	Backoff     Backoff
+	Worker      string                    // recorded as lease_owner and on every attempt
+	Routes      map[string]delivery.Route // only tasks of these channels are claimed
+	Lease       time.Duration             // how long a claim holds a task before others may take it over
+	CallTimeout time.Duration             // client timeout of one channel call, body included
+	DBTimeout   time.Duration             // bound on one claim or finish transaction
+	Backoff     delivery.Backoff
 	// RateLimited, when set, is told each time a claim of a channel was held back by the channel's rate
 	// limit (no token, or fewer than the calls it could have made). Paused is told when a 429 paused a
 	// channel for every worker (err: the pause could not be written). Both run on the goroutine of the
@@ -77,18 +69,18 @@ func NewDispatcher(pool *pgxpool.Pool, cfg DispatcherConfig) (*Dispatcher, error
 		return nil, err
 	}
 	if len(cfg.Routes) == 0 {
-		return nil, &InputError{Field: "channels", Reason: "a worker needs at least one channel"}
+		return nil, &delivery.InputError{Field: "channels", Reason: "a worker needs at least one channel"}
 	}
 	d := &Dispatcher{pool: pool, cfg: cfg, pipelines: pipelines(pool.Config().ConnConfig)}
 	for name, r := range cfg.Routes {
 		if err := checkChannel(name); err != nil {
 			return nil, err
 		}
-		if _, err := ParseMode(string(r.Mode)); err != nil {
+		if _, err := delivery.ParseMode(string(r.Mode)); err != nil {
 			return nil, err
 		}
 		if r.Client == nil {
-			return nil, &InputError{Field: "channel " + name, Reason: "no client"}
+			return nil, &delivery.InputError{Field: "channel " + name, Reason: "no client"}
 		}
 		d.channels = append(d.channels, name)
 	}
@@ -129,14 +121,14 @@ const (
 
 // Result is what one claim-call-finish cycle did.
 type Result struct {
-	Kind    ResultKind `json:"result"`
-	TaskID  int64      `json:"task_id,omitempty"`
-	Channel string     `json:"channel,omitempty"`
-	Attempt int        `json:"attempt,omitempty"`
-	Action  Action     `json:"action,omitempty"`
-	Outcome Outcome    `json:"outcome,omitempty"`
-	Token   string     `json:"token,omitempty"`
-	Detail  string     `json:"detail,omitempty"`
+	Kind    ResultKind       `json:"result"`
+	TaskID  int64            `json:"task_id,omitempty"`
+	Channel string           `json:"channel,omitempty"`
+	Attempt int              `json:"attempt,omitempty"`
+	Action  delivery.Action  `json:"action,omitempty"`
+	Outcome delivery.Outcome `json:"outcome,omitempty"`
+	Token   string           `json:"token,omitempty"`
+	Detail  string           `json:"detail,omitempty"`
 	// Err is the database's refusal behind an UNRECORDED or SET_ASIDE result, as the driver returned it
 	// (errors.As finds its *pgconn.PgError); Detail is its text.
 	Err error `json:"-"`
@@ -148,17 +140,17 @@ type Result struct {
 type Attempt struct {
 	TaskID         int64
 	Channel        string
-	Mode           Mode
-	Contract       Contract
+	Mode           delivery.Mode
+	Contract       delivery.Contract
 	No             int // attempt_no, 1-based
 	MaxAttempts    int
 	Token          string
-	Action         Action
+	Action         delivery.Action
 	PriorUncertain bool
 	UncertainAge   time.Duration // with PriorUncertain: how long ago the uncertain attempt began, at claim
 	LeaseUntil     time.Time
 	claimed        time.Time // local monotonic clock at claim, to age UncertainAge at finish
-	Message        Message
+	Message        delivery.Message
 }
 
 // ClaimBatch is the first correctness check. In one transaction it locks up to max due tasks (SENDING
@@ -228,11 +220,11 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 		var (
 			expiredTokens []string
 			start         = dbgen.TaskStartAttemptsParams{Worker: d.cfg.Worker, LeaseSeconds: d.cfg.Lease.Seconds()}
-			decisions     = make(map[int64]ClaimDecision, len(rows))
+			decisions     = make(map[int64]delivery.ClaimDecision, len(rows))
 			byID          = make(map[int64]dbgen.TaskClaimRow, len(rows))
 		)
 		for _, row := range rows {
-			decisions[row.ID] = Decide(ClaimFacts{
+			decisions[row.ID] = delivery.Decide(delivery.ClaimFacts{
 				Uncertain: row.OutcomeUncertain, LeaseExpired: row.LeaseExpired,
 				PrefEnabled: row.PrefEnabled, Expired: row.Expired,
 				AttemptCount: int(row.AttemptCount), MaxAttempts: int(row.MaxAttempts),
@@ -250,7 +242,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 			}
 			dec := decisions[row.ID]
 			byID[row.ID] = row
-			if dec.Kind == ClaimCall {
+			if dec.Kind == delivery.ClaimCall {
 				start.IDs = append(start.IDs, row.ID)
 				start.AttemptTokens = append(start.AttemptTokens, newToken())
 				start.OutcomeUncertain = append(start.OutcomeUncertain, dec.Uncertain)
@@ -263,7 +255,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 			}
 		}
 		for _, row := range rows {
-			if dec := decisions[row.ID]; dec.Kind != ClaimCall {
+			if dec := decisions[row.ID]; dec.Kind != delivery.ClaimCall {
 				res, err := d.settle(ctx, q, row, dec)
 				if err != nil {
 					return err
@@ -285,7 +277,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 				MaxAttempts: int(row.MaxAttempts), Token: s.AttemptToken, Action: dec.Action,
 				PriorUncertain: dec.Uncertain, UncertainAge: seconds(row.UncertainAgeSeconds), claimed: claimed,
 				LeaseUntil: s.LeaseUntil,
-				Message: Message{Ref: row.Ref, IdempotencyKey: IdempotencyKey(row.Ref), To: row.Address, Body: row.Body,
+				Message: delivery.Message{Ref: row.Ref, IdempotencyKey: delivery.IdempotencyKey(row.Ref), To: row.Address, Body: row.Body,
 					ExpiresAt: row.ExpiresAt, Action: dec.Action},
 			}
 		}
@@ -383,21 +375,21 @@ func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Se
 const MaxBatch = 1000
 
 // settle applies a claim-time decision not to call: park, or a state written with its SKIP attempt.
-func (d *Dispatcher) settle(ctx context.Context, q *dbgen.Queries, row dbgen.TaskClaimRow, dec ClaimDecision) (Result, error) {
+func (d *Dispatcher) settle(ctx context.Context, q *dbgen.Queries, row dbgen.TaskClaimRow, dec delivery.ClaimDecision) (Result, error) {
 	result := Result{TaskID: row.ID, Channel: row.Channel, Detail: dec.Reason}
-	if dec.Kind == ClaimReceipt {
+	if dec.Kind == delivery.ClaimReceipt {
 		applied, err := q.ReceiptApply(ctx, dbgen.ReceiptApplyParams{TaskID: row.ID,
 			Note: "settled at claim by a receipt noted while the task was held"})
-		if err == nil && ReceiptEffect(applied.Effect) != ReceiptSettled {
+		if err == nil && delivery.ReceiptEffect(applied.Effect) != delivery.ReceiptSettled {
 			err = fmt.Errorf("%w: the receipt's effect was %s", errNotSettleable, applied.Effect)
 		}
 		if err != nil {
 			return result, fmt.Errorf("settle task %d by its receipt: %w", row.ID, err)
 		}
-		result.Kind, result.Action, result.Outcome = ResultSent, ActionReceipt, OutcomeReceiptAccepted
+		result.Kind, result.Action, result.Outcome = ResultSent, delivery.ActionReceipt, delivery.OutcomeReceiptAccepted
 		return result, nil
 	}
-	if dec.Kind == ClaimPark {
+	if dec.Kind == delivery.ClaimPark {
 		result.Kind = ResultParked
 		parked, err := q.TaskPark(ctx, dbgen.TaskParkParams{ID: row.ID, LastError: dec.Reason})
 		if err == nil && parked != 1 {
@@ -409,7 +401,7 @@ func (d *Dispatcher) settle(ctx context.Context, q *dbgen.Queries, row dbgen.Tas
 		return result, nil
 	}
 	no, err := q.TaskSettleWithoutCall(ctx, dbgen.TaskSettleWithoutCallParams{
-		ID: row.ID, State: string(dec.State), NeedsReview: dec.State == StateUnknown,
+		ID: row.ID, State: string(dec.State), NeedsReview: dec.State == delivery.StateUnknown,
 		OutcomeUncertain: dec.Uncertain, LastError: dec.Reason,
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -418,7 +410,7 @@ func (d *Dispatcher) settle(ctx context.Context, q *dbgen.Queries, row dbgen.Tas
 	if err != nil {
 		return result, fmt.Errorf("settle task %d: %w", row.ID, err)
 	}
-	result.Kind, result.Attempt, result.Action, result.Outcome = settledKind(dec.State), int(no), ActionSkip, dec.Outcome
+	result.Kind, result.Attempt, result.Action, result.Outcome = settledKind(dec.State), int(no), delivery.ActionSkip, dec.Outcome
 	return result, q.AttemptRecordSkip(ctx, dbgen.AttemptRecordSkipParams{
 		TaskID: row.ID, AttemptNo: no, Worker: d.cfg.Worker, Outcome: string(dec.Outcome), Error: dec.Reason,
 	})
@@ -428,8 +420,8 @@ func (d *Dispatcher) settle(ctx context.Context, q *dbgen.Queries, row dbgen.Tas
 // only be a task this claim may not settle (neither due nor held under an expired lease).
 var errNotSettleable = errors.New("0 rows: the task is neither due nor held under an expired lease")
 
-func settledKind(s State) ResultKind {
-	if s == StateUnknown {
+func settledKind(s delivery.State) ResultKind {
+	if s == delivery.StateUnknown {
 		return ResultParked
 	}
 	return ResultKind(s)
@@ -437,11 +429,11 @@ func settledKind(s State) ResultKind {
 
 // Call performs the attempt's action on its channel, bounded by the client timeout. It is not
 // cancelled with ctx: a worker that is shutting down lets an in-flight call end and records it.
-func (d *Dispatcher) Call(ctx context.Context, a *Attempt) Observation {
+func (d *Dispatcher) Call(ctx context.Context, a *Attempt) delivery.Observation {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.CallTimeout)
 	defer cancel()
 	client := d.cfg.Routes[a.Channel].Client
-	if a.Action == ActionQuery {
+	if a.Action == delivery.ActionQuery {
 		return client.Query(ctx, a.Message.Ref)
 	}
 	return client.Send(ctx, a.Message)
@@ -454,13 +446,13 @@ func (d *Dispatcher) Call(ctx context.Context, a *Attempt) Observation {
 // for what a row holds (rowFault), each attempt is finished on its own, so one bad row costs only its own
 // observation: that attempt's result is UNRECORDED. A 429 on a rate-limited channel first pauses that
 // channel for every worker (pauseThrottled).
-func (d *Dispatcher) FinishBatch(ctx context.Context, attempts []*Attempt, obs []Observation) ([]Result, error) {
+func (d *Dispatcher) FinishBatch(ctx context.Context, attempts []*Attempt, obs []delivery.Observation) ([]Result, error) {
 	d.pauseThrottled(ctx, attempts, obs)
 	return d.finishBatch(ctx, attempts, obs)
 }
 
 // finishBatch is FinishBatch without the pause.
-func (d *Dispatcher) finishBatch(ctx context.Context, attempts []*Attempt, obs []Observation) ([]Result, error) {
+func (d *Dispatcher) finishBatch(ctx context.Context, attempts []*Attempt, obs []delivery.Observation) ([]Result, error) {
 	params, results, err := d.finishParams(attempts, obs)
 	if err != nil {
 		return nil, err
@@ -549,7 +541,7 @@ type Handoff struct {
 // and a failed finish does not stop the claim. A worker that is stopping calls FinishBatch alone
 // instead. On connections that do not prepare statements (pipelines) it is FinishBatch then
 // ClaimBatch. As in FinishBatch, a 429 on a rate-limited channel first pauses that channel.
-func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attempt, obs []Observation, limit int) Handoff {
+func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attempt, obs []delivery.Observation, limit int) Handoff {
 	d.pauseThrottled(ctx, attempts, obs) // before the claim, so that the claim sees the pause
 	var h Handoff
 	apart := func() Handoff {
@@ -594,7 +586,7 @@ func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attem
 
 // finishParams maps each observation to its task's next state: TaskFinish's arguments, and the results
 // to report if the token guard holds.
-func (d *Dispatcher) finishParams(attempts []*Attempt, obs []Observation) (dbgen.TaskFinishParams, []Result, error) {
+func (d *Dispatcher) finishParams(attempts []*Attempt, obs []delivery.Observation) (dbgen.TaskFinishParams, []Result, error) {
 	finish := dbgen.TaskFinishParams{}
 	if len(attempts) != len(obs) {
 		return finish, nil, fmt.Errorf("finish: %d attempts but %d observations", len(attempts), len(obs))
@@ -602,7 +594,7 @@ func (d *Dispatcher) finishParams(attempts []*Attempt, obs []Observation) (dbgen
 	results := make([]Result, len(attempts))
 	for i, a := range attempts {
 		o := obs[i]
-		t := Next(Facts{Outcome: o.Outcome, PriorUncertain: a.PriorUncertain, BudgetLeft: a.No < a.MaxAttempts,
+		t := delivery.Next(delivery.Facts{Outcome: o.Outcome, PriorUncertain: a.PriorUncertain, BudgetLeft: a.No < a.MaxAttempts,
 			Mode: a.Mode, Contract: a.Contract, UncertainAge: a.UncertainAge + time.Since(a.claimed)})
 		results[i] = Result{Kind: resultKind(t), TaskID: a.TaskID, Channel: a.Channel, Attempt: a.No, Action: a.Action,
 			Outcome: o.Outcome, Token: a.Token, Detail: o.Detail}
@@ -645,7 +637,7 @@ func finishResults(attempts []*Attempt, results []Result, rows []dbgen.TaskFinis
 	return results, nil
 }
 
-func resultKind(t Transition) ResultKind {
+func resultKind(t delivery.Transition) ResultKind {
 	if t.Park {
 		return ResultParked
 	}
@@ -653,9 +645,9 @@ func resultKind(t Transition) ResultKind {
 }
 
 // errorText is last_error for an observation: empty (none) for an acceptance.
-func errorText(obs Observation) string {
+func errorText(obs delivery.Observation) string {
 	switch obs.Outcome {
-	case OutcomeAccepted, OutcomeAcceptedReplay, OutcomeQueryFound:
+	case delivery.OutcomeAccepted, delivery.OutcomeAcceptedReplay, delivery.OutcomeQueryFound:
 		return ""
 	}
 	text := string(obs.Outcome)

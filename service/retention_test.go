@@ -13,6 +13,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // backdate moves tasks' last change (and their notifications' creation) two days into the past: a
@@ -97,7 +98,7 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 	// Recent history: finished, but inside the period (not backdated below).
 	recent := e.create("p", "recent", time.Hour, 3)[0]
 	drain(t, d)
-	is.Equal(e.task(recent.TaskID).State, service.StateSent) // finished just now
+	is.Equal(e.task(recent.TaskID).State, delivery.StateSent) // finished just now
 
 	sending := e.create("p", "sending", time.Hour, 3)[0]
 	a, _, err := d.Claim(e.ctx) // claimed and never finished: SENDING under a lease
@@ -106,12 +107,12 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 	is.Equal(a.TaskID, sending.TaskID)
 	pending := e.create("p", "pending", time.Hour, 3)[0] // never claimed
 
-	states := map[int64]service.State{
-		sentA[0].TaskID: service.StateSent, sentA[1].TaskID: service.StateSent,
-		sentB[0].TaskID: service.StateSent, sentB[1].TaskID: service.StateSent,
-		failed.TaskID: service.StateFailed, unknown.TaskID: service.StateUnknown, parked.TaskID: service.StateUnknown,
-		mixed[0].TaskID: service.StateSent, mixed[1].TaskID: service.StateUnknown,
-		suppressed.TaskID: service.StateSuppressed, sending.TaskID: service.StateSending, pending.TaskID: service.StatePending,
+	states := map[int64]delivery.State{
+		sentA[0].TaskID: delivery.StateSent, sentA[1].TaskID: delivery.StateSent,
+		sentB[0].TaskID: delivery.StateSent, sentB[1].TaskID: delivery.StateSent,
+		failed.TaskID: delivery.StateFailed, unknown.TaskID: delivery.StateUnknown, parked.TaskID: delivery.StateUnknown,
+		mixed[0].TaskID: delivery.StateSent, mixed[1].TaskID: delivery.StateUnknown,
+		suppressed.TaskID: delivery.StateSuppressed, sending.TaskID: delivery.StateSending, pending.TaskID: delivery.StatePending,
 	}
 	var all []int64
 	for id, want := range states {
@@ -161,7 +162,7 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 		is.True(!e.exists("delivery_task", tr.TaskID)) // old finished task deleted
 		is.Equal(e.attemptCount(tr.TaskID), int64(0))  // and its attempts
 	}
-	states[recent.TaskID] = service.StateSent
+	states[recent.TaskID] = delivery.StateSent
 	for _, tr := range kept {
 		task := e.task(tr.TaskID)
 		is.Equal(task.State, states[tr.TaskID])                      // unfinished, parked and recent tasks stay as they were
@@ -179,10 +180,10 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 	}
 
 	// The history that stays is still usable: the parked task resolves, the held one finishes.
-	changed, err := e.n.ResolveManually(e.ctx, parked.TaskID, service.StateFailed, "checked with the channel", "op")
+	changed, err := e.n.ResolveManually(e.ctx, parked.TaskID, delivery.StateFailed, "checked with the channel", "op")
 	is.NoErr(err)    // resolved
 	is.True(changed) // once
-	res, err := d.Finish(e.ctx, a, service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: "m-1"})
+	res, err := d.Finish(e.ctx, a, delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: "m-1"})
 	is.NoErr(err)                          // the holder records its call
 	is.Equal(res.Kind, service.ResultSent) // its token is still valid
 
@@ -261,7 +262,7 @@ func TestPruneRefusesBadInput(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			is := is.New(t)
 			_, err := e.n.Prune(e.ctx, tc.olderThan, tc.batch, tc.pause)
-			is.True(errors.Is(err, service.ErrInvalidInput)) // refused before any row is touched
+			is.True(errors.Is(err, delivery.ErrInvalidInput)) // refused before any row is touched
 		})
 	}
 }

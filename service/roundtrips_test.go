@@ -13,6 +13,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
@@ -55,7 +56,7 @@ func countedDispatcher(t *testing.T, e *env, mode pgx.QueryExecMode) (*service.D
 	client, err := httpchannel.New(e.push.URL(), httpchannel.Options{})
 	is.NoErr(err) // push client
 	d, err := service.NewDispatcher(pool, service.DispatcherConfig{
-		Worker: "w-trips", Routes: map[string]service.Route{"push": {Mode: service.ModeIdempotent, Client: client}},
+		Worker: "w-trips", Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: client}},
 	})
 	is.NoErr(err) // dispatcher
 	return d, trips
@@ -167,7 +168,7 @@ func TestReviewRoundTripsDoNotGrowWithThePage(t *testing.T) {
 		e.create("u1", "e"+strconv.Itoa(i), time.Hour, 3)
 	}
 	parker, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{Worker: "w-park",
-		Routes: map[string]service.Route{"push": {Mode: service.ModeNone, Client: answering{Outcome: service.OutcomeTimeout}}}})
+		Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeNone, Client: answering{Outcome: delivery.OutcomeTimeout}}}})
 	is.NoErr(err)
 	for range tasks {
 		res, err := parker.RunOnce(e.ctx)

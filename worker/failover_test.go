@@ -17,6 +17,7 @@ import (
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 	"github.com/notifierhq/notifier/worker"
 )
@@ -55,8 +56,8 @@ func TestStreamingFinishesSurviveTerminatedConnections(t *testing.T) {
 	is.NoErr(err)
 	var retried, recovered atomic.Int64
 	d, err := service.NewDispatcher(workerPool, service.DispatcherConfig{
-		Worker: "w-under-fire", Routes: map[string]service.Route{"none": {Mode: service.ModeNone, Client: client}},
-		Lease: 10 * time.Second, CallTimeout: time.Second, Backoff: service.Backoff{Base: 50 * time.Millisecond},
+		Worker: "w-under-fire", Routes: map[string]delivery.Route{"none": {Mode: delivery.ModeNone, Client: client}},
+		Lease: 10 * time.Second, CallTimeout: time.Second, Backoff: delivery.Backoff{Base: 50 * time.Millisecond},
 		FinishRetried:  func(int, int, error) { retried.Add(1) },
 		ClaimRecovered: func(int, error) { recovered.Add(1) },
 	})
