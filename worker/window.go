@@ -50,13 +50,16 @@ func (w *window) worthClaim() int { return min(w.cfg.Batch, max(1, w.cfg.MaxInFl
 // claim runs or before nextClaim; only with room worth a claim (any room when nothing is in flight);
 // and not while as many answers wait to be recorded as the window holds (the database is behind).
 func (w *window) claimDue(now time.Time) (limit int, due bool) {
+	// Ifs rather than a tagless switch, whose case expressions coverage profiles (and so
+	// `just mutants`) do not count as statements.
 	room := w.room()
-	switch {
-	case w.stopping, w.claiming, now.Before(w.nextClaim):
+	if w.stopping || w.claiming || now.Before(w.nextClaim) {
 		return 0, false
-	case room < w.worthClaim() && !(room > 0 && w.calling == 0):
+	}
+	if room < w.worthClaim() && !(room > 0 && w.calling == 0) {
 		return 0, false
-	case len(w.waiting)+w.recording > w.cfg.MaxInFlight:
+	}
+	if len(w.waiting)+w.recording > w.cfg.MaxInFlight {
 		return 0, false
 	}
 	return min(w.cfg.Batch, room), true
@@ -150,15 +153,16 @@ const (
 // the loop (fatal), and so does the first that fails for a pooler's configuration (stopFor).
 func (w *window) claimed(calls, settled int, err error, finishFailed, ctxDone bool, now time.Time) claimOutcome {
 	w.claiming = false
-	switch {
-	case err != nil && ctxDone:
+	if err != nil && ctxDone {
 		return claimStopping
-	case errors.Is(err, service.ErrPooler):
+	}
+	if errors.Is(err, service.ErrPooler) {
 		if w.stopFor(err) {
 			return claimPooler
 		}
 		return claimStopping
-	case err != nil:
+	}
+	if err != nil {
 		w.failed(now)
 		if !errors.Is(err, service.ErrReadOnly) {
 			return claimFailed

@@ -189,3 +189,68 @@ func TestWindowDone(t *testing.T) {
 	is.True(!testWindow(func(w *window) { w.stopping, w.claiming = true, true }).done())
 	is.True(!testWindow(func(w *window) { w.stopping, w.finishing = true, 1 }).done())
 }
+
+// The first answer to wait starts the FinishDelay; later ones join it without moving it on.
+func TestWindowAnsweredStartsTheWaitOnce(t *testing.T) {
+	is := is.New(t)
+	w := testWindow(func(w *window) { w.calling = 3 })
+	w.answered(answer{}, t0)
+	w.answered(answer{}, t0.Add(time.Millisecond))
+	is.Equal(w.calling, 1)
+	is.Equal(len(w.waiting), 2)
+	is.Equal(w.oldest, t0) // the first answer's wait, not the last one's
+	w.takeGroups(t0.Add(2 * time.Millisecond))
+	w.answered(answer{}, t0.Add(5*time.Millisecond))
+	is.Equal(w.oldest, t0.Add(5*time.Millisecond)) // a new wait once the others went
+}
+
+// A claim that found work claims again at once; only one that found nothing polls. Tasks settled
+// without a call count as work found: more may be due behind them.
+func TestWindowClaimedPollsOnlyWhenNothingWasDue(t *testing.T) {
+	for _, c := range []struct {
+		name           string
+		calls, settled int
+		next           time.Time
+	}{
+		{"nothing due: poll", 0, 0, t0.Add(200 * time.Millisecond)},
+		{"calls", 2, 0, time.Time{}},
+		{"settled only", 0, 2, time.Time{}},
+		{"as many settled as called", 1, 1, time.Time{}},
+		{"more settled than called", 1, 3, time.Time{}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			is := is.New(t)
+			w := testWindow(nil)
+			w.claimStarted()
+			is.Equal(w.claimed(c.calls, c.settled, nil, false, false, t0), claimOK)
+			is.Equal(w.nextClaim, c.next)
+			is.Equal(w.calling, c.calls)
+		})
+	}
+}
+
+// WithDefaults fills each zero or negative field and keeps each set one.
+func TestConfigWithDefaults(t *testing.T) {
+	is := is.New(t)
+	d := Config{}.WithDefaults()
+	is.Equal(d.MaxInFlight, DefaultMaxInFlight)
+	is.Equal(d.Batch, DefaultBatch)
+	is.Equal(d.FinishBatch, DefaultFinishBatch)
+	is.Equal(d.Finishers, DefaultFinishers)
+	is.Equal(d.Poll, DefaultPoll)
+	is.Equal(d.FinishDelay, DefaultFinishDelay)
+	is.Equal(d.MaxBackoff, DefaultMaxBackoff)
+	is.Equal(d.ReadOnlyGrace, DefaultReadOnlyGrace)
+	is.True(d.Logger != nil)
+
+	n := Config{MaxInFlight: -1, Batch: -1, FinishBatch: -1, Finishers: -1, Poll: -1, FinishDelay: -1, MaxBackoff: -1, ReadOnlyGrace: -1}.WithDefaults()
+	is.Equal(n, Config{MaxInFlight: DefaultMaxInFlight, Batch: DefaultBatch, FinishBatch: DefaultFinishBatch, Finishers: DefaultFinishers,
+		Poll: DefaultPoll, FinishDelay: DefaultFinishDelay, MaxBackoff: DefaultMaxBackoff, ReadOnlyGrace: DefaultReadOnlyGrace, Logger: n.Logger})
+
+	set := Config{MaxInFlight: 10, Batch: 4, FinishBatch: 3, Finishers: 2, Poll: time.Nanosecond, FinishDelay: time.Nanosecond,
+		MaxBackoff: time.Nanosecond, ReadOnlyGrace: time.Nanosecond, Logger: quiet}
+	is.Equal(set.WithDefaults(), set) // the smallest settings are kept, not taken for unset
+
+	is.Equal(Config{MaxInFlight: 3, Batch: 64}.WithDefaults().Batch, 3)                           // a claim never exceeds the window
+	is.Equal(Config{MaxInFlight: 1 << 20, Batch: 1 << 20}.WithDefaults().Batch, service.MaxBatch) // nor the service's batch
+}

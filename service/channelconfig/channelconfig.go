@@ -319,16 +319,19 @@ func duration(key, s string) (time.Duration, error) {
 // secret reads a secret from exactly one of NAME_env and NAME_file. Errors name the variable or
 // file, never the value.
 func (l loader) secret(name, env, file string) (string, error) {
-	switch {
-	case env != "" && file != "":
+	// Ifs rather than a tagless switch, whose case expressions coverage profiles (and so
+	// `just mutants`) do not count as statements.
+	if env != "" && file != "" {
 		return "", fmt.Errorf("%s_env and %s_file: give one, not both", name, name)
-	case env != "":
+	}
+	if env != "" {
 		v := l.getenv(env)
 		if strings.TrimSpace(v) == "" {
 			return "", fmt.Errorf("%s_env: environment variable %s is unset or empty", name, env)
 		}
 		return strings.TrimRight(v, "\r\n"), nil
-	case file != "":
+	}
+	if file != "" {
 		b, err := os.ReadFile(l.path(file))
 		if err != nil {
 			return "", fmt.Errorf("%s_file: %w", name, err)
