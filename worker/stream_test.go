@@ -421,3 +421,60 @@ func (s *syncBuf) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// busyClock is a memDispatcher that notes when each claim that found tasks was made, whether alone or
+// carried by a finish.
+type busyClock struct {
+	*memDispatcher
+	at []time.Time
+}
+
+func (c *busyClock) note(n int) {
+	if n > 0 {
+		c.mu.Lock()
+		c.at = append(c.at, time.Now())
+		c.mu.Unlock()
+	}
+}
+
+func (c *busyClock) ClaimBatch(ctx context.Context, limit int) ([]*service.Attempt, []service.Result, error) {
+	attempts, settled, err := c.memDispatcher.ClaimBatch(ctx, limit)
+	c.note(len(attempts))
+	return attempts, settled, err
+}
+
+func (c *busyClock) FinishBatchThenClaim(ctx context.Context, attempts []*service.Attempt, obs []delivery.Observation, limit int) service.Handoff {
+	h := c.memDispatcher.FinishBatchThenClaim(ctx, attempts, obs, limit)
+	c.note(len(h.Next))
+	return h
+}
+
+// While work is due and nothing fails, claims wait only for room in the window, never a backoff or a
+// poll: a finish that succeeded, alone or carrying a claim, does not slow the claims down. On the
+// bubble's clock, calls take 1-5 ms and Poll is 100 ms, so any wait of Poll shows.
+func TestSucceedingFinishesDoNotBackOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		is := is.New(t)
+		var n sync.Mutex
+		count := 0
+		m := &busyClock{memDispatcher: newMem(300, func(*service.Attempt) delivery.Observation {
+			n.Lock()
+			count++
+			d := time.Duration(1+count%5) * time.Millisecond
+			n.Unlock()
+			time.Sleep(d)
+			return delivery.Observation{Outcome: delivery.OutcomeAccepted}
+		})}
+		runUntil(t, m, Config{MaxInFlight: 16, Batch: 4, Finishers: 2, FinishDelay: time.Millisecond, Logger: quiet,
+			Poll: 100 * time.Millisecond, MaxBackoff: 10 * time.Second},
+			func() bool { return len(m.finishedIDs()) == 300 })
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		is.True(len(m.at) >= 300/4) // every task was claimed, at most a batch at a time
+		for i := 1; i < len(m.at); i++ {
+			if gap := m.at[i].Sub(m.at[i-1]); gap >= 100*time.Millisecond {
+				t.Fatalf("claim %d waited %v after the one before, with work due and nothing failing", i, gap)
+			}
+		}
+	})
+}
