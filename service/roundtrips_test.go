@@ -55,7 +55,7 @@ func countedDispatcher(t *testing.T, e *env, mode pgx.QueryExecMode) (*service.D
 	t.Cleanup(pool.Close)
 	client, err := httpchannel.New(e.push.URL(), httpchannel.Options{})
 	is.NoErr(err) // push client
-	d, err := service.NewDispatcher(pool, service.DispatcherConfig{
+	d, err := service.NewDispatcher(t.Context(), pool, service.DispatcherConfig{
 		Worker: "w-trips", Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: client}},
 	})
 	is.NoErr(err) // dispatcher
@@ -167,7 +167,7 @@ func TestReviewRoundTripsDoNotGrowWithThePage(t *testing.T) {
 	for i := range tasks {
 		e.create("u1", "e"+strconv.Itoa(i), time.Hour, 3)
 	}
-	parker, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{Worker: "w-park",
+	parker, err := service.NewDispatcher(e.ctx, e.workerPool, service.DispatcherConfig{Worker: "w-park",
 		Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeNone, Client: answering{Outcome: delivery.OutcomeTimeout}}}})
 	is.NoErr(err)
 	for range tasks {
