@@ -1,0 +1,134 @@
+package service_test
+
+// The push providers' adapters (service/fcm, service/apns) against their fakes and a real database:
+// what the dispatcher makes of an accepted message, of an answer lost after acceptance (parked, or
+// resent with the same collapse key when the channel opts in), and of a token gone for good; and that
+// every request a fake received is an attempt row.
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
+	"github.com/notifierhq/notifier/service/fcm"
+)
+
+// providerDispatcher is a dispatcher with one NONE route, name, served by client.
+func (e *env) providerDispatcher(name string, client delivery.Channel, contract delivery.Contract) *dispatcher {
+	e.t.Helper()
+	d, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{
+		Worker: "w-test", Lease: 10 * time.Second, CallTimeout: clientTimeout,
+		Routes:  map[string]delivery.Route{name: {Mode: delivery.ModeNone, Contract: contract, Client: client}},
+		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond},
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := d.ConfigureRateLimits(e.ctx); err != nil {
+		e.t.Fatal(err)
+	}
+	return &dispatcher{Dispatcher: d}
+}
+
+func writeCA(t *testing.T, pem []byte) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(p, pem, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func startFCM(t *testing.T) (*fakes.FCM, *fcm.Client) {
+	t.Helper()
+	f := fakes.StartFCM("demo-project")
+	t.Cleanup(f.Close)
+	sa, err := fcm.ParseServiceAccount(f.ServiceAccountJSON())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := fcm.New(fcm.Options{Account: sa, Endpoint: f.URL(), CAFile: writeCA(t, f.CertPEM())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, c
+}
+
+func TestFCMProviderAccepted(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	f, c := startFCM(t)
+	e.user("u1", "fcm")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	d := e.providerDispatcher("fcm", c, delivery.Contract{})
+	is.Equal(runOnce(t, d).Kind, service.ResultSent)
+	task := e.task(id)
+	is.Equal(task.State, delivery.StateSent)
+	is.True(task.ProviderMsgID != "") // FCM's message name
+	is.Equal(f.Sends(task.Ref), len(e.attempts(id)))
+	is.Equal(f.TokenRequests(), 1) // the token fetch is no attempt and no second send
+}
+
+// The answer is lost after FCM took the message: without resend_with_collapse the task is parked.
+func TestFCMProviderLostAnswerParks(t *testing.T) {
+	for name, step := range map[string]fakes.Step{"timeout": {Delay: fakeDelay}, "dropped": {Drop: true}} {
+		t.Run(name, func(t *testing.T) {
+			is := is.New(t)
+			e := newEnv(t)
+			f, c := startFCM(t)
+			e.user("u1", "fcm")
+			id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+			f.ScriptSend(e.ref(id), step)
+			d := e.providerDispatcher("fcm", c, delivery.Contract{})
+			is.Equal(runOnce(t, d).Kind, service.ResultParked)
+			task := e.task(id)
+			is.True(task.NeedsReview && task.State == delivery.StateUnknown)
+			is.Equal(runOnce(t, d).Kind, service.ResultNothing)
+			is.Equal(f.Sends(task.Ref), 1) // one request, one attempt row
+			is.Equal(len(e.attempts(id)), 1)
+			is.Equal(f.Outbound(task.Ref), 1) // the device gets it: parking is right to not resend blindly
+		})
+	}
+}
+
+// With resend_with_collapse the task is resent as TOPIC_RESEND under the same collapse key, which
+// replaces the undelivered first copy: the device gets one.
+func TestFCMProviderCollapseResend(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	f, c := startFCM(t)
+	e.user("u1", "fcm")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	ref := e.ref(id)
+	f.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
+	d := e.providerDispatcher("fcm", c, delivery.Contract{ResendWithTopic: true})
+	is.Equal(runOnce(t, d).Kind, service.ResultUnknown)
+	res := runNext(t, d)
+	is.Equal(res.Action, delivery.ActionTopicResend)
+	is.Equal(res.Kind, service.ResultSent)
+	is.Equal(f.Outbound(ref), 1) // collapsed
+	is.Equal(f.Sends(ref), 2)
+	is.Equal(len(e.attempts(id)), 2)
+}
+
+// UNREGISTERED is a certain refusal: FAILED at once, budget left or not.
+func TestFCMProviderUnregistered(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	f, c := startFCM(t)
+	e.user("u1", "fcm")
+	f.Unregister("u1@fcm")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	d := e.providerDispatcher("fcm", c, delivery.Contract{})
+	runOnce(t, d)
+	task := e.task(id)
+	is.Equal(task.State, delivery.StateFailed)
+	is.Equal(e.outcomes(id), outcomes(delivery.OutcomeRejected))
+	is.Equal(f.Sends(task.Ref), 1)
+}
