@@ -31,9 +31,12 @@ package fcm
 import (
 	"cmp"
 	"context"
+	"crypto/rsa"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net/http"
@@ -90,8 +93,18 @@ func ParseServiceAccount(data []byte) (ServiceAccount, error) {
 		return sa, fmt.Errorf("%w: service account: type %q, want \"service_account\"", delivery.ErrInvalidInput, sa.Type)
 	case sa.ClientEmail == "":
 		return sa, fmt.Errorf("%w: service account: client_email missing", delivery.ErrInvalidInput)
-	case !strings.Contains(sa.PrivateKey, "PRIVATE KEY"):
-		return sa, fmt.Errorf("%w: service account: private_key is not a PEM private key", delivery.ErrInvalidInput)
+	}
+	// Checked now, so a bad key stops the worker at start rather than fail every send.
+	block, _ := pem.Decode([]byte(sa.PrivateKey))
+	if block == nil {
+		return sa, fmt.Errorf("%w: service account: private_key is not PEM", delivery.ErrInvalidInput)
+	}
+	key, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	if err != nil {
+		key, err = x509.ParsePKCS1PrivateKey(block.Bytes)
+	}
+	if _, ok := key.(*rsa.PrivateKey); err != nil || !ok {
+		return sa, fmt.Errorf("%w: service account: private_key is not an RSA private key", delivery.ErrInvalidInput)
 	}
 	return sa, nil
 }
