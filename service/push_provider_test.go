@@ -15,6 +15,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/apns"
 	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/fcm"
 )
@@ -131,4 +132,100 @@ func TestFCMProviderUnregistered(t *testing.T) {
 	is.Equal(task.State, delivery.StateFailed)
 	is.Equal(e.outcomes(id), outcomes(delivery.OutcomeRejected))
 	is.Equal(f.Sends(task.Ref), 1)
+}
+
+func startAPNs(t *testing.T) (*fakes.APNs, *apns.Client) {
+	t.Helper()
+	a := fakes.StartAPNs()
+	t.Cleanup(a.Close)
+	key, err := apns.ParseKey(a.KeyP8())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := apns.New(apns.Options{Key: key, KeyID: a.KeyID, TeamID: a.Team, Topic: a.Topic, Endpoint: a.URL(),
+		CAFile: writeCA(t, a.CertPEM())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, c
+}
+
+// apnsDevice is a device token for user (APNs addresses are hex).
+const apnsDevice = "6c1f4e5a9b0d2c3e4f5a6b7c8d9e0f1a2b3c4d5e6f708192a3b4c5d6e7f80912"
+
+func (e *env) apnsUser(user string) {
+	e.t.Helper()
+	if _, err := e.n.SetPreference(e.ctx, user, "apns", apnsDevice, true); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func TestAPNsProviderAccepted(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	a, c := startAPNs(t)
+	e.apnsUser("u1")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	d := e.providerDispatcher("apns", c, delivery.Contract{})
+	is.Equal(runOnce(t, d).Kind, service.ResultSent)
+	task := e.task(id)
+	is.Equal(task.State, delivery.StateSent)
+	is.Equal(task.ProviderMsgID, task.Ref) // apns-id is the task's ref
+	is.Equal(a.Sends(task.Ref), len(e.attempts(id)))
+}
+
+func TestAPNsProviderLostAnswerParks(t *testing.T) {
+	for name, step := range map[string]fakes.Step{"timeout": {Delay: fakeDelay}, "dropped": {Drop: true}} {
+		t.Run(name, func(t *testing.T) {
+			is := is.New(t)
+			e := newEnv(t)
+			a, c := startAPNs(t)
+			e.apnsUser("u1")
+			id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+			a.ScriptSend(e.ref(id), step)
+			d := e.providerDispatcher("apns", c, delivery.Contract{})
+			is.Equal(runOnce(t, d).Kind, service.ResultParked)
+			task := e.task(id)
+			is.True(task.NeedsReview && task.State == delivery.StateUnknown)
+			is.Equal(runOnce(t, d).Kind, service.ResultNothing)
+			is.Equal(a.Sends(task.Ref), 1)
+			is.Equal(len(e.attempts(id)), 1)
+		})
+	}
+}
+
+func TestAPNsProviderCollapseResend(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	a, c := startAPNs(t)
+	e.apnsUser("u1")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	ref := e.ref(id)
+	a.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
+	d := e.providerDispatcher("apns", c, delivery.Contract{ResendWithTopic: true})
+	is.Equal(runOnce(t, d).Kind, service.ResultUnknown)
+	res := runNext(t, d)
+	is.Equal(res.Action, delivery.ActionTopicResend)
+	is.Equal(res.Kind, service.ResultSent)
+	is.Equal(a.Outbound(ref), 1) // the resend replaced the undelivered copy
+	is.Equal(a.Sends(ref), 2)
+	is.Equal(len(e.attempts(id)), 2)
+}
+
+// 410 Unregistered fails the task at once; 429 is throttled and retried.
+func TestAPNsProviderAnswers(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	a, c := startAPNs(t)
+	e.apnsUser("u1")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	ref := e.ref(id)
+	a.ScriptSend(ref, fakes.Step{Status: 429})
+	d := e.providerDispatcher("apns", c, delivery.Contract{})
+	is.Equal(runOnce(t, d).Outcome, delivery.OutcomeThrottled)
+	a.Unregister(apnsDevice)
+	runNext(t, d)
+	is.Equal(e.task(id).State, delivery.StateFailed)
+	is.Equal(e.outcomes(id), outcomes(delivery.OutcomeThrottled, delivery.OutcomeRejected))
+	is.Equal(a.Sends(ref), 2)
 }
