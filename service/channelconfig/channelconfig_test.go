@@ -297,7 +297,7 @@ func TestExampleChannelsFilesLoad(t *testing.T) {
 			data, err := os.ReadFile(path)
 			is.NoErr(err)
 			routes, err := channelconfig.Load(writeDir(t, map[string]string{"channels.toml": string(data), "vapid.pem": vapidPEM(t),
-				"fcm-service-account.json": serviceAccountJSON(t)}), secrets)
+				"fcm-service-account.json": serviceAccountJSON(t), "AuthKey_ABC123DEFG.p8": apnsP8(t)}), secrets)
 			is.NoErr(err)            // loads
 			is.True(len(routes) > 0) // with its channels
 			for name, r := range routes {
