@@ -138,7 +138,7 @@ func workCommand(e *env) *cli.Command {
 		Description: workDescription,
 		Flags: []cli.Flag{
 			&cli.StringSliceFlag{Name: "channel", Usage: "NAME=MODE,URL with MODE idempotent|queryable|none (repeatable; this or --channels-file is required)"},
-			&cli.StringFlag{Name: "channels-file", Usage: "TOML `FILE` of channels (kinds http, webhook, webpush, smtp; see the description)"},
+			&cli.StringFlag{Name: "channels-file", Usage: "TOML `FILE` of channels (kinds http, webhook, webpush, smtp, fcm, apns; see the description)"},
 			&cli.StringFlag{Name: "channels", Hidden: true}, // renamed: parseWork says so
 			&cli.IntFlag{Name: "concurrency", Hidden: true}, // replaced: parseWork says so
 			&cli.StringFlag{Name: "worker-id", Usage: "recorded on every claim and attempt (default: hostname-pid)"},

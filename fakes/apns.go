@@ -283,4 +283,3 @@ func (a *APNs) checkToken(auth string, now time.Time) (int, string) {
 	}
 	return 0, ""
 }
-
