@@ -43,6 +43,7 @@ type APNs struct {
 	lastIAT      int64 // iat of the newest provider token seen
 	tokenChanges int
 	script       map[string][]Step // by ref
+	nextScript   []Step            // for requests of a ref without a script of its own
 	sends        map[string]int
 	unregistered map[string]bool
 	pending      map[string]Message // collapse id -> undelivered
@@ -101,6 +102,13 @@ func (a *APNs) TokenChanges() int { a.mu.Lock(); defer a.mu.Unlock(); return a.t
 func (a *APNs) ScriptSend(ref string, steps ...Step) {
 	a.mu.Lock()
 	a.script[ref] = append(a.script[ref], steps...)
+	a.mu.Unlock()
+}
+
+// ScriptNext queues answers for the next requests of any ref without a script of its own.
+func (a *APNs) ScriptNext(steps ...Step) {
+	a.mu.Lock()
+	a.nextScript = append(a.nextScript, steps...)
 	a.mu.Unlock()
 }
 
@@ -180,6 +188,8 @@ func (a *APNs) serve(w http.ResponseWriter, r *http.Request) {
 	var step Step
 	if q := a.script[p.Ref]; len(q) > 0 {
 		step, a.script[p.Ref] = q[0], q[1:]
+	} else if len(a.nextScript) > 0 {
+		step, a.nextScript = a.nextScript[0], a.nextScript[1:]
 	}
 	now := a.now()
 	a.mu.Unlock()

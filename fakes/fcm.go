@@ -44,6 +44,7 @@ type FCM struct {
 	tokenReqs    int
 	tokenScript  []Step
 	sendScript   map[string][]Step // by ref
+	nextScript   []Step            // for requests of a ref without a script of its own
 	sends        map[string]int    // requests received, by ref
 	unregistered map[string]bool
 	pending      map[string]Message // collapse key -> undelivered message
@@ -119,6 +120,14 @@ func (f *FCM) ScriptToken(steps ...Step) {
 func (f *FCM) ScriptSend(ref string, steps ...Step) {
 	f.mu.Lock()
 	f.sendScript[ref] = append(f.sendScript[ref], steps...)
+	f.mu.Unlock()
+}
+
+// ScriptNext queues answers for the next sends of any ref without a script of its own (a task
+// whose ref is not known yet).
+func (f *FCM) ScriptNext(steps ...Step) {
+	f.mu.Lock()
+	f.nextScript = append(f.nextScript, steps...)
 	f.mu.Unlock()
 }
 
@@ -252,6 +261,8 @@ func (f *FCM) handleSend(w http.ResponseWriter, r *http.Request) {
 	var step Step
 	if q := f.sendScript[ref]; len(q) > 0 {
 		step, f.sendScript[ref] = q[0], q[1:]
+	} else if len(f.nextScript) > 0 {
+		step, f.nextScript = f.nextScript[0], f.nextScript[1:]
 	}
 	bearer, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	exp, live := f.tokens[bearer]
