@@ -23,15 +23,12 @@ import (
 // providerDispatcher is a dispatcher with one NONE route, name, served by client.
 func (e *env) providerDispatcher(name string, client delivery.Channel, contract delivery.Contract) *dispatcher {
 	e.t.Helper()
-	d, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{
+	d, err := service.NewDispatcher(e.ctx, e.workerPool, service.DispatcherConfig{
 		Worker: "w-test", Lease: 10 * time.Second, CallTimeout: clientTimeout,
 		Routes:  map[string]delivery.Route{name: {Mode: delivery.ModeNone, Contract: contract, Client: client}},
 		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond},
 	})
 	if err != nil {
-		e.t.Fatal(err)
-	}
-	if _, err := d.ConfigureRateLimits(e.ctx); err != nil {
 		e.t.Fatal(err)
 	}
 	return &dispatcher{Dispatcher: d}
