@@ -21,13 +21,18 @@ import (
 )
 
 // providerDispatcher is a dispatcher with one NONE route, name, served by client.
-func (e *env) providerDispatcher(name string, client delivery.Channel, contract delivery.Contract) *dispatcher {
+// configure, when given, adjusts the configuration last.
+func (e *env) providerDispatcher(name string, client delivery.Channel, contract delivery.Contract, configure ...func(*service.DispatcherConfig)) *dispatcher {
 	e.t.Helper()
-	d, err := service.NewDispatcher(e.ctx, e.workerPool, service.DispatcherConfig{
+	cfg := service.DispatcherConfig{
 		Worker: "w-test", Lease: 10 * time.Second, CallTimeout: clientTimeout,
 		Routes:  map[string]delivery.Route{name: {Mode: delivery.ModeNone, Contract: contract, Client: client}},
 		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond},
-	})
+	}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	d, err := service.NewDispatcher(e.ctx, e.workerPool, cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -115,7 +120,8 @@ func TestFCMProviderCollapseResend(t *testing.T) {
 	is.Equal(len(e.attempts(id)), 2)
 }
 
-// UNREGISTERED is a certain refusal: FAILED at once, budget left or not.
+// UNREGISTERED is a certain refusal: FAILED at once, budget left or not; with
+// DisableUnregistered (work --disable-on-unregistered) the preference goes off too.
 func TestFCMProviderUnregistered(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
@@ -123,12 +129,13 @@ func TestFCMProviderUnregistered(t *testing.T) {
 	e.user("u1", "fcm")
 	f.Unregister("u1@fcm")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	d := e.providerDispatcher("fcm", c, delivery.Contract{})
-	runOnce(t, d)
+	d := e.providerDispatcher("fcm", c, delivery.Contract{}, func(cfg *service.DispatcherConfig) { cfg.DisableUnregistered = true })
+	is.True(runOnce(t, d).PrefDisabled)
 	task := e.task(id)
 	is.Equal(task.State, delivery.StateFailed)
 	is.Equal(e.outcomes(id), outcomes(delivery.OutcomeRejected))
 	is.Equal(f.Sends(task.Ref), 1)
+	is.Equal(e.scalar("SELECT count(*) FROM channel_pref WHERE user_id = 'u1' AND channel = 'fcm' AND enabled"), int64(0))
 }
 
 func startAPNs(t *testing.T) (*fakes.APNs, *apns.Client) {
@@ -209,7 +216,8 @@ func TestAPNsProviderCollapseResend(t *testing.T) {
 	is.Equal(len(e.attempts(id)), 2)
 }
 
-// 410 Unregistered fails the task at once; 429 is throttled and retried.
+// 429 is throttled and retried; 410 Unregistered fails the task at once and, with
+// DisableUnregistered, switches the preference off.
 func TestAPNsProviderAnswers(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
@@ -218,10 +226,10 @@ func TestAPNsProviderAnswers(t *testing.T) {
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	ref := e.ref(id)
 	a.ScriptSend(ref, fakes.Step{Status: 429})
-	d := e.providerDispatcher("apns", c, delivery.Contract{})
+	d := e.providerDispatcher("apns", c, delivery.Contract{}, func(cfg *service.DispatcherConfig) { cfg.DisableUnregistered = true })
 	is.Equal(runOnce(t, d).Outcome, delivery.OutcomeThrottled)
 	a.Unregister(apnsDevice)
-	runNext(t, d)
+	is.True(runNext(t, d).PrefDisabled) // --disable-on-unregistered: the preference goes off
 	is.Equal(e.task(id).State, delivery.StateFailed)
 	is.Equal(e.outcomes(id), outcomes(delivery.OutcomeThrottled, delivery.OutcomeRejected))
 	is.Equal(a.Sends(ref), 2)
