@@ -315,7 +315,8 @@ func TestExampleChannelsFilesLoad(t *testing.T) {
 			is := is.New(t)
 			data, err := os.ReadFile(path)
 			is.NoErr(err)
-			routes, err := channelconfig.Load(writeDir(t, map[string]string{"channels.toml": string(data), "vapid.pem": vapidPEM(t)}), secrets)
+			routes, err := channelconfig.Load(writeDir(t, map[string]string{"channels.toml": string(data), "vapid.pem": vapidPEM(t),
+				"fcm-service-account.json": serviceAccountJSON(t), "AuthKey_ABC123DEFG.p8": apnsP8(t)}), secrets)
 			is.NoErr(err)            // loads
 			is.True(len(routes) > 0) // with its channels
 			for name, r := range routes {
