@@ -287,26 +287,11 @@ func (f *Resend) serveHTTP(w http.ResponseWriter, r *http.Request) {
 
 // answer writes the acceptance as the step scripts it (after the acceptance was recorded).
 func (f *Resend) answer(w http.ResponseWriter, r *http.Request, step Step, id string) {
-	wait := func(d time.Duration) {
-		var expired <-chan time.Time
-		if d >= 0 {
-			t := time.NewTimer(d)
-			defer t.Stop()
-			expired = t.C
-		}
-		select {
-		case <-expired:
-		case <-r.Context().Done():
-			panic(http.ErrAbortHandler)
-		case <-f.done:
-			panic(http.ErrAbortHandler)
-		}
-	}
 	if step.Delay > 0 {
-		wait(step.Delay)
+		waitOrAbort(r, f.done, step.Delay)
 	}
 	if step.Hang {
-		wait(-1)
+		waitOrAbort(r, f.done, -1)
 	}
 	if step.Drop {
 		Drop(w, r)
@@ -347,4 +332,22 @@ func newUUID() string {
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+// waitOrAbort waits d (forever when d < 0) in a provider fake's handler; if the client goes away or the
+// fake closes first, the handler is aborted with http.ErrAbortHandler (the client sees no answer).
+func waitOrAbort(r *http.Request, done <-chan struct{}, d time.Duration) {
+	var expired <-chan time.Time
+	if d >= 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case <-expired:
+	case <-r.Context().Done():
+		panic(http.ErrAbortHandler)
+	case <-done:
+		panic(http.ErrAbortHandler)
+	}
 }
