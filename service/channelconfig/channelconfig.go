@@ -76,6 +76,7 @@ var inlineSecrets = map[string]string{
 	"vapid_private_key": "vapid_private_key_env/vapid_private_key_file",
 	"private_key":       "vapid_private_key_env/vapid_private_key_file",
 	"token":             "an _env or _file key",
+	"server_token":      "server_token_env/server_token_file",
 	"api_key":           "an _env or _file key",
 }
 
@@ -322,6 +323,15 @@ func withDefaults(k delivery.Contract, mode delivery.Mode, kd kind) (delivery.Co
 	}
 	if d.QuerySettle > 0 && mode == delivery.ModeQueryable && k.QuerySettle == 0 {
 		k.QuerySettle = d.QuerySettle
+	}
+	if m := d.MaxInFlightAge; m > 0 && mode == delivery.ModeQueryable {
+		// The provider's search keeps messages this long: a "not found" after it proves nothing.
+		if k.MaxInFlightAge > m {
+			return k, fmt.Errorf("max_in_flight_age %s: kind %s can be queried for %s at most", k.MaxInFlightAge, kd.name, m)
+		}
+		if k.MaxInFlightAge == 0 {
+			k.MaxInFlightAge = m
+		}
 	}
 	k.ServerErrorsUncertain = k.ServerErrorsUncertain || d.ServerErrorsUncertain
 	return k, nil
