@@ -31,6 +31,7 @@ const (
 const (
 	ReceiptSourceStandardWebhooks = "standard-webhooks"
 	ReceiptSourceTwilio           = "twilio"
+	ReceiptSourcePostmark         = "postmark" // schema/017
 )
 
 // Receipt is one provider event about one of our messages, as a verified callback carried it.
