@@ -3,6 +3,7 @@ package cli
 import (
 	"encoding/json"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -154,4 +155,32 @@ func freeAddr(t *testing.T) string {
 	}
 	t.Cleanup(p.Release)
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.Number))
+}
+
+// TestFakeProviders: `notifier fake --postmark ADDR` serves the Postmark fake with the token from the
+// environment; a provider fake without its credential is a usage error that serves nothing.
+func TestFakeProviders(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	c := notifierCLI{t: t}
+	for _, flag := range []string{"--resend", "--postmark"} {
+		r := c.run("", "fake", flag, "127.0.0.1:0", "--resend-key-env", "UNSET_VARIABLE", "--postmark-token-env", "UNSET_VARIABLE")
+		is.Equal(r.code, 2)    // usage
+		is.Equal(r.stdout, "") // nothing served
+		oneErrorLine(t, r)
+	}
+	p := c.startWithEnv([]string{"PM_FAKE_TOKEN=pm-fake-token"}, "fake", "--postmark", "127.0.0.1:0", "--postmark-token-env", "PM_FAKE_TOKEN")
+	waitFor(t, 20*time.Second, "the fake's line", func() bool { return strings.HasSuffix(p.stdout.String(), "\n") })
+	var out fakeOutput
+	is.NoErr(json.Unmarshal([]byte(p.stdout.String()), &out))
+	is.True(strings.HasPrefix(out.Postmark, "http://127.0.0.1:")) // the Postmark fake listens
+	req, err := http.NewRequest(http.MethodPost, out.Postmark+"/email",
+		strings.NewReader(`{"From":"a@example.com","To":"b@example.com","TextBody":"hi","Metadata":{"notifier_ref":"task-1"}}`))
+	is.NoErr(err)
+	req.Header.Set("X-Postmark-Server-Token", "pm-fake-token")
+	resp, err := http.DefaultClient.Do(req)
+	is.NoErr(err)
+	resp.Body.Close()
+	is.Equal(resp.StatusCode, http.StatusOK) // and accepts with the token
+	is.Equal(p.stop(syscall.SIGTERM), 0)
 }
