@@ -79,6 +79,12 @@ for every worker until its Retry-After has passed (1s without one). The burst mu
 one --poll's worth of calls (rate x poll), or an idle worker would claim too seldom to use the
 limit. See docs/operations.md#rate-limits.
 
+--disable-on-unregistered: when a provider rejects a message because the address is gone for good
+(FCM UNREGISTERED, APNs 410, a Twilio or Postmark recipient that unsubscribed or is inactive), also
+switch the user's preference on that channel off, so later notifications are suppressed rather than
+sent to a dead address (the result and the RESULT log line say pref_disabled). Off by default: the
+task is FAILED either way.
+
 --lease must be longer than --timeout plus a margin of max(2s, timeout/2) (claim commit, timer
 slack and the finish transaction), or two workers could call the channel for one task at once;
 --allow-lease-overlap accepts a shorter lease (for tests of that failure).
@@ -134,11 +140,11 @@ func workCommand(e *env) *cli.Command {
 		Usage: "run a delivery worker (claim, call the channel, record the outcome)",
 		UsageText: "notifier work {--channel NAME=MODE,URL [--channel ...] | --channels-file FILE} [--worker-id W] [--once]\n" +
 			"   [--max-in-flight 1024] [--batch 256] [--finishers 2] [--lease 30s] [--timeout 10s] [--backoff 2s] [--poll 200ms]\n" +
-			"   [--allow-lease-overlap] [--metrics-addr 127.0.0.1:9464] [--ca-file F]",
+			"   [--allow-lease-overlap] [--disable-on-unregistered] [--metrics-addr 127.0.0.1:9464] [--ca-file F]",
 		Description: workDescription,
 		Flags: []cli.Flag{
 			&cli.StringSliceFlag{Name: "channel", Usage: "NAME=MODE,URL with MODE idempotent|queryable|none (repeatable; this or --channels-file is required)"},
-			&cli.StringFlag{Name: "channels-file", Usage: "TOML `FILE` of channels (kinds http, webhook, webpush, smtp; see the description)"},
+			&cli.StringFlag{Name: "channels-file", Usage: "TOML `FILE` of channels (kind = one of " + strings.Join(channelconfig.Kinds(), ", ") + "; see the description)"},
 			&cli.StringFlag{Name: "channels", Hidden: true}, // renamed: parseWork says so
 			&cli.IntFlag{Name: "concurrency", Hidden: true}, // replaced: parseWork says so
 			&cli.StringFlag{Name: "worker-id", Usage: "recorded on every claim and attempt (default: hostname-pid)"},
@@ -151,6 +157,7 @@ func workCommand(e *env) *cli.Command {
 			&cli.DurationFlag{Name: "backoff", Value: service.DefaultBackoff, Usage: "first retry delay, doubled per attempt (each wait lengthened by up to a quarter, at random)"},
 			&cli.DurationFlag{Name: "poll", Value: worker.DefaultPoll, Usage: "wait after finding nothing to do (lengthened by up to a quarter, at random)"},
 			&cli.BoolFlag{Name: "allow-lease-overlap", Usage: "accept a lease not longer than timeout + margin"},
+			&cli.BoolFlag{Name: "disable-on-unregistered", Usage: "switch a user's preference off when the provider says the address is unregistered"},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics at http://ADDR/metrics"},
 			&cli.StringFlag{Name: "ca-file", Usage: "extra PEM root certificates for https channels"},
 			&cli.DurationFlag{Name: "wait-for-database", Value: time.Minute, Usage: "at start, how long to retry while no database server accepts a connection (a failover, a server starting); 0: fail at once (the default with --once)"},
@@ -231,6 +238,7 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 	}
 	d.Lease, d.CallTimeout, d.DBTimeout = c.Duration("lease"), c.Duration("timeout"), e.dbTimeout
 	d.Backoff = delivery.Backoff{Base: c.Duration("backoff")}
+	d.DisableUnregistered = c.Bool("disable-on-unregistered")
 	for name, v := range map[string]time.Duration{"lease": d.Lease, "timeout": d.CallTimeout, "backoff": d.Backoff.Base, "poll": c.Duration("poll")} {
 		if v <= 0 {
 			return workConfig{}, usagef("invalid --%s %s: must be more than 0", name, v)

@@ -39,6 +39,10 @@ type DispatcherConfig struct {
 	// ClaimRecovered, when set, is told when a claim whose commit's answer was lost (err) turned out to
 	// have committed, and its attempts were recovered by their tokens.
 	ClaimRecovered func(attempts int, err error)
+	// DisableUnregistered switches a user's preference on a channel off when its provider rejected a
+	// message because the address is gone for good (Observation.Unregistered), so later notifications
+	// are suppressed instead of sent to a dead address (Result.PrefDisabled).
+	DisableUnregistered bool
 }
 
 // Defaults for fields left zero.
@@ -132,6 +136,9 @@ type Result struct {
 	// Err is the database's refusal behind an UNRECORDED or SET_ASIDE result, as the driver returned it
 	// (errors.As finds its *pgconn.PgError); Detail is its text.
 	Err error `json:"-"`
+	// PrefDisabled: the provider said the address is unregistered and DisableUnregistered switched the
+	// user's preference on the channel off.
+	PrefDisabled bool `json:"pref_disabled,omitempty"`
 	// CallDuration is how long the channel call took (set by the worker; zero without a call).
 	CallDuration time.Duration `json:"-"`
 }
@@ -448,7 +455,34 @@ func (d *Dispatcher) Call(ctx context.Context, a *Attempt) delivery.Observation 
 // channel for every worker (pauseThrottled).
 func (d *Dispatcher) FinishBatch(ctx context.Context, attempts []*Attempt, obs []delivery.Observation) ([]Result, error) {
 	d.pauseThrottled(ctx, attempts, obs)
-	return d.finishBatch(ctx, attempts, obs)
+	results, err := d.finishBatch(ctx, attempts, obs)
+	d.disableUnregistered(ctx, results, obs)
+	return results, err
+}
+
+// disableUnregistered switches off the preferences whose address a provider said is gone
+// (DisableUnregistered), for the attempts whose rejection was recorded (FAILED): one short statement
+// each, after the finish, because such answers are rare. A failure to switch one off is said in its
+// result's Detail; the task's outcome stands either way.
+func (d *Dispatcher) disableUnregistered(ctx context.Context, results []Result, obs []delivery.Observation) {
+	if !d.cfg.DisableUnregistered || len(results) != len(obs) {
+		return
+	}
+	for i := range results {
+		r := &results[i]
+		if !obs[i].Unregistered || r.Kind != ResultFailed || r.Outcome != delivery.OutcomeRejected {
+			continue
+		}
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
+		_, err := dbgen.New(d.pool).PrefDisableByTask(dctx, r.TaskID)
+		cancel()
+		switch {
+		case err == nil:
+			r.PrefDisabled = true
+		case !errors.Is(err, pgx.ErrNoRows): // no row: the preference is off already
+			r.Detail += "; the preference could not be switched off: " + err.Error()
+		}
+	}
 }
 
 // finishBatch is FinishBatch without the pause.
@@ -542,6 +576,12 @@ type Handoff struct {
 // instead. On connections that do not prepare statements (pipelines) it is FinishBatch then
 // ClaimBatch. As in FinishBatch, a 429 on a rate-limited channel first pauses that channel.
 func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attempt, obs []delivery.Observation, limit int) Handoff {
+	h := d.finishBatchThenClaim(ctx, attempts, obs, limit)
+	d.disableUnregistered(ctx, h.Finished, obs)
+	return h
+}
+
+func (d *Dispatcher) finishBatchThenClaim(ctx context.Context, attempts []*Attempt, obs []delivery.Observation, limit int) Handoff {
 	d.pauseThrottled(ctx, attempts, obs) // before the claim, so that the claim sees the pause
 	var h Handoff
 	apart := func() Handoff {

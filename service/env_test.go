@@ -59,6 +59,7 @@ type dcfg struct {
 	rateLimits map[string]delivery.RateLimit // the rate limits this worker sets (ConfigureRateLimits)
 	onRate     func(channel string)          // DispatcherConfig.RateLimited
 	onPause    func(channel string, pause time.Duration, err error)
+	configure  func(*service.DispatcherConfig) // any other setting, applied last
 }
 
 // testBatch is the claim batch size the seed tests run with: 1 (per task) by default,
@@ -104,11 +105,15 @@ func (e *env) dispatcher(c dcfg) *dispatcher {
 		}
 		routes[name] = delivery.Route{Mode: mode, Contract: c.contracts[name], Client: client, RateLimit: c.rateLimits[name]}
 	}
-	d, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{
+	cfg := service.DispatcherConfig{
 		Worker: c.worker, Routes: routes, Lease: c.lease, CallTimeout: c.timeout,
 		Backoff:     delivery.Backoff{Base: c.backoff, Max: 10 * c.backoff},
 		RateLimited: c.onRate, Paused: c.onPause,
-	})
+	}
+	if c.configure != nil {
+		c.configure(&cfg)
+	}
+	d, err := service.NewDispatcher(e.workerPool, cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
