@@ -22,7 +22,7 @@ const postmarkTestToken = "pm-service-test-4e3d2c"
 
 // postmarkDispatcher serves channel "email" as a channels file of kind postmark declares it, with a
 // short query_settle so the test need not wait Postmark's default.
-func (e *env) postmarkDispatcher(f *fakes.Postmark) *dispatcher {
+func (e *env) postmarkDispatcher(f *fakes.Postmark, configure ...func(*service.DispatcherConfig)) *dispatcher {
 	e.t.Helper()
 	path := filepath.Join(e.t.TempDir(), "channels.toml")
 	file := "[channels.email]\nkind = \"postmark\"\nserver_token_env = \"T\"\nfrom = \"noreply@example.com\"\nquery_settle = \"500ms\"\nbase_url = \"" + f.URL() + "\"\n"
@@ -33,9 +33,13 @@ func (e *env) postmarkDispatcher(f *fakes.Postmark) *dispatcher {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	d, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{Worker: "w-postmark", Routes: routes,
+	cfg := service.DispatcherConfig{Worker: "w-postmark", Routes: routes,
 		Lease: 10 * time.Second, CallTimeout: 300 * time.Millisecond,
-		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond}})
+		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond}}
+	for _, c := range configure {
+		c(&cfg)
+	}
+	d, err := service.NewDispatcher(e.workerPool, cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -113,7 +117,8 @@ func TestPostmarkProviderServerErrorQueriesThenResends(t *testing.T) {
 	is.Equal(task.State, delivery.StateSent)
 }
 
-// An inactive recipient fails the task at once (ErrorCode 406).
+// An inactive recipient (ErrorCode 406) fails the task at once and, with work
+// --disable-on-unregistered, switches the preference off: the next notification makes no task.
 func TestPostmarkProviderInactiveRecipient(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
@@ -121,7 +126,14 @@ func TestPostmarkProviderInactiveRecipient(t *testing.T) {
 	e.user("u1", "email") // address u1@email
 	f.SetInactive("u1@email")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	is.Equal(runOnce(t, e.postmarkDispatcher(f)).Outcome, delivery.OutcomeRejected)
+	d := e.postmarkDispatcher(f, func(c *service.DispatcherConfig) { c.DisableUnregistered = true })
+	res := runOnce(t, d)
+	is.Equal(res.Outcome, delivery.OutcomeRejected)
+	is.True(res.PrefDisabled)                        // the address is gone: the preference goes off
 	is.Equal(e.task(id).State, delivery.StateFailed) // not retried
 	is.Equal(f.Requests(), 1)
+	_, created, tasks, err := e.n.Create(e.ctx, "u1", "e2", "body", time.Hour, 3)
+	is.NoErr(err)
+	is.True(created)
+	is.Equal(len(tasks), 0) // nothing more to a dead address
 }
