@@ -306,6 +306,9 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 			return workConfig{}, err
 		}
 	}
+	if err := d.Check(); err != nil { // before the worker waits for a database
+		return workConfig{}, err
+	}
 	cfg.loop = worker.Config{MaxInFlight: c.Int("max-in-flight"), Batch: c.Int("batch"), Finishers: c.Int("finishers"),
 		Poll: c.Duration("poll"), Logger: e.log}
 	return cfg, nil
@@ -351,10 +354,6 @@ func work(c *cli.Context, e *env) error {
 		return err
 	}
 	defer pool.Close()
-	d, err := service.NewDispatcher(pool, cfg.dispatcher)
-	if err != nil {
-		return err
-	}
 	// A primary may be out of reach while a failover runs, or the server may still be starting.
 	err = service.WaitForDatabase(c.Context, pool, cfg.waitForDatabase, func(err error, next time.Duration) {
 		log.Warn("database not reachable yet; retrying", "retry_in", next.Round(time.Millisecond).String(),
@@ -363,7 +362,7 @@ func work(c *cli.Context, e *env) error {
 	n := service.NewNotifier(pool)
 	var (
 		standing service.ServerStanding
-		buckets  []service.Bucket
+		d        *service.Dispatcher
 	)
 	ctx, cancel := e.dbContext(c.Context)
 	if err == nil { // a standby would refuse every claim with SQLSTATE 25006, forever
@@ -379,8 +378,8 @@ func work(c *cli.Context, e *env) error {
 	if err == nil {
 		err = service.CheckPoolShare(ctx, pool)
 	}
-	if err == nil {
-		buckets, err = d.ConfigureRateLimits(ctx)
+	if err == nil { // writes this worker's rate limits into their buckets
+		d, err = service.NewDispatcher(ctx, pool, cfg.dispatcher)
 	}
 	cancel()
 	if err != nil {
@@ -404,7 +403,7 @@ func work(c *cli.Context, e *env) error {
 	for i, s := range cfg.specs {
 		channels[i] = fmt.Sprintf("%s=%s,%s", s.Name, strings.ToLower(string(s.Mode)), redact.URL(s.URL))
 	}
-	for _, b := range buckets {
+	for _, b := range d.Buckets() {
 		log.Info("rate limit", "channel", b.Channel, "per_second", b.PerSecond, "burst", b.Burst,
 			"tokens", math.Floor(b.Tokens), "paused_seconds", math.Ceil(b.PausedFor))
 	}

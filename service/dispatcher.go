@@ -62,30 +62,22 @@ type Dispatcher struct {
 	channels  []string
 	turn      atomic.Uint32 // which channel the next claim starts with
 	pipelines bool          // the pool's connections can carry a finish ahead of a claim (FinishBatchThenClaim)
-	// The channels whose rate-limit bucket the claims consult, set once by ConfigureRateLimits: few,
-	// so a list.
+	// The channels whose rate-limit bucket the claims consult, set once by NewDispatcher before the
+	// dispatcher is shared: few, so a list.
 	limited []string
+	buckets []Bucket // those buckets as NewDispatcher found them
 }
 
-// NewDispatcher checks the configuration and fills defaults.
-func NewDispatcher(pool *pgxpool.Pool, cfg DispatcherConfig) (*Dispatcher, error) {
-	if err := checkText("worker id", cfg.Worker, MaxIDLength); err != nil {
+// NewDispatcher checks the configuration, fills defaults, and writes the rate limits of its routes
+// into their buckets (configureRateLimits), so that its claims consult every bucket of its channels
+// from the first one: a dispatcher cannot be built that ignores a rate limit. It needs the database
+// (bounded by DBTimeout).
+func NewDispatcher(ctx context.Context, pool *pgxpool.Pool, cfg DispatcherConfig) (*Dispatcher, error) {
+	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
-	if len(cfg.Routes) == 0 {
-		return nil, &delivery.InputError{Field: "channels", Reason: "a worker needs at least one channel"}
-	}
 	d := &Dispatcher{pool: pool, cfg: cfg, pipelines: pipelines(pool.Config().ConnConfig)}
-	for name, r := range cfg.Routes {
-		if err := checkChannel(name); err != nil {
-			return nil, err
-		}
-		if _, err := delivery.ParseMode(string(r.Mode)); err != nil {
-			return nil, err
-		}
-		if r.Client == nil {
-			return nil, &delivery.InputError{Field: "channel " + name, Reason: "no client"}
-		}
+	for name := range cfg.Routes {
 		d.channels = append(d.channels, name)
 	}
 	slices.Sort(d.channels) // claims take the channels in turn, in this order: the same on every run
@@ -94,8 +86,44 @@ func NewDispatcher(pool *pgxpool.Pool, cfg DispatcherConfig) (*Dispatcher, error
 	setDefault(&d.cfg.DBTimeout, DefaultDBTimeout)
 	setDefault(&d.cfg.Backoff.Base, DefaultBackoff)
 	setDefault(&d.cfg.Backoff.Max, DefaultMaxBackoff)
+	var err error
+	if d.buckets, err = d.configureRateLimits(ctx); err != nil {
+		return nil, err
+	}
 	return d, nil
 }
+
+// Check refuses a configuration NewDispatcher would refuse, without the database: `work` checks its
+// flags and channels file with it before it waits for a server.
+func (cfg DispatcherConfig) Check() error {
+	if err := checkText("worker id", cfg.Worker, MaxIDLength); err != nil {
+		return err
+	}
+	if len(cfg.Routes) == 0 {
+		return &delivery.InputError{Field: "channels", Reason: "a worker needs at least one channel"}
+	}
+	for name, r := range cfg.Routes {
+		if err := checkChannel(name); err != nil {
+			return err
+		}
+		if _, err := delivery.ParseMode(string(r.Mode)); err != nil {
+			return err
+		}
+		if r.Client == nil {
+			return &delivery.InputError{Field: "channel " + name, Reason: "no client"}
+		}
+		if r.RateLimit != (delivery.RateLimit{}) {
+			if err := r.RateLimit.Check(); err != nil {
+				return fmt.Errorf("rate limit of %s: %w", name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Buckets are the rate-limit buckets of this dispatcher's channels as it found them at construction:
+// its own limits, and those other workers set.
+func (d *Dispatcher) Buckets() []Bucket { return slices.Clone(d.buckets) }
 
 func setDefault(d *time.Duration, v time.Duration) {
 	if *d <= 0 {

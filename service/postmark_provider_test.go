@@ -39,7 +39,7 @@ func (e *env) postmarkDispatcher(f *fakes.Postmark, configure ...func(*service.D
 	for _, c := range configure {
 		c(&cfg)
 	}
-	d, err := service.NewDispatcher(e.workerPool, cfg)
+	d, err := service.NewDispatcher(e.ctx, e.workerPool, cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestPostmarkProviderInactiveRecipient(t *testing.T) {
 	is.True(res.PrefDisabled)                        // the address is gone: the preference goes off
 	is.Equal(e.task(id).State, delivery.StateFailed) // not retried
 	is.Equal(f.Requests(), 1)
-	_, created, tasks, err := e.n.Create(e.ctx, "u1", "e2", "body", time.Hour, 3)
+	_, created, tasks, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "e2", Body: "body", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)
 	is.True(created)
 	is.Equal(len(tasks), 0) // nothing more to a dead address

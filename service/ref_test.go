@@ -39,7 +39,7 @@ func TestTaskRefIsRandomAndSentAsTheKey(t *testing.T) {
 	is.True(uuidRef.MatchString(tasks[0].Ref)) // a UUID
 	is.True(tasks[0].Ref != tasks[1].Ref)      // one per task
 	is.Equal(e.ref(tasks[0].TaskID), tasks[0].Ref)
-	_, created, again, err := e.n.Create(e.ctx, "u1", "e1", "body of e1", time.Hour, 3)
+	_, created, again, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "e1", Body: "body of e1", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)
 	is.True(!created)
 	is.Equal(again, tasks) // a duplicate submitter sees the same references
@@ -119,7 +119,7 @@ func (e *env) deliverThree(when string) []sentTask {
 	var tasks []sentTask
 	for i := range 3 {
 		key, body := fmt.Sprintf("ev-%d", i), fmt.Sprintf("message %d, %s", i, when)
-		_, created, ts, err := e.n.Create(e.ctx, "u1", key, body, time.Hour, 3)
+		_, created, ts, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: key, Body: body, TTL: time.Hour, MaxAttempts: 3})
 		if err != nil || !created {
 			e.t.Fatalf("create %s: created=%v err=%v", key, created, err)
 		}
@@ -310,7 +310,7 @@ func (e *env) onDatabase(dbURL string) *env {
 func TestUpgradeKeepsTheRefTasksWereSentWith(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.rollbackBefore("016") // to schema/015: references derived from ids
+	e.rollbackTo("015") // references derived from ids
 	e.user("u1", "push")
 	var id int64
 	is.NoErr(e.pool.QueryRow(e.ctx, `WITH n AS (
@@ -342,21 +342,20 @@ func TestUpgradeKeepsTheRefTasksWereSentWith(t *testing.T) {
 	is.Equal(e.push.Outbound(old), 1)                                                                          // one message
 }
 
-// rollbackBefore rolls migrations back, newest first, until version and every later one are undone:
-// later migrations (schema/017, ...) do not move the point a test upgrades from.
-func (e *env) rollbackBefore(version string) {
+// rollbackTo rolls the test's database back one migration at a time until version is the newest applied.
+func (e *env) rollbackTo(version string) {
 	e.t.Helper()
 	for range 100 {
 		var newest string
 		if err := e.pool.QueryRow(e.ctx, `SELECT max(version) FROM schema_migrations`).Scan(&newest); err != nil {
 			e.t.Fatal(err)
 		}
-		if newest < version {
+		if newest <= version {
 			return
 		}
 		e.dbmate("rollback")
 	}
-	e.t.Fatalf("could not roll back before %s", version)
+	e.t.Fatalf("still above schema %s after 100 rollbacks", version)
 }
 
 // dbmate runs a dbmate command on the test's database.

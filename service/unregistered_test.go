@@ -49,7 +49,7 @@ func TestUnregisteredAddressDisablesThePreference(t *testing.T) {
 			is.Equal(enabled, !c.off)
 
 			// The next notification to that user on that channel: no task when the preference is off.
-			_, created, tasks, err := e.n.Create(e.ctx, "u1", "second", "body", time.Hour, 3)
+			_, created, tasks, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "second", Body: "body", TTL: time.Hour, MaxAttempts: 3})
 			is.NoErr(err)
 			is.True(created)
 			is.Equal(len(tasks) == 0, c.off)
