@@ -45,9 +45,9 @@ func TestReceiptsPostmark(t *testing.T) {
 		is.NoErr(pool.QueryRow(ctx, `SELECT count(*) FROM delivery_receipt`).Scan(&n))
 		return n
 	}
-	is.Equal(post("", ""), http.StatusUnauthorized)              // no credentials
-	is.Equal(post("postmark", "guess"), http.StatusUnauthorized) // wrong ones
-	is.Equal(count(), 0)                                         // nothing written
+	is.Equal(post("", ""), http.StatusUnauthorized)                         // no credentials
+	is.Equal(post("postmark", "guess"), http.StatusUnauthorized)            // wrong ones
+	is.Equal(count(), 0)                                                    // nothing written
 	if code := post("postmark", "pm-webhook-pass"); code != http.StatusOK { // Postmark's own
 		t.Fatalf("got %d: %s", code, p.stderr)
 	}
