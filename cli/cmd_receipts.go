@@ -38,6 +38,12 @@ Endpoints, each served only when its secret is given:
                                     --public-url + the path and query Twilio called); set the callback
                                     URL to <public-url>/receipts/twilio?ref=ntf-<ref>, or match by
                                     MessageSid (the provider message id the task stored)
+  POST /receipts/postmark           Postmark's Delivery, Bounce and SpamComplaint webhooks. Postmark signs
+                                    nothing: put basic-auth credentials into the webhook URL
+                                    (https://USER:PASSWORD@host/receipts/postmark; --postmark-user,
+                                    --postmark-password-env/-file) and/or give the webhook a secret header
+                                    (--postmark-header NAME, --postmark-header-value-env/-file); every one
+                                    configured must match. Matched by Metadata.notifier_ref or MessageID
   GET  /metrics                     notifier_receipts_total{source,result}, notifier_receipts_swept_total
 
 Answers: 200 {"result":"settled|noted|unchanged|contradicts|duplicate","task_id":N,"state":...};
@@ -46,7 +52,8 @@ Answers: 200 {"result":"settled|noted|unchanged|contradicts|duplicate","task_id"
 A refused callback writes nothing.
 
 Secrets come only from the environment or files (--webhook-secret-env/-file: "whsec_" + base64,
-several for a rotation; --twilio-token-env/-file). Runs until SIGTERM or SIGINT. Needs the
+several for a rotation; --twilio-token-env/-file; --postmark-password-env/-file,
+--postmark-header-value-env/-file). Runs until SIGTERM or SIGINT. Needs the
 notifier_receiver role.
 
 ` + exitCodesHelp
@@ -56,7 +63,9 @@ func receiptsCommand(e *env) *cli.Command {
 		Name:  "receipts",
 		Usage: "receive signed delivery callbacks from providers; receipts settle unknown outcomes as SENT",
 		UsageText: "notifier receipts --listen ADDR {--webhook-secret-env NAME | --webhook-secret-file F ... |\n" +
-			"   --twilio-token-env NAME | --twilio-token-file F --public-url URL} [--disable-on-bounce] [--sweep 5s] [--tolerance 5m]",
+			"   --twilio-token-env NAME | --twilio-token-file F --public-url URL |\n" +
+			"   --postmark-user U --postmark-password-env NAME | --postmark-header H --postmark-header-value-env NAME}\n" +
+			"   [--disable-on-bounce] [--sweep 5s] [--tolerance 5m]",
 		Description: receiptsDescription,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "listen", Usage: "address to serve on, e.g. 127.0.0.1:8088 (required)"},
@@ -64,6 +73,12 @@ func receiptsCommand(e *env) *cli.Command {
 			&cli.StringSliceFlag{Name: "webhook-secret-file", Usage: "file holding a Standard Webhooks secret (repeatable)"},
 			&cli.StringFlag{Name: "twilio-token-env", Usage: "environment variable holding the Twilio auth token"},
 			&cli.StringFlag{Name: "twilio-token-file", Usage: "file holding the Twilio auth token"},
+			&cli.StringFlag{Name: "postmark-user", Usage: "user name Postmark's webhooks authenticate with (basic authentication in the webhook URL)"},
+			&cli.StringFlag{Name: "postmark-password-env", Usage: "environment variable holding that password"},
+			&cli.StringFlag{Name: "postmark-password-file", Usage: "file holding that password"},
+			&cli.StringFlag{Name: "postmark-header", Usage: "name of a custom header Postmark's webhooks carry, e.g. X-Receipt-Token"},
+			&cli.StringFlag{Name: "postmark-header-value-env", Usage: "environment variable holding that header's secret value"},
+			&cli.StringFlag{Name: "postmark-header-value-file", Usage: "file holding that header's secret value"},
 			&cli.StringFlag{Name: "public-url", Usage: "the scheme and host providers call, e.g. https://receipts.example.com (required with Twilio)"},
 			&cli.BoolFlag{Name: "disable-on-bounce", Usage: "a hard bounce switches the user's preference on that channel off"},
 			&cli.DurationFlag{Name: "sweep", Value: 5 * time.Second, Usage: "how often to settle tasks whose receipt came while they were held"},
@@ -130,6 +145,9 @@ func parseReceipts(c *cli.Context, e *env) (receiptsConfig, error) {
 			return cfg, usagef("invalid --twilio-token-file %s: empty", file)
 		}
 	}
+	if err := parsePostmarkAuth(c, e, &cfg.h.Postmark); err != nil {
+		return cfg, err
+	}
 	if raw := c.String("public-url"); raw != "" {
 		u, err := url.Parse(raw)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" {
@@ -138,12 +156,60 @@ func parseReceipts(c *cli.Context, e *env) (receiptsConfig, error) {
 		cfg.h.PublicURL = u
 	}
 	switch {
-	case len(cfg.h.WebhookKeys) == 0 && cfg.h.TwilioAuthToken == "":
-		return cfg, usagef("receipts: no secret given: --webhook-secret-env/-file for Standard Webhooks, --twilio-token-env/-file for Twilio")
+	case len(cfg.h.WebhookKeys) == 0 && cfg.h.TwilioAuthToken == "" && !cfg.h.Postmark.Enabled():
+		return cfg, usagef("receipts: no secret given: --webhook-secret-env/-file for Standard Webhooks, --twilio-token-env/-file for Twilio, --postmark-password-env/-file or --postmark-header-value-env/-file for Postmark")
 	case cfg.h.TwilioAuthToken != "" && cfg.h.PublicURL == nil:
 		return cfg, usagef("receipts: --public-url is required with Twilio (its signature covers the URL it called)")
 	}
 	return cfg, nil
+}
+
+// parsePostmarkAuth reads the credentials Postmark's webhooks must present: a user with a password,
+// and/or a header with a value, each pair whole.
+func parsePostmarkAuth(c *cli.Context, e *env, a *receipts.PostmarkAuth) error {
+	var err error
+	if a.Password, err = secretFlag(c, e, "postmark-password"); err != nil {
+		return err
+	}
+	if a.HeaderValue, err = secretFlag(c, e, "postmark-header-value"); err != nil {
+		return err
+	}
+	a.Username, a.Header = c.String("postmark-user"), c.String("postmark-header")
+	switch {
+	case (a.Username == "") != (a.Password == ""):
+		return usagef("--postmark-user and --postmark-password-env/-file: give both, or neither")
+	case (a.Header == "") != (a.HeaderValue == ""):
+		return usagef("--postmark-header and --postmark-header-value-env/-file: give both, or neither")
+	case a.Header != "" && strings.ContainsAny(a.Header, " :\r\n"):
+		return usagef("invalid --postmark-header %q: want a header name such as X-Receipt-Token", a.Header)
+	}
+	return nil
+}
+
+// secretFlag reads the secret of --NAME-env or --NAME-file ("" when neither is given).
+func secretFlag(c *cli.Context, e *env, name string) (string, error) {
+	envName, file := c.String(name+"-env"), c.String(name+"-file")
+	switch {
+	case envName != "" && file != "":
+		return "", usagef("--%s-env and --%s-file: give one", name, name)
+	case envName != "":
+		v := e.getenv(envName)
+		if v == "" {
+			return "", usagef("invalid --%s-env %s: the variable is empty or not set", name, envName)
+		}
+		return v, nil
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", usagef("invalid --%s-file: %v", name, err)
+		}
+		v := strings.TrimSpace(string(b))
+		if v == "" {
+			return "", usagef("invalid --%s-file %s: empty", name, file)
+		}
+		return v, nil
+	}
+	return "", nil
 }
 
 func serveReceipts(c *cli.Context, e *env) error {
@@ -196,7 +262,7 @@ func serveReceipts(c *cli.Context, e *env) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
 	e.log.Info("serving receipts", "addr", l.Addr().String(), "standard_webhooks", len(cfg.h.WebhookKeys) > 0,
-		"twilio", cfg.h.TwilioAuthToken != "", "disable_on_bounce", cfg.h.DisableOnBounce)
+		"twilio", cfg.h.TwilioAuthToken != "", "postmark", cfg.h.Postmark.Enabled(), "disable_on_bounce", cfg.h.DisableOnBounce)
 
 	tick := time.NewTicker(cfg.sweep)
 	defer tick.Stop()

@@ -52,7 +52,14 @@ type process struct {
 // start runs the binary in the background; it is killed at the end of the test if still running.
 func (c notifierCLI) start(args ...string) *process {
 	c.t.Helper()
+	return c.startWithEnv(nil, args...)
+}
+
+// startWithEnv is start with extra environment variables (NAME=value).
+func (c notifierCLI) startWithEnv(extra []string, args ...string) *process {
+	c.t.Helper()
 	cmd := c.command(context.Background(), args...)
+	cmd.Env = append(cmd.Env, extra...)
 	p := &process{t: c.t, cmd: cmd, stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.stdout, p.stderr
 	if err := cmd.Start(); err != nil {

@@ -76,6 +76,7 @@ var inlineSecrets = map[string]string{
 	"vapid_private_key": "vapid_private_key_env/vapid_private_key_file",
 	"private_key":       "vapid_private_key_env/vapid_private_key_file",
 	"token":             "an _env or _file key",
+	"server_token":      "server_token_env/server_token_file",
 	"api_key":           "an _env or _file key",
 }
 
@@ -226,6 +227,9 @@ func (l loader) route(name string, t table) (delivery.Route, error) {
 	if err != nil {
 		return delivery.Route{}, err
 	}
+	if contract, err = withDefaults(contract, mode, t.kind); err != nil {
+		return delivery.Route{}, err
+	}
 	limit, err := rateLimit(t.channel)
 	if err != nil {
 		return delivery.Route{}, err
@@ -302,6 +306,34 @@ func (l loader) contract(c channel, mode delivery.Mode) (delivery.Contract, erro
 	}
 	k.ServerErrorsUncertain = c.ServerErrorsUncertain
 	k.ResendWithTopic = c.ResendWithTopic || c.ResendWithCollapse
+	return k, nil
+}
+
+// withDefaults fills in what the kind's provider documents (kind.defaults) and refuses a file that
+// claims a longer memory of keys than the provider has.
+func withDefaults(k delivery.Contract, mode delivery.Mode, kd kind) (delivery.Contract, error) {
+	d := kd.defaults
+	if w := d.IdempotencyWindow; w > 0 && mode == delivery.ModeIdempotent {
+		if k.IdempotencyWindow > w {
+			return k, fmt.Errorf("idempotency_window %s: kind %s keeps idempotency keys %s at most", k.IdempotencyWindow, kd.name, w)
+		}
+		if k.IdempotencyWindow == 0 {
+			k.IdempotencyWindow = w
+		}
+	}
+	if d.QuerySettle > 0 && mode == delivery.ModeQueryable && k.QuerySettle == 0 {
+		k.QuerySettle = d.QuerySettle
+	}
+	if m := d.MaxInFlightAge; m > 0 && mode == delivery.ModeQueryable {
+		// The provider's search keeps messages this long: a "not found" after it proves nothing.
+		if k.MaxInFlightAge > m {
+			return k, fmt.Errorf("max_in_flight_age %s: kind %s can be queried for %s at most", k.MaxInFlightAge, kd.name, m)
+		}
+		if k.MaxInFlightAge == 0 {
+			k.MaxInFlightAge = m
+		}
+	}
+	k.ServerErrorsUncertain = k.ServerErrorsUncertain || d.ServerErrorsUncertain
 	return k, nil
 }
 

@@ -309,7 +309,7 @@ func TestExampleChannelsFilesLoad(t *testing.T) {
 	if err != nil || len(examples) == 0 {
 		t.Fatalf("no example channels files: %v", err)
 	}
-	secrets := env(map[string]string{"WEBHOOK_SECRET": webhookSecret, "SMTP_PASSWORD": "hunter2"})
+	secrets := env(map[string]string{"WEBHOOK_SECRET": webhookSecret, "SMTP_PASSWORD": "hunter2", "RESEND_API_KEY": "re_example", "POSTMARK_SERVER_TOKEN": "pm-example"})
 	for _, path := range examples {
 		t.Run(filepath.Base(path), func(t *testing.T) {
 			is := is.New(t)

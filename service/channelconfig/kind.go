@@ -27,6 +27,12 @@ type kind struct {
 	// contractKeys lists which of the contract keys (idempotency_window, query_settle,
 	// resend_with_topic, resend_with_collapse) the kind accepts.
 	contractKeys []string
+	// defaults is the contract the provider documents: an idempotency_window (mode idempotent), or a
+	// query_settle or max_in_flight_age (mode queryable), the table leaves unset takes its value; a
+	// longer idempotency_window or max_in_flight_age is refused (the provider forgets keys, or drops
+	// messages from its search, sooner); and ServerErrorsUncertain cannot be turned off (the provider
+	// does not promise that a 5xx or 429 comes before it accepted).
+	defaults delivery.Contract
 	// keys the kind's own part reads (from its config struct's toml tags).
 	keys []string
 	// decode reads the kind's own part of a table and returns the builder of its client.

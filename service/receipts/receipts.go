@@ -1,12 +1,15 @@
 // Package receipts is notifier's receiver of provider receipts (notifier receipts): an HTTP handler
 // that accepts delivery callbacks only when signed, turns each into a service.Receipt and records it.
-// Two signed formats:
+// Three formats:
 //
 //	POST /receipts/standard-webhooks  Standard Webhooks (HMAC-SHA256 over "id.timestamp.body", webhook-id,
 //	                                  webhook-timestamp within a tolerance, webhook-signature "v1,<b64>");
 //	                                  notifier's event types, data.ref = our reference
 //	POST /receipts/twilio             Twilio status callbacks (X-Twilio-Signature: HMAC-SHA1 over the URL
 //	                                  and the sorted form parameters, base64); ?ref= in the callback URL
+//	POST /receipts/postmark           Postmark's Delivery, Bounce and SpamComplaint webhooks, which are not
+//	                                  signed: basic authentication and/or a secret custom header instead
+//	                                  (postmark.go); Metadata.notifier_ref = our reference
 //
 // A bad signature, a stale timestamp, an oversized or malformed body, an unknown event type or a reference
 // no task has is answered 4xx and nothing is written. What verification proves and what it cannot is in
@@ -54,6 +57,8 @@ type Config struct {
 	WebhookKeys [][]byte
 	// TwilioAuthToken signs Twilio's callbacks.
 	TwilioAuthToken string
+	// Postmark are the credentials Postmark's webhooks must present (Postmark signs nothing).
+	Postmark PostmarkAuth
 	// PublicURL is the scheme and host Twilio calls (behind a proxy the receiver does not see them):
 	// the signature covers the full URL.
 	PublicURL *url.URL
@@ -97,6 +102,9 @@ func NewHandler(rec Recorder, cfg Config) *Handler {
 	}
 	if cfg.TwilioAuthToken != "" {
 		h.mux.HandleFunc("POST /receipts/twilio", h.twilio)
+	}
+	if cfg.Postmark.Enabled() {
+		h.mux.HandleFunc("POST /receipts/postmark", h.postmark)
 	}
 	return h
 }

@@ -1,0 +1,137 @@
+package service_test
+
+// The Resend adapter (service/resend) under the real protocol: routes built from a channels file of
+// kind resend, the Resend fake, a real database.
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/channelconfig"
+	"github.com/notifierhq/notifier/service/delivery"
+)
+
+const resendTestKey = "re_service_test_5d4c3b2a"
+
+// resendDispatcher serves channel "email" as a channels file of kind resend declares it, against f.
+func (e *env) resendDispatcher(f *fakes.Resend, key string) *dispatcher {
+	e.t.Helper()
+	path := filepath.Join(e.t.TempDir(), "channels.toml")
+	file := "[channels.email]\nkind = \"resend\"\napi_key_env = \"RESEND_API_KEY\"\nfrom = \"noreply@example.com\"\nbase_url = \"" + f.URL() + "\"\n"
+	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	routes, err := channelconfig.Load(path, func(string) string { return key })
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	d, err := service.NewDispatcher(e.ctx, e.workerPool, service.DispatcherConfig{Worker: "w-resend", Routes: routes,
+		Lease: 10 * time.Second, CallTimeout: 300 * time.Millisecond,
+		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return &dispatcher{Dispatcher: d}
+}
+
+func startResend(t *testing.T) *fakes.Resend {
+	f := fakes.StartResend(resendTestKey)
+	t.Cleanup(f.Close)
+	return f
+}
+
+func TestResendProviderAccepted(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	f := startResend(t)
+	e.user("u1", "email")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	ref := e.ref(id)
+	res := runOnce(t, e.resendDispatcher(f, resendTestKey))
+	is.Equal(res.Outcome, delivery.OutcomeAccepted) // accepted
+	task := e.task(id)
+	is.Equal(task.State, delivery.StateSent)                       // SENT
+	is.Equal(task.ProviderMsgID, f.Messages(ref)[0].ID)            // with Resend's email id
+	is.Equal(f.Requests(), len(e.attempts(id)))                    // requests received == attempt rows
+	is.Equal(f.Messages(ref)[0].Key, delivery.IdempotencyKey(ref)) // under the task's key
+}
+
+// Accepted, then the answer is lost: a timeout, then a dropped connection. Each time the task stays
+// uncertain and is resent with the same key; Resend sends one email.
+func TestResendProviderLostAnswersResendWithTheKey(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	f := startResend(t)
+	e.user("u1", "email")
+	id := e.create("u1", "e1", time.Hour, 5)[0].TaskID
+	ref := e.ref(id)
+	f.ScriptSend(ref, fakes.Step{Delay: 3 * time.Second}, fakes.Step{Drop: true})
+	d := e.resendDispatcher(f, resendTestKey)
+	is.Equal(runOnce(t, d).Outcome, delivery.OutcomeTimeout) // accepted, answered too late
+	is.True(e.task(id).OutcomeUncertain)
+	waitFor(t, func() bool { return !f.Busy() }) // Resend finished the first request (else: 409 in progress)
+	second := runNext(t, d)
+	is.Equal(second.Action, delivery.ActionSend)      // resent, not parked
+	is.Equal(second.Outcome, delivery.OutcomeIOError) // the replay's connection dropped
+	third := runNext(t, d)
+	is.Equal(third.Outcome, delivery.OutcomeAccepted) // the original answer
+	is.Equal(e.task(id).State, delivery.StateSent)
+	is.Equal(f.Outbound(ref), 1)                // one email reached the user
+	is.Equal(f.Requests(), len(e.attempts(id))) // requests received == attempt rows
+	is.Equal(e.outcomes(id), outcomes(delivery.OutcomeTimeout, delivery.OutcomeIOError, delivery.OutcomeAccepted))
+}
+
+// Resend does not promise a 5xx comes before acceptance: with the budget used up on 500s the task is
+// parked for a human, never FAILED.
+func TestResendProviderServerErrorsPark(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	f := startResend(t)
+	e.user("u1", "email")
+	id := e.create("u1", "e1", time.Hour, 2)[0].TaskID
+	ref := e.ref(id)
+	f.ScriptSend(ref, fakes.Step{Status: 500}, fakes.Step{Status: 500})
+	d := e.resendDispatcher(f, resendTestKey)
+	is.Equal(runOnce(t, d).Outcome, delivery.OutcomeHTTP5xx)
+	is.Equal(runNext(t, d).Outcome, delivery.OutcomeHTTP5xx)
+	task := e.task(id)
+	is.Equal(task.State, delivery.StateUnknown) // not FAILED
+	is.True(task.NeedsReview)                   // parked
+	is.Equal(f.Requests(), len(e.attempts(id)))
+}
+
+// A key Resend refuses fails the task at once, with a detail naming the credential and not its value.
+func TestResendProviderBadKey(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	f := startResend(t)
+	e.user("u1", "email")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	res := runOnce(t, e.resendDispatcher(f, "re_not_the_key_0000"))
+	is.Equal(res.Outcome, delivery.OutcomeRejected) // refused
+	task := e.task(id)
+	is.Equal(task.State, delivery.StateFailed)                        // not retried forever
+	is.True(strings.Contains(task.LastError, "invalid_api_key"))      // says why
+	is.True(strings.Contains(task.LastError, "api_key_env"))          // and which setting
+	is.True(!strings.Contains(task.LastError, "re_not_the_key_0000")) // never the key
+	is.Equal(f.Requests(), 1)
+}
+
+// waitFor polls a fact for at most 10 s: a wait, not a timed assertion.
+func waitFor(t *testing.T, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
