@@ -95,6 +95,9 @@ type Observation struct {
 	ProviderMsgID string        // the channel's id for the message, when it told us
 	RetryAfter    time.Duration // the channel's Retry-After, when it sent one
 	Detail        string        // a short description for last_error; never contains secrets
+	// Unregistered, with OutcomeRejected: the address is gone for good (an inactive recipient, an
+	// unregistered device), so the preference may be switched off.
+	Unregistered bool
 }
 
 // Message is what a send carries. Ref and IdempotencyKey are bound to the task, identical on every
