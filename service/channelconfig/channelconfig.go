@@ -226,6 +226,9 @@ func (l loader) route(name string, t table) (delivery.Route, error) {
 	if err != nil {
 		return delivery.Route{}, err
 	}
+	if contract, err = withDefaults(contract, mode, t.kind); err != nil {
+		return delivery.Route{}, err
+	}
 	limit, err := rateLimit(t.channel)
 	if err != nil {
 		return delivery.Route{}, err
@@ -302,6 +305,25 @@ func (l loader) contract(c channel, mode delivery.Mode) (delivery.Contract, erro
 	}
 	k.ServerErrorsUncertain = c.ServerErrorsUncertain
 	k.ResendWithTopic = c.ResendWithTopic || c.ResendWithCollapse
+	return k, nil
+}
+
+// withDefaults fills in what the kind's provider documents (kind.defaults) and refuses a file that
+// claims a longer memory of keys than the provider has.
+func withDefaults(k delivery.Contract, mode delivery.Mode, kd kind) (delivery.Contract, error) {
+	d := kd.defaults
+	if w := d.IdempotencyWindow; w > 0 && mode == delivery.ModeIdempotent {
+		if k.IdempotencyWindow > w {
+			return k, fmt.Errorf("idempotency_window %s: kind %s keeps idempotency keys %s at most", k.IdempotencyWindow, kd.name, w)
+		}
+		if k.IdempotencyWindow == 0 {
+			k.IdempotencyWindow = w
+		}
+	}
+	if d.QuerySettle > 0 && mode == delivery.ModeQueryable && k.QuerySettle == 0 {
+		k.QuerySettle = d.QuerySettle
+	}
+	k.ServerErrorsUncertain = k.ServerErrorsUncertain || d.ServerErrorsUncertain
 	return k, nil
 }
 

@@ -27,6 +27,11 @@ type kind struct {
 	// contractKeys lists which of the contract keys (idempotency_window, query_settle,
 	// resend_with_topic, resend_with_collapse) the kind accepts.
 	contractKeys []string
+	// defaults is the contract the provider documents: an idempotency_window (mode idempotent) or
+	// query_settle (mode queryable) the table leaves unset takes its value, a longer idempotency_window
+	// is refused (the provider forgets keys sooner), and ServerErrorsUncertain cannot be turned off
+	// (the provider does not promise that a 5xx or 429 comes before it accepted).
+	defaults delivery.Contract
 	// keys the kind's own part reads (from its config struct's toml tags).
 	keys []string
 	// decode reads the kind's own part of a table and returns the builder of its client.
