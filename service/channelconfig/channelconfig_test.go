@@ -290,7 +290,7 @@ func TestExampleChannelsFilesLoad(t *testing.T) {
 	if err != nil || len(examples) == 0 {
 		t.Fatalf("no example channels files: %v", err)
 	}
-	secrets := env(map[string]string{"WEBHOOK_SECRET": webhookSecret, "SMTP_PASSWORD": "hunter2"})
+	secrets := env(map[string]string{"WEBHOOK_SECRET": webhookSecret, "SMTP_PASSWORD": "hunter2", "TWILIO_API_KEY_SECRET": "tw-example", "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "ses-example"})
 	for _, path := range examples {
 		t.Run(filepath.Base(path), func(t *testing.T) {
 			is := is.New(t)
