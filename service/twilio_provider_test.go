@@ -102,7 +102,7 @@ func TestTwilioProviderLostAnswerParksAndCallbackSettles(t *testing.T) {
 			f.ScriptSend(ref, step)
 			res := runOnce(t, e.twilioDispatcher(f))
 			is.True(res.Outcome == delivery.OutcomeTimeout || res.Outcome == delivery.OutcomeIOError) // no answer
-			is.Equal(res.Kind, service.ResultParked)                                                   // parked, not resent
+			is.Equal(res.Kind, service.ResultParked)                                                  // parked, not resent
 			is.Equal(e.task(id).State, delivery.StateUnknown)
 			is.Equal(f.Outbound(ref), 1)                // one SMS
 			is.Equal(f.Requests(), len(e.attempts(id))) // requests received == attempt rows
