@@ -57,7 +57,7 @@ func TestWorkChannelsFile(t *testing.T) {
 	ctx := context.Background()
 	_, err := n.SetPreference(ctx, "u1", "push", "device-1", true)
 	is.NoErr(err) // preference
-	_, _, tasks, err := n.Create(ctx, "u1", "order-1", "shipped", time.Hour, 3)
+	_, _, tasks, err := n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: "order-1", Body: "shipped", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)           // notification
 	is.Equal(len(tasks), 1) // one task
 
@@ -99,7 +99,7 @@ func TestWorkChannelsConfigErrors(t *testing.T) {
 	ctx := context.Background()
 	_, err := n.SetPreference(ctx, "u1", "push", "device-1", true)
 	is.New(t).NoErr(err) // preference
-	_, _, _, err = n.Create(ctx, "u1", "due-1", "body", time.Hour, 3)
+	_, _, _, err = n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: "due-1", Body: "body", TTL: time.Hour, MaxAttempts: 3})
 	is.New(t).NoErr(err) // a due task a worker could claim
 	before := rowCounts(t, pool)
 	pushTable := "[channels.push]\nkind = \"http\"\nmode = \"idempotent\"\nurl = \"" + push.URL() + "\"\n"

@@ -224,7 +224,7 @@ func demoCreates(ctx context.Context, e *env, n *service.Notifier, run string) (
 					defer wg.Done()
 					ctx, cancel := e.dbContext(ctx)
 					defer cancel()
-					_, isNew, refs, err := n.Create(ctx, user, event, fmt.Sprintf("Hello %s, order %d has shipped", user, 1001+i), time.Minute, 3)
+					_, isNew, refs, err := n.Create(ctx, service.CreateRequest{UserID: user, EventKey: event, Body: fmt.Sprintf("Hello %s, order %d has shipped", user, 1001+i), TTL: time.Minute, MaxAttempts: 3})
 					mu.Lock()
 					defer mu.Unlock()
 					if err != nil {

@@ -79,6 +79,12 @@ for every worker until its Retry-After has passed (1s without one). The burst mu
 one --poll's worth of calls (rate x poll), or an idle worker would claim too seldom to use the
 limit. See docs/operations.md#rate-limits.
 
+--disable-on-unregistered: when a provider rejects a message because the address is gone for good
+(FCM UNREGISTERED, APNs 410, a Twilio or Postmark recipient that unsubscribed or is inactive), also
+switch the user's preference on that channel off, so later notifications are suppressed rather than
+sent to a dead address (the result and the RESULT log line say pref_disabled). Off by default: the
+task is FAILED either way.
+
 --lease must be longer than --timeout plus a margin of max(2s, timeout/2) (claim commit, timer
 slack and the finish transaction), or two workers could call the channel for one task at once;
 --allow-lease-overlap accepts a shorter lease (for tests of that failure).
@@ -134,11 +140,11 @@ func workCommand(e *env) *cli.Command {
 		Usage: "run a delivery worker (claim, call the channel, record the outcome)",
 		UsageText: "notifier work {--channel NAME=MODE,URL [--channel ...] | --channels-file FILE} [--worker-id W] [--once]\n" +
 			"   [--max-in-flight 1024] [--batch 256] [--finishers 2] [--lease 30s] [--timeout 10s] [--backoff 2s] [--poll 200ms]\n" +
-			"   [--allow-lease-overlap] [--metrics-addr 127.0.0.1:9464] [--ca-file F]",
+			"   [--allow-lease-overlap] [--disable-on-unregistered] [--metrics-addr 127.0.0.1:9464] [--ca-file F]",
 		Description: workDescription,
 		Flags: []cli.Flag{
 			&cli.StringSliceFlag{Name: "channel", Usage: "NAME=MODE,URL with MODE idempotent|queryable|none (repeatable; this or --channels-file is required)"},
-			&cli.StringFlag{Name: "channels-file", Usage: "TOML `FILE` of channels (kinds http, webhook, webpush, smtp; see the description)"},
+			&cli.StringFlag{Name: "channels-file", Usage: "TOML `FILE` of channels (kind = one of " + strings.Join(channelconfig.Kinds(), ", ") + "; see the description)"},
 			&cli.StringFlag{Name: "channels", Hidden: true}, // renamed: parseWork says so
 			&cli.IntFlag{Name: "concurrency", Hidden: true}, // replaced: parseWork says so
 			&cli.StringFlag{Name: "worker-id", Usage: "recorded on every claim and attempt (default: hostname-pid)"},
@@ -151,6 +157,7 @@ func workCommand(e *env) *cli.Command {
 			&cli.DurationFlag{Name: "backoff", Value: service.DefaultBackoff, Usage: "first retry delay, doubled per attempt (each wait lengthened by up to a quarter, at random)"},
 			&cli.DurationFlag{Name: "poll", Value: worker.DefaultPoll, Usage: "wait after finding nothing to do (lengthened by up to a quarter, at random)"},
 			&cli.BoolFlag{Name: "allow-lease-overlap", Usage: "accept a lease not longer than timeout + margin"},
+			&cli.BoolFlag{Name: "disable-on-unregistered", Usage: "switch a user's preference off when the provider says the address is unregistered"},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics at http://ADDR/metrics"},
 			&cli.StringFlag{Name: "ca-file", Usage: "extra PEM root certificates for https channels"},
 			&cli.DurationFlag{Name: "wait-for-database", Value: time.Minute, Usage: "at start, how long to retry while no database server accepts a connection (a failover, a server starting); 0: fail at once (the default with --once)"},
@@ -231,6 +238,7 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 	}
 	d.Lease, d.CallTimeout, d.DBTimeout = c.Duration("lease"), c.Duration("timeout"), e.dbTimeout
 	d.Backoff = delivery.Backoff{Base: c.Duration("backoff")}
+	d.DisableUnregistered = c.Bool("disable-on-unregistered")
 	for name, v := range map[string]time.Duration{"lease": d.Lease, "timeout": d.CallTimeout, "backoff": d.Backoff.Base, "poll": c.Duration("poll")} {
 		if v <= 0 {
 			return workConfig{}, usagef("invalid --%s %s: must be more than 0", name, v)
@@ -298,6 +306,9 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 			return workConfig{}, err
 		}
 	}
+	if err := d.Check(); err != nil { // before the worker waits for a database
+		return workConfig{}, err
+	}
 	cfg.loop = worker.Config{MaxInFlight: c.Int("max-in-flight"), Batch: c.Int("batch"), Finishers: c.Int("finishers"),
 		Poll: c.Duration("poll"), Logger: e.log}
 	return cfg, nil
@@ -343,10 +354,6 @@ func work(c *cli.Context, e *env) error {
 		return err
 	}
 	defer pool.Close()
-	d, err := service.NewDispatcher(pool, cfg.dispatcher)
-	if err != nil {
-		return err
-	}
 	// A primary may be out of reach while a failover runs, or the server may still be starting.
 	err = service.WaitForDatabase(c.Context, pool, cfg.waitForDatabase, func(err error, next time.Duration) {
 		log.Warn("database not reachable yet; retrying", "retry_in", next.Round(time.Millisecond).String(),
@@ -355,7 +362,7 @@ func work(c *cli.Context, e *env) error {
 	n := service.NewNotifier(pool)
 	var (
 		standing service.ServerStanding
-		buckets  []service.Bucket
+		d        *service.Dispatcher
 	)
 	ctx, cancel := e.dbContext(c.Context)
 	if err == nil { // a standby would refuse every claim with SQLSTATE 25006, forever
@@ -371,8 +378,8 @@ func work(c *cli.Context, e *env) error {
 	if err == nil {
 		err = service.CheckPoolShare(ctx, pool)
 	}
-	if err == nil {
-		buckets, err = d.ConfigureRateLimits(ctx)
+	if err == nil { // writes this worker's rate limits into their buckets
+		d, err = service.NewDispatcher(ctx, pool, cfg.dispatcher)
 	}
 	cancel()
 	if err != nil {
@@ -396,7 +403,7 @@ func work(c *cli.Context, e *env) error {
 	for i, s := range cfg.specs {
 		channels[i] = fmt.Sprintf("%s=%s,%s", s.Name, strings.ToLower(string(s.Mode)), redact.URL(s.URL))
 	}
-	for _, b := range buckets {
+	for _, b := range d.Buckets() {
 		log.Info("rate limit", "channel", b.Channel, "per_second", b.PerSecond, "burst", b.Burst,
 			"tokens", math.Floor(b.Tokens), "paused_seconds", math.Ceil(b.PausedFor))
 	}

@@ -426,7 +426,7 @@ func TestThroughPgBouncerRefusals(t *testing.T) {
 	n := service.NewNotifier(pool)
 	_, err := n.SetPreference(ctx, "u1", "push", "device-1", true)
 	is.New(t).NoErr(err)
-	_, _, due, err := n.Create(ctx, "u1", "due-1", "b", time.Hour, 3)
+	_, _, due, err := n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: "due-1", Body: "b", TTL: time.Hour, MaxAttempts: 3})
 	is.New(t).NoErr(err) // one due push task
 	// One server connection per role: every client of a role shares it.
 	docs := append(docsPgBouncerSettings(t), "default_pool_size = 1")

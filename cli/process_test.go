@@ -24,7 +24,7 @@ func oneTask(t *testing.T, pool *pgxpool.Pool, channel string) int64 {
 	ctx := context.Background()
 	_, err := n.SetPreference(ctx, "u1", channel, "device-1", true)
 	is.NoErr(err) // preference
-	_, _, tasks, err := n.Create(ctx, "u1", "order-1", "shipped", time.Hour, 3)
+	_, _, tasks, err := n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: "order-1", Body: "shipped", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)           // notification
 	is.Equal(len(tasks), 1) // one task
 	return tasks[0].TaskID

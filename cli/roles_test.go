@@ -123,7 +123,7 @@ func TestWorkNeedsTheWorkerRole(t *testing.T) {
 	ctx := context.Background()
 	_, err := n.SetPreference(ctx, "u1", "push", "device-1", true)
 	is.New(t).NoErr(err)
-	_, _, tasks, err := n.Create(ctx, "u1", "due-1", "body", time.Hour, 3)
+	_, _, tasks, err := n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: "due-1", Body: "body", TTL: time.Hour, MaxAttempts: 3})
 	is.New(t).NoErr(err) // a due task
 	channel := "push=idempotent," + push.URL()
 	for _, group := range []string{service.RoleOperator, service.RoleCreator} {

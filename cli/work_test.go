@@ -110,7 +110,7 @@ func TestSIGTERMFinishesInFlightCall(t *testing.T) {
 	push.ScriptAll(fakes.Step{Delay: time.Second}) // accepted at once, answered after 1 s
 	_, err := n.SetPreference(ctx, "u1", "push", "device-1", true)
 	is.NoErr(err) // preference
-	_, _, tasks, err := n.Create(ctx, "u1", "order-1", "shipped", time.Hour, 3)
+	_, _, tasks, err := n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: "order-1", Body: "shipped", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)           // notification
 	is.Equal(len(tasks), 1) // one task
 	taskID := tasks[0].TaskID
@@ -143,7 +143,7 @@ func TestMetrics(t *testing.T) {
 	push := startFake(t, fakes.Push)
 	_, err := n.SetPreference(ctx, "u1", "push", "device-1", true)
 	is.NoErr(err) // preference
-	_, _, _, err = n.Create(ctx, "u1", "order-1", "shipped", time.Hour, 3)
+	_, _, _, err = n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: "order-1", Body: "shipped", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err) // a due task
 
 	p := c.start("--log-format", "json", "work", "--channel", "push=idempotent,"+push.URL(),

@@ -118,7 +118,7 @@ func BenchmarkCreate(b *testing.B) {
 	ctx := context.Background()
 	b.ResetTimer()
 	for i := range b.N {
-		_, created, tasks, err := e.n.Create(ctx, "u1", fmt.Sprintf("ev-%d", i), "body", time.Hour, 3)
+		_, created, tasks, err := e.n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: fmt.Sprintf("ev-%d", i), Body: "body", TTL: time.Hour, MaxAttempts: 3})
 		if err != nil {
 			b.Fatal(err)
 		}

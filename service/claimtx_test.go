@@ -85,7 +85,7 @@ func twoTasks(t *testing.T) (context.Context, *Notifier, *pgxpool.Pool, []int64)
 		_, err := n.SetPreference(ctx, "u1", ch, "u1@"+ch, true)
 		is.NoErr(err) // preference set
 	}
-	_, _, tasks, err := n.Create(ctx, "u1", "e1", "body", time.Hour, 3)
+	_, _, tasks, err := n.Create(ctx, CreateRequest{UserID: "u1", EventKey: "e1", Body: "body", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)           // notification created
 	is.Equal(len(tasks), 2) // a push and an sms task
 	return ctx, n, pool, []int64{tasks[0].TaskID, tasks[1].TaskID}
@@ -169,7 +169,7 @@ func TestFailedPreludeDoesNotStopTheClaim(t *testing.T) {
 func TestSettleGuardsOnTheRowsState(t *testing.T) {
 	is := is.New(t)
 	ctx, n, pool, _ := twoTasks(t)
-	d, err := NewDispatcher(pool, DispatcherConfig{Worker: "w-test", Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: nilChannel{}}}})
+	d, err := NewDispatcher(t.Context(), pool, DispatcherConfig{Worker: "w-test", Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: nilChannel{}}}})
 	is.NoErr(err)
 	held, _, err := d.Claim(ctx)
 	is.NoErr(err)

@@ -39,6 +39,10 @@ type DispatcherConfig struct {
 	// ClaimRecovered, when set, is told when a claim whose commit's answer was lost (err) turned out to
 	// have committed, and its attempts were recovered by their tokens.
 	ClaimRecovered func(attempts int, err error)
+	// DisableUnregistered switches a user's preference on a channel off when its provider rejected a
+	// message because the address is gone for good (Observation.Unregistered), so later notifications
+	// are suppressed instead of sent to a dead address (Result.PrefDisabled).
+	DisableUnregistered bool
 }
 
 // Defaults for fields left zero.
@@ -58,30 +62,22 @@ type Dispatcher struct {
 	channels  []string
 	turn      atomic.Uint32 // which channel the next claim starts with
 	pipelines bool          // the pool's connections can carry a finish ahead of a claim (FinishBatchThenClaim)
-	// The channels whose rate-limit bucket the claims consult, set once by ConfigureRateLimits: few,
-	// so a list.
+	// The channels whose rate-limit bucket the claims consult, set once by NewDispatcher before the
+	// dispatcher is shared: few, so a list.
 	limited []string
+	buckets []Bucket // those buckets as NewDispatcher found them
 }
 
-// NewDispatcher checks the configuration and fills defaults.
-func NewDispatcher(pool *pgxpool.Pool, cfg DispatcherConfig) (*Dispatcher, error) {
-	if err := checkText("worker id", cfg.Worker, MaxIDLength); err != nil {
+// NewDispatcher checks the configuration, fills defaults, and writes the rate limits of its routes
+// into their buckets (configureRateLimits), so that its claims consult every bucket of its channels
+// from the first one: a dispatcher cannot be built that ignores a rate limit. It needs the database
+// (bounded by DBTimeout).
+func NewDispatcher(ctx context.Context, pool *pgxpool.Pool, cfg DispatcherConfig) (*Dispatcher, error) {
+	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
-	if len(cfg.Routes) == 0 {
-		return nil, &delivery.InputError{Field: "channels", Reason: "a worker needs at least one channel"}
-	}
 	d := &Dispatcher{pool: pool, cfg: cfg, pipelines: pipelines(pool.Config().ConnConfig)}
-	for name, r := range cfg.Routes {
-		if err := checkChannel(name); err != nil {
-			return nil, err
-		}
-		if _, err := delivery.ParseMode(string(r.Mode)); err != nil {
-			return nil, err
-		}
-		if r.Client == nil {
-			return nil, &delivery.InputError{Field: "channel " + name, Reason: "no client"}
-		}
+	for name := range cfg.Routes {
 		d.channels = append(d.channels, name)
 	}
 	slices.Sort(d.channels) // claims take the channels in turn, in this order: the same on every run
@@ -90,8 +86,44 @@ func NewDispatcher(pool *pgxpool.Pool, cfg DispatcherConfig) (*Dispatcher, error
 	setDefault(&d.cfg.DBTimeout, DefaultDBTimeout)
 	setDefault(&d.cfg.Backoff.Base, DefaultBackoff)
 	setDefault(&d.cfg.Backoff.Max, DefaultMaxBackoff)
+	var err error
+	if d.buckets, err = d.configureRateLimits(ctx); err != nil {
+		return nil, err
+	}
 	return d, nil
 }
+
+// Check refuses a configuration NewDispatcher would refuse, without the database: `work` checks its
+// flags and channels file with it before it waits for a server.
+func (cfg DispatcherConfig) Check() error {
+	if err := checkText("worker id", cfg.Worker, MaxIDLength); err != nil {
+		return err
+	}
+	if len(cfg.Routes) == 0 {
+		return &delivery.InputError{Field: "channels", Reason: "a worker needs at least one channel"}
+	}
+	for name, r := range cfg.Routes {
+		if err := checkChannel(name); err != nil {
+			return err
+		}
+		if _, err := delivery.ParseMode(string(r.Mode)); err != nil {
+			return err
+		}
+		if r.Client == nil {
+			return &delivery.InputError{Field: "channel " + name, Reason: "no client"}
+		}
+		if r.RateLimit != (delivery.RateLimit{}) {
+			if err := r.RateLimit.Check(); err != nil {
+				return fmt.Errorf("rate limit of %s: %w", name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Buckets are the rate-limit buckets of this dispatcher's channels as it found them at construction:
+// its own limits, and those other workers set.
+func (d *Dispatcher) Buckets() []Bucket { return slices.Clone(d.buckets) }
 
 func setDefault(d *time.Duration, v time.Duration) {
 	if *d <= 0 {
@@ -132,6 +164,9 @@ type Result struct {
 	// Err is the database's refusal behind an UNRECORDED or SET_ASIDE result, as the driver returned it
 	// (errors.As finds its *pgconn.PgError); Detail is its text.
 	Err error `json:"-"`
+	// PrefDisabled: the provider said the address is unregistered and DisableUnregistered switched the
+	// user's preference on the channel off.
+	PrefDisabled bool `json:"pref_disabled,omitempty"`
 	// CallDuration is how long the channel call took (set by the worker; zero without a call).
 	CallDuration time.Duration `json:"-"`
 }
@@ -448,7 +483,34 @@ func (d *Dispatcher) Call(ctx context.Context, a *Attempt) delivery.Observation 
 // channel for every worker (pauseThrottled).
 func (d *Dispatcher) FinishBatch(ctx context.Context, attempts []*Attempt, obs []delivery.Observation) ([]Result, error) {
 	d.pauseThrottled(ctx, attempts, obs)
-	return d.finishBatch(ctx, attempts, obs)
+	results, err := d.finishBatch(ctx, attempts, obs)
+	d.disableUnregistered(ctx, results, obs)
+	return results, err
+}
+
+// disableUnregistered switches off the preferences whose address a provider said is gone
+// (DisableUnregistered), for the attempts whose rejection was recorded (FAILED): one short statement
+// each, after the finish, because such answers are rare. A failure to switch one off is said in its
+// result's Detail; the task's outcome stands either way.
+func (d *Dispatcher) disableUnregistered(ctx context.Context, results []Result, obs []delivery.Observation) {
+	if !d.cfg.DisableUnregistered || len(results) != len(obs) {
+		return
+	}
+	for i := range results {
+		r := &results[i]
+		if !obs[i].Unregistered || r.Kind != ResultFailed || r.Outcome != delivery.OutcomeRejected {
+			continue
+		}
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
+		_, err := dbgen.New(d.pool).PrefDisableByTask(dctx, r.TaskID)
+		cancel()
+		switch {
+		case err == nil:
+			r.PrefDisabled = true
+		case !errors.Is(err, pgx.ErrNoRows): // no row: the preference is off already
+			r.Detail += "; the preference could not be switched off: " + err.Error()
+		}
+	}
 }
 
 // finishBatch is FinishBatch without the pause.
@@ -542,6 +604,12 @@ type Handoff struct {
 // instead. On connections that do not prepare statements (pipelines) it is FinishBatch then
 // ClaimBatch. As in FinishBatch, a 429 on a rate-limited channel first pauses that channel.
 func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attempt, obs []delivery.Observation, limit int) Handoff {
+	h := d.finishBatchThenClaim(ctx, attempts, obs, limit)
+	d.disableUnregistered(ctx, h.Finished, obs)
+	return h
+}
+
+func (d *Dispatcher) finishBatchThenClaim(ctx context.Context, attempts []*Attempt, obs []delivery.Observation, limit int) Handoff {
 	d.pauseThrottled(ctx, attempts, obs) // before the claim, so that the claim sees the pause
 	var h Handoff
 	apart := func() Handoff {

@@ -56,9 +56,10 @@ type dcfg struct {
 	backoff    time.Duration
 	modes      map[string]delivery.Mode      // override a channel's declared mode (negative controls)
 	contracts  map[string]delivery.Contract  // a channel's contract settings
-	rateLimits map[string]delivery.RateLimit // the rate limits this worker sets (ConfigureRateLimits)
+	rateLimits map[string]delivery.RateLimit // the rate limits this worker sets (written by NewDispatcher)
 	onRate     func(channel string)          // DispatcherConfig.RateLimited
 	onPause    func(channel string, pause time.Duration, err error)
+	configure  func(*service.DispatcherConfig) // any other setting, applied last
 }
 
 // testBatch is the claim batch size the seed tests run with: 1 (per task) by default,
@@ -104,16 +105,16 @@ func (e *env) dispatcher(c dcfg) *dispatcher {
 		}
 		routes[name] = delivery.Route{Mode: mode, Contract: c.contracts[name], Client: client, RateLimit: c.rateLimits[name]}
 	}
-	d, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{
+	cfg := service.DispatcherConfig{
 		Worker: c.worker, Routes: routes, Lease: c.lease, CallTimeout: c.timeout,
 		Backoff:     delivery.Backoff{Base: c.backoff, Max: 10 * c.backoff},
 		RateLimited: c.onRate, Paused: c.onPause,
-	})
-	if err != nil {
-		e.t.Fatal(err)
 	}
-	// As `notifier work` does at start: write this worker's limits, learn the buckets of its channels.
-	if _, err := d.ConfigureRateLimits(e.ctx); err != nil {
+	if c.configure != nil {
+		c.configure(&cfg)
+	}
+	d, err := service.NewDispatcher(e.ctx, e.workerPool, cfg)
+	if err != nil {
 		e.t.Fatal(err)
 	}
 	return &dispatcher{Dispatcher: d}
@@ -132,7 +133,7 @@ func (e *env) user(user string, channels ...string) {
 // create submits an event and returns its single task id on channel.
 func (e *env) create(user, key string, ttl time.Duration, maxAttempts int) []service.TaskRef {
 	e.t.Helper()
-	_, created, tasks, err := e.n.Create(e.ctx, user, key, "body of "+key, ttl, maxAttempts)
+	_, created, tasks, err := e.n.Create(e.ctx, service.CreateRequest{UserID: user, EventKey: key, Body: "body of " + key, TTL: ttl, MaxAttempts: maxAttempts})
 	if err != nil || !created {
 		e.t.Fatalf("create %s/%s: created=%v err=%v", user, key, created, err)
 	}

@@ -84,3 +84,8 @@ func (d *Dispatcher) FinishBatchOnce(ctx context.Context, attempts []*Attempt, o
 	rows, err := d.finishTry(ctx, params, time.Now().Add(d.cfg.DBTimeout))
 	return finishResults(attempts, results, rows, err)
 }
+
+// ConfigureRateLimits writes this dispatcher's limits again, as a second worker starting would.
+func (d *Dispatcher) ConfigureRateLimits(ctx context.Context) ([]Bucket, error) {
+	return d.configureRateLimits(ctx)
+}

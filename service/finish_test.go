@@ -34,7 +34,7 @@ func TestFinishStoresAnyAnswer(t *testing.T) {
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	hostile := answering{Outcome: delivery.OutcomeAccepted, ProviderMsgID: "id\x00with\xffbytes" + strings.Repeat("x", 600),
 		Detail: "detail\x00\xfe" + strings.Repeat("é", 3000)}
-	d, err := service.NewDispatcher(e.pool, service.DispatcherConfig{Worker: "w",
+	d, err := service.NewDispatcher(e.ctx, e.pool, service.DispatcherConfig{Worker: "w",
 		Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: hostile}}})
 	is.NoErr(err)
 	res, err := d.RunOnce(e.ctx)
@@ -187,14 +187,14 @@ func lateAcceptedFailedTask(t *testing.T, e *env) int64 {
 	route := func(answer delivery.Outcome) map[string]delivery.Route {
 		return map[string]delivery.Route{"sms": {Mode: delivery.ModeQueryable, Client: answering{Outcome: answer}}}
 	}
-	holder, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{Worker: "w-a",
+	holder, err := service.NewDispatcher(e.ctx, e.workerPool, service.DispatcherConfig{Worker: "w-a",
 		Routes: route(delivery.OutcomeAccepted), Lease: 200 * time.Millisecond})
 	is.NoErr(err)
 	a, _, err := holder.Claim(e.ctx)
 	is.NoErr(err)
 	is.True(a != nil) // A holds the task; its call is accepted, its answer late
 	e.waitDB("lease_until < now() FROM delivery_task WHERE id = $1", id)
-	taker, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{Worker: "w-b",
+	taker, err := service.NewDispatcher(e.ctx, e.workerPool, service.DispatcherConfig{Worker: "w-b",
 		Routes: route(delivery.OutcomeQueryNotFound)})
 	is.NoErr(err)
 	res, err := taker.RunOnce(e.ctx)

@@ -72,11 +72,11 @@ func (n *Notifier) SetPreference(ctx context.Context, userID, channel, address s
 // submission of (userID, eventKey) creates the notification and one PENDING task per enabled channel and
 // reports created=true; every other submission, concurrent or later, gets the same id, the existing
 // tasks and created=false, and writes nothing. The first body wins.
-func (n *Notifier) Create(ctx context.Context, userID, eventKey, body string, ttl time.Duration, maxAttempts int) (int64, bool, []TaskRef, error) {
-	if err := ValidateCreate(userID, eventKey, body, ttl, maxAttempts); err != nil {
+func (n *Notifier) Create(ctx context.Context, r CreateRequest) (int64, bool, []TaskRef, error) {
+	if err := r.Validate(); err != nil {
 		return 0, false, nil, err
 	}
-	out, err := n.create(ctx, []CreateRequest{{UserID: userID, EventKey: eventKey, Body: body, TTL: ttl, MaxAttempts: maxAttempts}})
+	out, err := n.create(ctx, []CreateRequest{r})
 	if err != nil {
 		return 0, false, nil, err
 	}

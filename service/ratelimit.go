@@ -33,21 +33,19 @@ type Bucket struct {
 	PausedFor float64 `json:"paused_seconds"` // after a 429; 0 when not paused
 }
 
-// ConfigureRateLimits writes the rate limits of this worker's routes into their buckets
+// configureRateLimits writes the rate limits of this worker's routes into their buckets
 // (RateLimitConfigure: a new bucket starts full; for an existing one the last worker to start wins) and
 // learns which of its channels have a bucket, its own or one another worker set: its claims consult
-// exactly those, and a 429 pauses exactly those. `notifier work` calls it once at start, before the
-// first claim; a dispatcher that never calls it consults no bucket. It returns those buckets.
-func (d *Dispatcher) ConfigureRateLimits(ctx context.Context) ([]Bucket, error) {
+// exactly those, and a 429 pauses exactly those. NewDispatcher calls it, before the dispatcher can
+// claim (the limits were checked by DispatcherConfig.Check, before anything is written). It returns
+// those buckets.
+func (d *Dispatcher) configureRateLimits(ctx context.Context) ([]Bucket, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.DBTimeout)
 	defer cancel()
 	q := dbgen.New(d.pool)
 	var set []string
 	for _, ch := range d.channels {
 		if r := d.cfg.Routes[ch].RateLimit; r != (delivery.RateLimit{}) {
-			if err := r.Check(); err != nil {
-				return nil, fmt.Errorf("rate limit of %s: %w", ch, err) // before anything is written
-			}
 			set = append(set, ch)
 		}
 	}

@@ -295,11 +295,8 @@ func tracedDispatcher(t testing.TB, e *env, pool *pgxpool.Pool, limit delivery.R
 	t.Helper()
 	routes := map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent,
 		Client: answering{Outcome: delivery.OutcomeAccepted}, RateLimit: limit}}
-	d, err := service.NewDispatcher(pool, service.DispatcherConfig{Worker: "w-traced", Routes: routes})
+	d, err := service.NewDispatcher(t.Context(), pool, service.DispatcherConfig{Worker: "w-traced", Routes: routes})
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.ConfigureRateLimits(e.ctx); err != nil {
 		t.Fatal(err)
 	}
 	return d
@@ -507,12 +504,6 @@ func TestRateLimitConfigure(t *testing.T) {
 	attempts, _, err = other.ClaimBatch(e.ctx, 5)
 	is.NoErr(err)
 	is.Equal(len(attempts), 0) // it honours the bucket
-	unaware, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{Worker: "w-unaware",
-		Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: answering{Outcome: delivery.OutcomeAccepted}}}})
-	is.NoErr(err)
-	attempts, _, err = unaware.ClaimBatch(e.ctx, 5)
-	is.NoErr(err)
-	is.Equal(len(attempts), 5) // never configured: consults no bucket (as before schema/014)
 
 	// Lifting a limit is deleting its row (the owner): workers that consulted it see no limit at once.
 	_, err = e.pool.Exec(e.ctx, `DELETE FROM channel_rate_limit WHERE channel = 'push'`)
@@ -521,11 +512,10 @@ func TestRateLimitConfigure(t *testing.T) {
 	is.NoErr(err)
 	is.Equal(len(attempts), 5) // no row, no limit
 
-	bad, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{Worker: "w-bad",
+	bad, err := service.NewDispatcher(t.Context(), e.workerPool, service.DispatcherConfig{Worker: "w-bad",
 		Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: answering{},
 			RateLimit: delivery.RateLimit{PerSecond: 10, Burst: 0.5}}}})
-	is.NoErr(err)
-	_, err = bad.ConfigureRateLimits(e.ctx)
+	is.True(bad == nil)
 	is.True(errors.Is(err, delivery.ErrInvalidInput))                       // a burst under one is refused
 	is.Equal(e.scalar(`SELECT count(*) FROM channel_rate_limit`), int64(0)) // before anything is written
 }

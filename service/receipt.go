@@ -17,7 +17,7 @@ import (
 // ValidateReceipt checks a receipt before anything is written.
 func ValidateReceipt(r delivery.Receipt) error {
 	switch r.Source {
-	case delivery.ReceiptSourceStandardWebhooks, delivery.ReceiptSourceTwilio:
+	case delivery.ReceiptSourceStandardWebhooks, delivery.ReceiptSourceTwilio, delivery.ReceiptSourcePostmark, delivery.ReceiptSourceSES:
 	default:
 		return &delivery.InputError{Field: "receipt source", Reason: fmt.Sprintf("%q is not one this service verifies", r.Source)}
 	}
@@ -101,7 +101,7 @@ func (n *Notifier) RecordReceipt(ctx context.Context, r delivery.Receipt, disabl
 			return fmt.Errorf("insert: %w", err)
 		}
 		if disableOnBounce && r.HardBounce {
-			_, err := q.ReceiptDisablePref(ctx, id)
+			_, err := q.PrefDisableByTask(ctx, id)
 			switch {
 			case err == nil:
 				res.PrefDisabled = true

@@ -39,7 +39,7 @@ func TestTaskRefIsRandomAndSentAsTheKey(t *testing.T) {
 	is.True(uuidRef.MatchString(tasks[0].Ref)) // a UUID
 	is.True(tasks[0].Ref != tasks[1].Ref)      // one per task
 	is.Equal(e.ref(tasks[0].TaskID), tasks[0].Ref)
-	_, created, again, err := e.n.Create(e.ctx, "u1", "e1", "body of e1", time.Hour, 3)
+	_, created, again, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "e1", Body: "body of e1", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)
 	is.True(!created)
 	is.Equal(again, tasks) // a duplicate submitter sees the same references
@@ -119,7 +119,7 @@ func (e *env) deliverThree(when string) []sentTask {
 	var tasks []sentTask
 	for i := range 3 {
 		key, body := fmt.Sprintf("ev-%d", i), fmt.Sprintf("message %d, %s", i, when)
-		_, created, ts, err := e.n.Create(e.ctx, "u1", key, body, time.Hour, 3)
+		_, created, ts, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: key, Body: body, TTL: time.Hour, MaxAttempts: 3})
 		if err != nil || !created {
 			e.t.Fatalf("create %s: created=%v err=%v", key, created, err)
 		}

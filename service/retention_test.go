@@ -64,7 +64,7 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 	d := e.dispatcher(dcfg{backoff: time.Hour})
 
 	// A notification without any task (no channel enabled), created first: the oldest.
-	emptyOld, created, tasks, err := e.n.Create(e.ctx, "nobody", "empty-old", "b", time.Hour, 3)
+	emptyOld, created, tasks, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "nobody", EventKey: "empty-old", Body: "b", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)           // created
 	is.True(created)        // a new notification
 	is.Equal(len(tasks), 0) // without any task
@@ -124,7 +124,7 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 	e.backdate(all...)
 	// An empty notification inside the period.
 
-	emptyNew, _, _, err := e.n.Create(e.ctx, "nobody", "empty-new", "b", time.Hour, 3)
+	emptyNew, _, _, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "nobody", EventKey: "empty-new", Body: "b", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err) // created
 
 	gone := []service.TaskRef{sentA[0], sentA[1], sentB[0], sentB[1], failed, suppressed, mixed[0]}

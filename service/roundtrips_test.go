@@ -54,7 +54,7 @@ func countedDispatcher(t *testing.T, e *env, mode pgx.QueryExecMode) (*service.D
 	t.Cleanup(pool.Close)
 	client, err := httpchannel.New(e.push.URL(), httpchannel.Options{})
 	is.NoErr(err) // push client
-	d, err := service.NewDispatcher(pool, service.DispatcherConfig{
+	d, err := service.NewDispatcher(t.Context(), pool, service.DispatcherConfig{
 		Worker: "w-trips", Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: client}},
 	})
 	is.NoErr(err) // dispatcher

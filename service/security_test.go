@@ -199,7 +199,7 @@ func secDispatcher(t *testing.T, e *env, pool *pgxpool.Pool, c dcfg) *dispatcher
 		mode := map[string]delivery.Mode{"push": delivery.ModeIdempotent, "sms": delivery.ModeQueryable, "none": delivery.ModeNone}[name]
 		routes[name] = delivery.Route{Mode: mode, Client: client}
 	}
-	d, err := service.NewDispatcher(pool, service.DispatcherConfig{
+	d, err := service.NewDispatcher(e.ctx, pool, service.DispatcherConfig{
 		Worker: c.worker, Routes: routes, Lease: c.lease, CallTimeout: c.timeout,
 		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond},
 	})
@@ -397,15 +397,13 @@ func TestRateLimitRoles(t *testing.T) {
 	client, err := httpchannel.New(e.push.URL(), httpchannel.Options{})
 	is.NoErr(err)
 	var paused []error
-	d, err := service.NewDispatcher(worker, service.DispatcherConfig{Worker: "w-rate",
+	d, err := service.NewDispatcher(e.ctx, worker, service.DispatcherConfig{Worker: "w-rate",
 		Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: client,
 			RateLimit: delivery.RateLimit{PerSecond: delivery.MaxRate, Burst: 2}}},
 		Paused: func(_ string, _ time.Duration, err error) { paused = append(paused, err) }})
-	is.NoErr(err)
+	is.NoErr(err)                 // NewDispatcher: RateLimitConfigure (insert) and RateLimitList as the worker
+	is.Equal(len(d.Buckets()), 1) // its bucket
 	buckets, err := d.ConfigureRateLimits(e.ctx)
-	is.NoErr(err) // RateLimitConfigure (insert) and RateLimitList as the worker
-	is.Equal(len(buckets), 1)
-	buckets, err = d.ConfigureRateLimits(e.ctx)
 	is.NoErr(err)             // and again: the ON CONFLICT update
 	is.Equal(len(buckets), 1) // the same bucket
 	e.push.ScriptAll(fakes.Step{Status: 429, RetryAfter: "1"})
@@ -537,11 +535,11 @@ func TestCreatorRoleCreatesOnly(t *testing.T) {
 	is.NoErr(err)                    // the upsert's DO UPDATE path
 	is.Equal(pref.Version, int64(2)) // version counted up
 
-	id, created, tasks, err := n.Create(e.ctx, "u1", "e1", "hello", time.Hour, 3)
+	id, created, tasks, err := n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "e1", Body: "hello", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)    // notifier create
 	is.True(created) // the first submission creates
 	is.Equal(len(tasks), 2)
-	id2, created, tasks2, err := n.Create(e.ctx, "u1", "e1", "hello again", time.Hour, 3)
+	id2, created, tasks2, err := n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "e1", Body: "hello again", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)           // a duplicate reads the winner back
 	is.True(!created)       // and creates nothing
 	is.Equal(id2, id)       // same notification
@@ -663,7 +661,7 @@ func TestRolesEndToEnd(t *testing.T) {
 		_, err := creator.SetPreference(e.ctx, "u1", ch, "u1@"+ch, true)
 		is.NoErr(err)
 	}
-	_, created, tasks, err := creator.Create(e.ctx, "u1", "ord-1", "shipped", time.Hour, 3)
+	_, created, tasks, err := creator.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "ord-1", Body: "shipped", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)
 	is.True(created)
 	is.Equal(len(tasks), 3)

@@ -48,7 +48,7 @@ func TestN1ConcurrentCreateYieldsOneNotification(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				id, created, tasks, err := e.n.Create(e.ctx, "u1", key, "shipped", time.Hour, 3)
+				id, created, tasks, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: key, Body: "shipped", TTL: time.Hour, MaxAttempts: 3})
 				replies[i] = reply{id, created, tasks, err}
 			}()
 		}

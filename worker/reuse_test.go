@@ -45,7 +45,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 // connection) until the test ends.
 func startWorker(t *testing.T, pool *pgxpool.Pool, channel string, route delivery.Route) {
 	t.Helper()
-	d, err := service.NewDispatcher(pool, service.DispatcherConfig{
+	d, err := service.NewDispatcher(t.Context(), pool, service.DispatcherConfig{
 		Worker: "w-reuse", Routes: map[string]delivery.Route{channel: route},
 		Lease: 20 * time.Second, CallTimeout: 3 * time.Second,
 		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond},
@@ -123,7 +123,7 @@ func settle(t *testing.T, pool *pgxpool.Pool, id int64) taskState {
 // createTask submits one event for user u1 on channel and returns its task.
 func createTask(t *testing.T, n *service.Notifier, channel, event string) int64 {
 	t.Helper()
-	_, _, tasks, err := n.Create(context.Background(), "u1", event, "order shipped", time.Hour, 3)
+	_, _, tasks, err := n.Create(context.Background(), service.CreateRequest{UserID: "u1", EventKey: event, Body: "order shipped", TTL: time.Hour, MaxAttempts: 3})
 	if err != nil || len(tasks) != 1 || tasks[0].Channel != channel {
 		t.Fatalf("create %s: %v %+v", event, err, tasks)
 	}

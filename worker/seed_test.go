@@ -66,7 +66,7 @@ func (w *streamWorld) runWith(t *testing.T, workers int, modes map[string]delive
 			}
 			routes[name] = delivery.Route{Mode: mode, Client: client}
 		}
-		d, err := service.NewDispatcher(w.pool, service.DispatcherConfig{
+		d, err := service.NewDispatcher(t.Context(), w.pool, service.DispatcherConfig{
 			Worker: "w-stream-" + string(rune('a'+i)), Routes: routes, Lease: 10 * time.Second, CallTimeout: 400 * time.Millisecond,
 			Backoff: delivery.Backoff{Base: backoff, Max: 10 * backoff},
 		})
@@ -85,7 +85,7 @@ func (w *streamWorld) runWith(t *testing.T, workers int, modes map[string]delive
 
 func (w *streamWorld) create(t *testing.T, user, event string, ttl time.Duration, maxAttempts int) []service.TaskRef {
 	t.Helper()
-	_, _, tasks, err := w.n.Create(context.Background(), user, event, "order shipped", ttl, maxAttempts)
+	_, _, tasks, err := w.n.Create(context.Background(), service.CreateRequest{UserID: user, EventKey: event, Body: "order shipped", TTL: ttl, MaxAttempts: maxAttempts})
 	if err != nil {
 		t.Fatal(err)
 	}

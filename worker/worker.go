@@ -90,6 +90,11 @@ func logFinished(log *slog.Logger, results []service.Result, elapsed []time.Dura
 				"attempt", res.Attempt, "outcome", res.Outcome, "token", prefix(res.Token), "error", res.Detail)
 			continue
 		}
+		if res.PrefDisabled {
+			log.Info("RESULT", "result", res.Kind, "task", res.TaskID, "attempt", res.Attempt, "action", res.Action,
+				"outcome", res.Outcome, "token", prefix(res.Token), "pref_disabled", true, "detail", res.Detail)
+			continue
+		}
 		log.Info("RESULT", "result", res.Kind, "task", res.TaskID, "attempt", res.Attempt, "action", res.Action,
 			"outcome", res.Outcome, "token", prefix(res.Token))
 	}

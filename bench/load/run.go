@@ -180,7 +180,7 @@ func (b *bench) start(ctx context.Context, rep *Report) error {
 		if err != nil {
 			return err
 		}
-		if l.d, err = service.NewDispatcher(l.pool, service.DispatcherConfig{
+		if l.d, err = service.NewDispatcher(ctx, l.pool, service.DispatcherConfig{
 			Worker: l.name, Routes: routes, Lease: time.Minute, CallTimeout: workload.CallTimeout,
 			DBTimeout: b.cfg.DBTimeout, Backoff: workload.RetryBackoff,
 		}); err != nil {

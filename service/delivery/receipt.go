@@ -31,11 +31,13 @@ const (
 const (
 	ReceiptSourceStandardWebhooks = "standard-webhooks"
 	ReceiptSourceTwilio           = "twilio"
+	ReceiptSourcePostmark         = "postmark"
+	ReceiptSourceSES              = "ses"
 )
 
 // Receipt is one provider event about one of our messages, as a verified callback carried it.
 type Receipt struct {
-	Source        string      // ReceiptSourceStandardWebhooks or ReceiptSourceTwilio
+	Source        string      // one of the ReceiptSource constants: the callback format it was verified in
 	EventID       string      // the provider's id of this event: a replay of it is recorded once
 	Kind          ReceiptKind //
 	HardBounce    bool        // with ReceiptBounced: the address is gone for good

@@ -8,7 +8,7 @@ import (
 )
 
 // Route is one channel a dispatcher serves: its name (as in channel_pref.channel), its contract, the
-// client that calls it, and the rate limit this worker sets on it (ConfigureRateLimits).
+// client that calls it, and the rate limit this worker sets on it (written into its bucket when the dispatcher is built).
 type Route struct {
 	Mode      Mode
 	Contract  Contract
