@@ -43,7 +43,7 @@ func (e *env) twilioDispatcher(f *fakes.Twilio) *dispatcher {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	d, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{Worker: "w-twilio", Routes: routes,
+	d, err := service.NewDispatcher(e.ctx, e.workerPool, service.DispatcherConfig{Worker: "w-twilio", Routes: routes,
 		Lease: 10 * time.Second, CallTimeout: 300 * time.Millisecond,
 		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond}})
 	if err != nil {
