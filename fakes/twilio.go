@@ -285,10 +285,10 @@ func (f *Twilio) create(w http.ResponseWriter, r *http.Request) {
 		"date_created": now, "date_updated": now, "date_sent": nil, "error_code": nil, "error_message": nil,
 		"price": nil, "uri": "/2010-04-01/Accounts/" + f.account + "/Messages/" + sid + ".json"}
 	if step.Delay > 0 {
-		twilioWait(r, f.done, step.Delay)
+		providerWait(r, f.done, step.Delay)
 	}
 	if step.Hang {
-		twilioWait(r, f.done, -1)
+		providerWait(r, f.done, -1)
 	}
 	if step.Drop {
 		Drop(w, r)
@@ -310,9 +310,9 @@ func nilIfEmpty(s string) any {
 	return s
 }
 
-// twilioWait waits d (forever when d < 0); if the client goes away or the fake closes first, the
+// providerWait waits d (forever when d < 0); if the client goes away or the fake closes first, the
 // handler is aborted with http.ErrAbortHandler (the client sees no answer).
-func twilioWait(r *http.Request, done <-chan struct{}, d time.Duration) {
+func providerWait(r *http.Request, done <-chan struct{}, d time.Duration) {
 	var expired <-chan time.Time
 	if d >= 0 {
 		t := time.NewTimer(d)
