@@ -309,7 +309,8 @@ func TestExampleChannelsFilesLoad(t *testing.T) {
 	if err != nil || len(examples) == 0 {
 		t.Fatalf("no example channels files: %v", err)
 	}
-	secrets := env(map[string]string{"WEBHOOK_SECRET": webhookSecret, "SMTP_PASSWORD": "hunter2", "RESEND_API_KEY": "re_example", "POSTMARK_SERVER_TOKEN": "pm-example"})
+	secrets := env(map[string]string{"WEBHOOK_SECRET": webhookSecret, "SMTP_PASSWORD": "hunter2", "RESEND_API_KEY": "re_example", "POSTMARK_SERVER_TOKEN": "pm-example",
+		"TWILIO_API_KEY_SECRET": "tw-example", "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "ses-example"})
 	for _, path := range examples {
 		t.Run(filepath.Base(path), func(t *testing.T) {
 			is := is.New(t)

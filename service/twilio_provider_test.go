@@ -1,0 +1,177 @@
+package service_test
+
+// The Twilio adapter (service/twilio) under the real protocol: routes built from a channels file of
+// kind twilio, the Twilio fake, a real database, and Twilio's signed status callback through notifier
+// receipts settling what a lost answer parked.
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/matryer/is"
+
+	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/channelconfig"
+	"github.com/notifierhq/notifier/service/delivery"
+	"github.com/notifierhq/notifier/service/receipts"
+)
+
+const (
+	twilioTestAccount = "AC00112233445566778899aabbccddeeff"
+	twilioTestToken   = "tw-service-test-6a5b4c"
+	twilioTestNumber  = "+15005550006"
+	twilioCallback    = "https://notifier.example.com/receipts/twilio"
+)
+
+// twilioDispatcher serves channel "sms" as a channels file of kind twilio declares it.
+func (e *env) twilioDispatcher(f *fakes.Twilio) *dispatcher {
+	e.t.Helper()
+	path := filepath.Join(e.t.TempDir(), "channels.toml")
+	file := "[channels.sms]\nkind = \"twilio\"\naccount_sid = \"" + twilioTestAccount + "\"\nauth_token_env = \"T\"\n" +
+		"from = \"+15017122661\"\nstatus_callback_url = \"" + twilioCallback + "\"\nbase_url = \"" + f.URL() + "\"\n"
+	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	routes, err := channelconfig.Load(path, func(string) string { return twilioTestToken })
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	d, err := service.NewDispatcher(e.ctx, e.workerPool, service.DispatcherConfig{Worker: "w-twilio", Routes: routes,
+		Lease: 10 * time.Second, CallTimeout: 300 * time.Millisecond,
+		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return &dispatcher{Dispatcher: d}
+}
+
+func startTwilio(t *testing.T) *fakes.Twilio {
+	f := fakes.StartTwilio(twilioTestAccount, twilioTestToken)
+	t.Cleanup(f.Close)
+	return f
+}
+
+// twilioTask creates one SMS task for a user whose number is twilioTestNumber.
+func (e *env) twilioTask(maxAttempts int) (int64, string) {
+	e.t.Helper()
+	if _, err := e.n.SetPreference(e.ctx, "u1", "sms", twilioTestNumber, true); err != nil {
+		e.t.Fatal(err)
+	}
+	id := e.create("u1", "e1", time.Hour, maxAttempts)[0].TaskID
+	return id, e.ref(id)
+}
+
+// twilioCallbackRequest is the status callback Twilio posts for a message, signed with the auth token.
+func twilioCallbackRequest(callbackURL, sid, status string) *http.Request {
+	form := url.Values{"MessageSid": {sid}, "MessageStatus": {status}, "AccountSid": {twilioTestAccount}, "To": {twilioTestNumber}}
+	req := httptest.NewRequest(http.MethodPost, callbackURL, strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("X-Twilio-Signature", receipts.TwilioSignature(twilioTestToken, callbackURL, form))
+	return req
+}
+
+func TestTwilioProviderAccepted(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	f := startTwilio(t)
+	id, ref := e.twilioTask(3)
+	is.Equal(runOnce(t, e.twilioDispatcher(f)).Outcome, delivery.OutcomeAccepted)
+	task := e.task(id)
+	is.Equal(task.State, delivery.StateSent)                                // SENT
+	is.Equal(task.ProviderMsgID, f.Messages(ref)[0].ID)                     // with Twilio's SM sid
+	is.Equal(f.Messages(ref)[0].StatusCallback, twilioCallback+"?ref="+ref) // the callback names the task
+	is.Equal(f.Requests(), len(e.attempts(id)))                             // requests received == attempt rows
+}
+
+// Accepted, then the answer is lost (a timeout, a dropped connection): mode none parks the task, never
+// resends it, and Twilio's status callback (to the URL the message carried) settles it as SENT.
+func TestTwilioProviderLostAnswerParksAndCallbackSettles(t *testing.T) {
+	for name, step := range map[string]fakes.Step{"timeout": {Delay: 3 * time.Second}, "drop": {Drop: true}} {
+		t.Run(name, func(t *testing.T) {
+			is := is.New(t)
+			e := newEnv(t)
+			f := startTwilio(t)
+			id, ref := e.twilioTask(3)
+			f.ScriptSend(ref, step)
+			res := runOnce(t, e.twilioDispatcher(f))
+			is.True(res.Outcome == delivery.OutcomeTimeout || res.Outcome == delivery.OutcomeIOError) // no answer
+			is.Equal(res.Kind, service.ResultParked)                                                  // parked, not resent
+			is.Equal(e.task(id).State, delivery.StateUnknown)
+			is.Equal(f.Outbound(ref), 1)                // one SMS
+			is.Equal(f.Requests(), len(e.attempts(id))) // requests received == attempt rows
+
+			msg := f.Messages(ref)[0]
+			h := receipts.NewHandler(e.n, receipts.Config{TwilioAuthToken: twilioTestToken,
+				PublicURL: &url.URL{Scheme: "https", Host: "notifier.example.com"}})
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, twilioCallbackRequest(msg.StatusCallback, msg.ID, "sent"))
+			is.Equal(w.Code, http.StatusOK) // verified and recorded
+			task := e.task(id)
+			is.Equal(task.State, delivery.StateSent) // settled by the receipt
+			is.Equal(f.Outbound(ref), 1)             // still one SMS
+
+			forged := twilioCallbackRequest(msg.StatusCallback, msg.ID, "delivered")
+			forged.Header.Set("X-Twilio-Signature", "AAAA")
+			w = httptest.NewRecorder()
+			h.ServeHTTP(w, forged)
+			is.Equal(w.Code, http.StatusUnauthorized) // an unsigned callback is refused
+		})
+	}
+}
+
+// A 500 may come after Twilio queued the message: the task is parked, not resent.
+func TestTwilioProviderServerErrorParks(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	f := startTwilio(t)
+	id, ref := e.twilioTask(3)
+	f.ScriptSend(ref, fakes.Step{Status: 500})
+	res := runOnce(t, e.twilioDispatcher(f))
+	is.Equal(res.Outcome, delivery.OutcomeHTTP5xx)
+	is.Equal(res.Kind, service.ResultParked) // 5xx uncertain at Twilio
+	is.Equal(f.Requests(), len(e.attempts(id)))
+}
+
+// A 429 parks too: the channels contract makes 429 and 5xx uncertain together (ServerErrorsUncertain),
+// and Twilio promises neither comes before it queued the message; rate_limit keeps a worker under
+// Twilio's limit so that 429s stay rare.
+func TestTwilioProviderThrottledParks(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	f := startTwilio(t)
+	id, ref := e.twilioTask(3)
+	f.ScriptSend(ref, fakes.Step{Status: 429, RetryAfter: "1"})
+	res := runOnce(t, e.twilioDispatcher(f))
+	is.Equal(res.Outcome, delivery.OutcomeThrottled)
+	is.Equal(res.Kind, service.ResultParked)
+	is.Equal(f.Requests(), len(e.attempts(id)))
+}
+
+// The recipient's STOP (21610) fails the task at once, and an invalid number (21211) too.
+func TestTwilioProviderUnsubscribedAndInvalidNumber(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	f := startTwilio(t)
+	id, ref := e.twilioTask(3)
+	f.SetUnsubscribed(twilioTestNumber)
+	d := e.twilioDispatcher(f)
+	res := runOnce(t, d)
+	is.Equal(res.Outcome, delivery.OutcomeRejected)
+	is.Equal(e.task(id).State, delivery.StateFailed) // not retried
+	is.Equal(f.Outbound(ref), 0)
+	is.Equal(f.Requests(), len(e.attempts(id))) // requests received == attempt rows
+	if _, err := e.n.SetPreference(e.ctx, "u2", "sms", "555-0100", true); err != nil {
+		t.Fatal(err)
+	}
+	id2 := e.create("u2", "e2", time.Hour, 3)[0].TaskID
+	is.Equal(runOnce(t, d).Outcome, delivery.OutcomeRejected)
+	is.Equal(e.task(id2).State, delivery.StateFailed)
+	is.True(strings.Contains(e.task(id2).LastError, "21211")) // Twilio's code
+}
