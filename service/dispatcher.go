@@ -47,6 +47,10 @@ type DispatcherConfig struct {
 	// ClaimRecovered, when set, is told when a claim whose commit's answer was lost (err) turned out to
 	// have committed, and its attempts were recovered by their tokens.
 	ClaimRecovered func(attempts int, err error)
+	// FinishApart, when set, sends FinishBatchThenClaim's finish and claim as two round trips even on
+	// connections that could carry the finish ahead of the claim (the prelude): the bench measures one
+	// against the other (docs/benchmarks.md#the-finish-carried-ahead-of-the-claim).
+	FinishApart bool
 }
 
 // Defaults for fields left zero.
@@ -79,7 +83,7 @@ func NewDispatcher(pool *pgxpool.Pool, cfg DispatcherConfig) (*Dispatcher, error
 	if len(cfg.Routes) == 0 {
 		return nil, &InputError{Field: "channels", Reason: "a worker needs at least one channel"}
 	}
-	d := &Dispatcher{pool: pool, cfg: cfg, pipelines: pipelines(pool.Config().ConnConfig)}
+	d := &Dispatcher{pool: pool, cfg: cfg, pipelines: !cfg.FinishApart && pipelines(pool.Config().ConnConfig)}
 	for name, r := range cfg.Routes {
 		if err := checkChannel(name); err != nil {
 			return nil, err

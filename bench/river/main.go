@@ -144,9 +144,14 @@ type report struct {
 	DeliveriesPerSec   float64        `json:"deliveries_per_sec"`
 	// CPU of the deliver phase per job completed: this process's (River, the HTTP client and the fakes,
 	// as the bench's figure counts ours) and the PostgreSQL server's, from /proc when it runs here.
-	CPUMSPerDelivery       float64        `json:"cpu_ms_per_delivery"`
-	ServerCPUMSPerDelivery float64        `json:"server_cpu_ms_per_delivery,omitempty"`
-	ServerCPUSkipped       string         `json:"server_cpu_skipped,omitempty"`
+	CPUMSPerDelivery       float64 `json:"cpu_ms_per_delivery"`
+	ServerCPUMSPerDelivery float64 `json:"server_cpu_ms_per_delivery,omitempty"`
+	ServerCPUSkipped       string  `json:"server_cpu_skipped,omitempty"`
+	// Committed transactions and rows written (inserted, updated, deleted) per job completed, and the
+	// share of updates that were HOT, over the deliver phase (as the bench reports ours).
+	DBXactsPerDelivery     float64        `json:"db_xacts_per_delivery"`
+	RowsWrittenPerDelivery float64        `json:"db_rows_written_per_delivery"`
+	HOTUpdateShare         float64        `json:"hot_update_share"`
 	PeakRSSMiB             float64        `json:"peak_rss_mib"`
 	TotalSeconds           float64        `json:"total_seconds"`
 	JobStates              map[string]int `json:"job_states"`
@@ -357,6 +362,10 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	err = pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid)
 	server, notMeasured := proc.Find(pid, err) // the server's processes on this machine, or why not (as the bench)
 	rep.ServerCPUSkipped = notMeasured
+	db0, err := dbCounters(ctx, pool)
+	if err != nil {
+		return rep, err
+	}
 	t0 = time.Now()
 	cpu0, srv0 := cputime.Process(), server.CPUUsed()
 	if err := client.Start(ctx); err != nil {
@@ -380,6 +389,17 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	defer stopCancel()
 	if err := client.Stop(stopCtx); err != nil {
 		return rep, fmt.Errorf("river stop: %w", err)
+	}
+	db1, err := dbCounters(ctx, pool)
+	if err != nil {
+		return rep, err
+	}
+	if completed > 0 {
+		per := func(a, b int64) float64 { return math.Round(1000*float64(b-a)/float64(completed)) / 1000 }
+		rep.DBXactsPerDelivery, rep.RowsWrittenPerDelivery = per(db0.xacts, db1.xacts), per(db0.rows, db1.rows)
+		if upd := db1.updates - db0.updates; upd > 0 {
+			rep.HOTUpdateShare = math.Round(1000*float64(db1.hot-db0.hot)/float64(upd)) / 1000
+		}
 	}
 	rep.Deliveries = completed
 	rep.DeliverSeconds = deliverTook.Seconds()
@@ -444,3 +464,28 @@ func riverVersion() string {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// counters are the database's cumulative statistics the report's per-delivery figures come from.
+type counters struct{ xacts, rows, updates, hot int64 }
+
+// dbCounters reads them after closing the pool's connections, so that every backend has flushed its
+// statistics (an idle one may hold them for seconds); the pool reconnects on its next use. The same
+// query as the bench's BenchXactCommit (bench/queries/bench.sql).
+func dbCounters(ctx context.Context, pool *pgxpool.Pool) (counters, error) {
+	pool.Reset()
+	time.Sleep(300 * time.Millisecond) // the closed backends exit and flush their statistics
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var c counters
+	err := pool.QueryRow(ctx, `SELECT coalesce(d.xact_commit, 0)::bigint,
+       (coalesce(d.tup_inserted, 0) + coalesce(d.tup_updated, 0) + coalesce(d.tup_deleted, 0))::bigint,
+       coalesce(t.n_tup_upd, 0)::bigint, coalesce(t.n_tup_hot_upd, 0)::bigint
+FROM pg_catalog.pg_stat_database d,
+     LATERAL (SELECT sum(n_tup_upd) AS n_tup_upd, sum(n_tup_hot_upd) AS n_tup_hot_upd
+              FROM pg_catalog.pg_stat_user_tables) t
+WHERE d.datname = current_database()`).Scan(&c.xacts, &c.rows, &c.updates, &c.hot)
+	if err != nil {
+		return c, fmt.Errorf("read the database's statistics: %w", err)
+	}
+	return c, nil
+}
