@@ -113,6 +113,8 @@ type config struct {
 	pollInterval  time.Duration
 	timeout       time.Duration
 	latency       latency.Model
+	insertBatch   int  // events per InsertMany from one inserter; 0: one event per call from workload.Submitters
+	insertOnly    bool // stop after the insert phase (the bulk-create comparison)
 }
 
 // report is the one JSON object printed on stdout.
@@ -133,6 +135,7 @@ type report struct {
 	PoolMaxConns       int            `json:"pool_max_conns"`
 	CPUs               int            `json:"cpus"`
 	MigrateSeconds     float64        `json:"migrate_seconds"`
+	InsertBatch        int            `json:"insert_batch,omitempty"` // events per InsertMany, from one inserter
 	InsertCalls        int            `json:"insert_calls"`
 	Inserted           int            `json:"inserted"`
 	DuplicatesSkipped  int            `json:"duplicates_skipped"`
@@ -190,6 +193,8 @@ func parseFlags(args []string) (config, error) {
 	fs.Float64Var(&cfg.duplicates, "duplicates", 0.1, "extra submissions of already-submitted events, as a share of --notifications (0-10)")
 	fs.DurationVar(&cfg.fetchCooldown, "fetch-cooldown", river.FetchCooldownDefault, "River FetchCooldown (its default; at least 1ms)")
 	fs.DurationVar(&cfg.pollInterval, "fetch-poll-interval", river.FetchPollIntervalDefault, "River FetchPollInterval (its default)")
+	fs.IntVar(&cfg.insertBatch, "insert-batch", 0, "insert from one goroutine, this many events (2 unique jobs each) per InsertMany (0: one event per InsertMany from several inserters)")
+	fs.BoolVar(&cfg.insertOnly, "insert-only", false, "stop after the insert phase: the bulk-insert figure alone")
 	fs.DurationVar(&cfg.timeout, "timeout", 30*time.Minute, "give up after this long")
 	model := latency.Flags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -215,6 +220,8 @@ func parseFlags(args []string) (config, error) {
 		return cfg, fmt.Errorf("invalid --duplicates %v: want 0 to 10", cfg.duplicates)
 	case cfg.fetchCooldown < river.FetchCooldownMin || cfg.pollInterval < cfg.fetchCooldown:
 		return cfg, fmt.Errorf("invalid --fetch-cooldown %s / --fetch-poll-interval %s", cfg.fetchCooldown, cfg.pollInterval)
+	case cfg.insertBatch < 0 || cfg.insertBatch > 10_000:
+		return cfg, fmt.Errorf("invalid --insert-batch %d: want 0 to 10000", cfg.insertBatch)
 	case cfg.timeout <= 0:
 		return cfg, fmt.Errorf("invalid --timeout %s", cfg.timeout)
 	}
@@ -305,24 +312,29 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		insertErr               error
 		errOnce                 sync.Once
 	)
+	inserters, perCall := workload.Submitters, 1
+	if cfg.insertBatch > 0 {
+		inserters, perCall = 1, cfg.insertBatch
+	}
 	t0 = time.Now()
-	for range workload.Submitters {
+	for range inserters {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				i := int(next.Add(1)) - 1
+				i := int(next.Add(int64(perCall))) - perCall
 				if i >= len(events) || ctx.Err() != nil {
 					return
 				}
-				ev := events[i]
-				user := fmt.Sprintf("%s-u%d", run, ev%workload.Users)
-				key := fmt.Sprintf("%s-ev%d", run, ev)
 				var params []river.InsertManyParams
-				for _, ch := range workload.Channels {
-					params = append(params, river.InsertManyParams{Args: DeliveryArgs{
-						User: user, Event: key, Channel: ch, To: user + "@" + ch, Body: "bench event " + key,
-					}})
+				for _, ev := range events[i:min(i+perCall, len(events))] {
+					user := fmt.Sprintf("%s-u%d", run, ev%workload.Users)
+					key := fmt.Sprintf("%s-ev%d", run, ev)
+					for _, ch := range workload.Channels {
+						params = append(params, river.InsertManyParams{Args: DeliveryArgs{
+							User: user, Event: key, Channel: ch, To: user + "@" + ch, Body: "bench event " + key,
+						}})
+					}
 				}
 				res, err := client.InsertMany(ctx, params)
 				if err != nil {
@@ -344,6 +356,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		return rep, fmt.Errorf("insert: %w", insertErr)
 	}
 	insertTook := time.Since(t0)
+	rep.InsertBatch = cfg.insertBatch
 	rep.InsertCalls, rep.Inserted, rep.DuplicatesSkipped = len(events), int(inserted.Load()), int(skipped.Load())
 	rep.Jobs = rep.Inserted
 	rep.InsertSeconds = insertTook.Seconds()
@@ -351,6 +364,11 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	rep.JobsInsertedPerSec = float64(rep.Inserted) / insertTook.Seconds()
 	if want := len(workload.Channels) * cfg.notifications; rep.Inserted != want {
 		return rep, fmt.Errorf("inserted %d jobs, want %d (unique by user, event, channel)", rep.Inserted, want)
+	}
+	if cfg.insertOnly {
+		rep.TotalSeconds = time.Since(started).Seconds()
+		rep.Check = "ok"
+		return rep, nil
 	}
 
 	// 2. Deliver: start the workers, wait for a completion event per job.
