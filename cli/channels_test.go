@@ -15,6 +15,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 const testWebhookSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -56,7 +57,7 @@ func TestWorkChannelsFile(t *testing.T) {
 	ctx := context.Background()
 	_, err := n.SetPreference(ctx, "u1", "push", "device-1", true)
 	is.NoErr(err) // preference
-	_, _, tasks, err := n.Create(ctx, "u1", "order-1", "shipped", time.Hour, 3)
+	_, _, tasks, err := n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: "order-1", Body: "shipped", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)           // notification
 	is.Equal(len(tasks), 1) // one task
 
@@ -75,11 +76,11 @@ secret_env = "NOTIFIER_TEST_HOOK_SECRET"
 	is.Equal(r.code, 0) // the worker ran
 	var res service.Result
 	decode(t, r.stdout, &res)
-	is.Equal(res.Kind, service.ResultSent)         // delivered
-	is.Equal(res.TaskID, tasks[0].TaskID)          // the task
-	is.Equal(res.Channel, "push")                  // through the channel from the file
-	is.Equal(res.Outcome, service.OutcomeAccepted) // accepted
-	is.Equal(push.TotalSends(), 1)                 // one call to the fake
+	is.Equal(res.Kind, service.ResultSent)          // delivered
+	is.Equal(res.TaskID, tasks[0].TaskID)           // the task
+	is.Equal(res.Channel, "push")                   // through the channel from the file
+	is.Equal(res.Outcome, delivery.OutcomeAccepted) // accepted
+	is.Equal(push.TotalSends(), 1)                  // one call to the fake
 
 	// Without the variable the same file is refused at start.
 	r = c.run("", "work", "--once", "--channels-file", file)
@@ -98,7 +99,7 @@ func TestWorkChannelsConfigErrors(t *testing.T) {
 	ctx := context.Background()
 	_, err := n.SetPreference(ctx, "u1", "push", "device-1", true)
 	is.New(t).NoErr(err) // preference
-	_, _, _, err = n.Create(ctx, "u1", "due-1", "body", time.Hour, 3)
+	_, _, _, err = n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: "due-1", Body: "body", TTL: time.Hour, MaxAttempts: 3})
 	is.New(t).NoErr(err) // a due task a worker could claim
 	before := rowCounts(t, pool)
 	pushTable := "[channels.push]\nkind = \"http\"\nmode = \"idempotent\"\nurl = \"" + push.URL() + "\"\n"

@@ -24,6 +24,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/receipts"
 	"github.com/notifierhq/notifier/service/webhook"
 )
@@ -164,7 +165,7 @@ func demoReceipt(ctx context.Context, e *env, n *service.Notifier, rows demoRepo
 	}
 	srv := httptest.NewServer(receipts.NewHandler(n, receipts.Config{WebhookKeys: [][]byte{key}, Logger: e.log}))
 	defer srv.Close()
-	body := fmt.Sprintf(`{"type":"message.delivered","data":{"ref":"%s"}}`, service.IdempotencyKey(ref))
+	body := fmt.Sprintf(`{"type":"message.delivered","data":{"ref":"%s"}}`, delivery.IdempotencyKey(ref))
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/receipts/standard-webhooks", strings.NewReader(body))
 	if err != nil {
 		return err
@@ -196,7 +197,7 @@ func demoReceipt(ctx context.Context, e *env, n *service.Notifier, rows demoRepo
 	fmt.Fprintf(e.stdout, "\n== a receipt: the none channel's provider says, in a signed Standard Webhooks callback, that it\n"+
 		"   delivered task %d's message (HTTP %d). The parked task is settled by that evidence, no human needed:\n"+
 		"   task %d: %s, attempts %s\n", parked, resp.StatusCode, parked, task.State, strings.Join(steps, " -> "))
-	if resp.StatusCode != http.StatusOK || task.State != service.StateSent {
+	if resp.StatusCode != http.StatusOK || task.State != delivery.StateSent {
 		return fmt.Errorf("demo: the receipt did not settle task %d (HTTP %d, state %s)", parked, resp.StatusCode, task.State)
 	}
 	return nil
@@ -223,7 +224,7 @@ func demoCreates(ctx context.Context, e *env, n *service.Notifier, run string) (
 					defer wg.Done()
 					ctx, cancel := e.dbContext(ctx)
 					defer cancel()
-					_, isNew, refs, err := n.Create(ctx, user, event, fmt.Sprintf("Hello %s, order %d has shipped", user, 1001+i), time.Minute, 3)
+					_, isNew, refs, err := n.Create(ctx, service.CreateRequest{UserID: user, EventKey: event, Body: fmt.Sprintf("Hello %s, order %d has shipped", user, 1001+i), TTL: time.Minute, MaxAttempts: 3})
 					mu.Lock()
 					defer mu.Unlock()
 					if err != nil {
@@ -326,8 +327,8 @@ func waitSettled(ctx context.Context, e *env, n *service.Notifier, tasks []demoT
 			if err != nil {
 				return err
 			}
-			if task.State == service.StatePending || task.State == service.StateSending ||
-				(task.State == service.StateUnknown && !task.NeedsReview) {
+			if task.State == delivery.StatePending || task.State == delivery.StateSending ||
+				(task.State == delivery.StateUnknown && !task.NeedsReview) {
 				open++
 			}
 		}
@@ -410,8 +411,8 @@ func (rows demoReportRows) check(created int) error {
 	var replay, found, parked bool
 	for _, r := range rows {
 		for _, a := range r.attempts {
-			replay = replay || a.Outcome == service.OutcomeAcceptedReplay
-			found = found || a.Outcome == service.OutcomeQueryFound
+			replay = replay || a.Outcome == delivery.OutcomeAcceptedReplay
+			found = found || a.Outcome == delivery.OutcomeQueryFound
 		}
 		parked = parked || r.task.NeedsReview
 		if r.Channel != "none" && r.outbound > 1 {

@@ -135,7 +135,7 @@ streams: memory stays bounded for any file size. Progress goes to stderr when st
 			defer pool.Close()
 			ctx, cancel := e.dbContext(c.Context)
 			defer cancel()
-			id, created, tasks, err := service.NewNotifier(pool).Create(ctx, user, key, body, ttl, maxAttempts)
+			id, created, tasks, err := service.NewNotifier(pool).Create(ctx, service.CreateRequest{UserID: user, EventKey: key, Body: body, TTL: ttl, MaxAttempts: maxAttempts})
 			if err != nil {
 				return err
 			}

@@ -10,13 +10,14 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // resolveOutput is what resolve prints when it changed the task.
 type resolveOutput struct {
-	TaskID  int64         `json:"task_id"`
-	State   service.State `json:"state"`
-	Changed bool          `json:"changed"`
+	TaskID  int64          `json:"task_id"`
+	State   delivery.State `json:"state"`
+	Changed bool           `json:"changed"`
 }
 
 func resolveCommand(e *env) *cli.Command {
@@ -49,8 +50,8 @@ already resolved) and exits 3.
 			if taskID <= 0 {
 				return usagef("invalid --task %d: must be a task id (more than 0)", taskID)
 			}
-			final := service.State(strings.ToUpper(strings.TrimSpace(c.String("state"))))
-			if final != service.StateSent && final != service.StateFailed {
+			final := delivery.State(strings.ToUpper(strings.TrimSpace(c.String("state"))))
+			if final != delivery.StateSent && final != delivery.StateFailed {
 				return usagef("invalid --state %q: want SENT or FAILED", c.String("state"))
 			}
 			operator := c.String("operator")
@@ -83,7 +84,7 @@ already resolved) and exits 3.
 // whyUnchanged tells which case left a task unchanged by resolve.
 func whyUnchanged(ctx context.Context, n *service.Notifier, taskID int64) error {
 	task, err := n.Task(ctx, taskID)
-	if errors.Is(err, service.ErrNotFound) {
+	if errors.Is(err, delivery.ErrNotFound) {
 		return &unchangedError{msg: fmt.Sprintf("task %d not changed: no such task", taskID)}
 	}
 	if err != nil {
@@ -91,12 +92,12 @@ func whyUnchanged(ctx context.Context, n *service.Notifier, taskID int64) error 
 	}
 	attempts, err := n.Attempts(ctx, taskID)
 	if err == nil && len(attempts) > 0 {
-		if last := attempts[len(attempts)-1]; last.Action == service.ActionManual {
+		if last := attempts[len(attempts)-1]; last.Action == delivery.ActionManual {
 			return &unchangedError{msg: fmt.Sprintf("task %d not changed: already resolved (state %s, %s by %s)",
 				taskID, task.State, last.Outcome, last.Worker)}
 		}
 	}
-	if task.State == service.StateUnknown && task.NeedsReview {
+	if task.State == delivery.StateUnknown && task.NeedsReview {
 		return &unchangedError{msg: fmt.Sprintf("task %d not changed: it was resolved concurrently", taskID)}
 	}
 	return &unchangedError{msg: fmt.Sprintf("task %d not changed: not parked (state %s); only a task waiting for review can be resolved", taskID, task.State)}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/channelconfig"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 	"github.com/notifierhq/notifier/service/redact"
 	"github.com/notifierhq/notifier/worker"
@@ -78,6 +79,12 @@ for every worker until its Retry-After has passed (1s without one). The burst mu
 one --poll's worth of calls (rate x poll), or an idle worker would claim too seldom to use the
 limit. See docs/operations.md#rate-limits.
 
+--disable-on-unregistered: when a provider rejects a message because the address is gone for good
+(FCM UNREGISTERED, APNs 410, a Twilio or Postmark recipient that unsubscribed or is inactive), also
+switch the user's preference on that channel off, so later notifications are suppressed rather than
+sent to a dead address (the result and the RESULT log line say pref_disabled). Off by default: the
+task is FAILED either way.
+
 --lease must be longer than --timeout plus a margin of max(2s, timeout/2) (claim commit, timer
 slack and the finish transaction), or two workers could call the channel for one task at once;
 --allow-lease-overlap accepts a shorter lease (for tests of that failure).
@@ -133,11 +140,11 @@ func workCommand(e *env) *cli.Command {
 		Usage: "run a delivery worker (claim, call the channel, record the outcome)",
 		UsageText: "notifier work {--channel NAME=MODE,URL [--channel ...] | --channels-file FILE} [--worker-id W] [--once]\n" +
 			"   [--max-in-flight 1024] [--batch 256] [--finishers 2] [--lease 30s] [--timeout 10s] [--backoff 2s] [--poll 200ms]\n" +
-			"   [--allow-lease-overlap] [--metrics-addr 127.0.0.1:9464] [--ca-file F]",
+			"   [--allow-lease-overlap] [--disable-on-unregistered] [--metrics-addr 127.0.0.1:9464] [--ca-file F]",
 		Description: workDescription,
 		Flags: []cli.Flag{
 			&cli.StringSliceFlag{Name: "channel", Usage: "NAME=MODE,URL with MODE idempotent|queryable|none (repeatable; this or --channels-file is required)"},
-			&cli.StringFlag{Name: "channels-file", Usage: "TOML `FILE` of channels (kinds http, webhook, webpush, smtp; see the description)"},
+			&cli.StringFlag{Name: "channels-file", Usage: "TOML `FILE` of channels (kind = one of " + strings.Join(channelconfig.Kinds(), ", ") + "; see the description)"},
 			&cli.StringFlag{Name: "channels", Hidden: true}, // renamed: parseWork says so
 			&cli.IntFlag{Name: "concurrency", Hidden: true}, // replaced: parseWork says so
 			&cli.StringFlag{Name: "worker-id", Usage: "recorded on every claim and attempt (default: hostname-pid)"},
@@ -150,6 +157,7 @@ func workCommand(e *env) *cli.Command {
 			&cli.DurationFlag{Name: "backoff", Value: service.DefaultBackoff, Usage: "first retry delay, doubled per attempt (each wait lengthened by up to a quarter, at random)"},
 			&cli.DurationFlag{Name: "poll", Value: worker.DefaultPoll, Usage: "wait after finding nothing to do (lengthened by up to a quarter, at random)"},
 			&cli.BoolFlag{Name: "allow-lease-overlap", Usage: "accept a lease not longer than timeout + margin"},
+			&cli.BoolFlag{Name: "disable-on-unregistered", Usage: "switch a user's preference off when the provider says the address is unregistered"},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics at http://ADDR/metrics"},
 			&cli.StringFlag{Name: "ca-file", Usage: "extra PEM root certificates for https channels"},
 			&cli.DurationFlag{Name: "wait-for-database", Value: time.Minute, Usage: "at start, how long to retry while no database server accepts a connection (a failover, a server starting); 0: fail at once (the default with --once)"},
@@ -161,7 +169,7 @@ func workCommand(e *env) *cli.Command {
 // channelSpec is one parsed --channel value.
 type channelSpec struct {
 	Name string
-	Mode service.Mode
+	Mode delivery.Mode
 	URL  string
 }
 
@@ -180,7 +188,7 @@ func parseChannel(value string) (channelSpec, error) {
 	if name == "" {
 		return channelSpec{}, usagef("invalid --channel %q: empty channel name", shown)
 	}
-	mode, err := service.ParseMode(modeText)
+	mode, err := delivery.ParseMode(modeText)
 	if err != nil {
 		return channelSpec{}, usagef("invalid --channel %q: unknown mode %q: want idempotent, queryable or none", shown, modeText)
 	}
@@ -229,7 +237,8 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 		d.Worker = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	d.Lease, d.CallTimeout, d.DBTimeout = c.Duration("lease"), c.Duration("timeout"), e.dbTimeout
-	d.Backoff = service.Backoff{Base: c.Duration("backoff")}
+	d.Backoff = delivery.Backoff{Base: c.Duration("backoff")}
+	d.DisableUnregistered = c.Bool("disable-on-unregistered")
 	for name, v := range map[string]time.Duration{"lease": d.Lease, "timeout": d.CallTimeout, "backoff": d.Backoff.Base, "poll": c.Duration("poll")} {
 		if v <= 0 {
 			return workConfig{}, usagef("invalid --%s %s: must be more than 0", name, v)
@@ -255,7 +264,7 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 			return workConfig{}, usagef("invalid --metrics-addr %q: want host:port, e.g. 127.0.0.1:9464", cfg.metrics)
 		}
 	}
-	d.Routes = map[string]service.Route{}
+	d.Routes = map[string]delivery.Route{}
 	fromFile := map[string]bool{}
 	if channelsFile != "" {
 		routes, err := channelconfig.Load(channelsFile, e.getenv)
@@ -282,20 +291,23 @@ func parseWork(c *cli.Context, e *env) (workConfig, error) {
 		}
 		client, err := httpchannel.New(spec.URL, httpchannel.Options{CAFile: c.String("ca-file")})
 		if err != nil {
-			if errors.Is(err, service.ErrInvalidInput) {
+			if errors.Is(err, delivery.ErrInvalidInput) {
 				// The adapter's error shows the URL (redacted) once; the whole value again would put two
 				// userinfos in one line, and redaction would hide everything between them.
 				return workConfig{}, usagef("invalid --channel %s: %v", spec.Name, err)
 			}
 			return workConfig{}, err // e.g. the CA file cannot be read
 		}
-		d.Routes[spec.Name] = service.Route{Mode: spec.Mode, Client: client}
+		d.Routes[spec.Name] = delivery.Route{Mode: spec.Mode, Client: client}
 		cfg.specs = append(cfg.specs, spec)
 	}
 	if !cfg.once {
 		if err := checkBurstCoversPoll(d.Routes, c.Duration("poll")); err != nil {
 			return workConfig{}, err
 		}
+	}
+	if err := d.Check(); err != nil { // before the worker waits for a database
+		return workConfig{}, err
 	}
 	cfg.loop = worker.Config{MaxInFlight: c.Int("max-in-flight"), Batch: c.Int("batch"), Finishers: c.Int("finishers"),
 		Poll: c.Duration("poll"), Logger: e.log}
@@ -342,10 +354,6 @@ func work(c *cli.Context, e *env) error {
 		return err
 	}
 	defer pool.Close()
-	d, err := service.NewDispatcher(pool, cfg.dispatcher)
-	if err != nil {
-		return err
-	}
 	// A primary may be out of reach while a failover runs, or the server may still be starting.
 	err = service.WaitForDatabase(c.Context, pool, cfg.waitForDatabase, func(err error, next time.Duration) {
 		log.Warn("database not reachable yet; retrying", "retry_in", next.Round(time.Millisecond).String(),
@@ -354,7 +362,7 @@ func work(c *cli.Context, e *env) error {
 	n := service.NewNotifier(pool)
 	var (
 		standing service.ServerStanding
-		buckets  []service.Bucket
+		d        *service.Dispatcher
 	)
 	ctx, cancel := e.dbContext(c.Context)
 	if err == nil { // a standby would refuse every claim with SQLSTATE 25006, forever
@@ -370,8 +378,8 @@ func work(c *cli.Context, e *env) error {
 	if err == nil {
 		err = service.CheckPoolShare(ctx, pool)
 	}
-	if err == nil {
-		buckets, err = d.ConfigureRateLimits(ctx)
+	if err == nil { // writes this worker's rate limits into their buckets
+		d, err = service.NewDispatcher(ctx, pool, cfg.dispatcher)
 	}
 	cancel()
 	if err != nil {
@@ -395,7 +403,7 @@ func work(c *cli.Context, e *env) error {
 	for i, s := range cfg.specs {
 		channels[i] = fmt.Sprintf("%s=%s,%s", s.Name, strings.ToLower(string(s.Mode)), redact.URL(s.URL))
 	}
-	for _, b := range buckets {
+	for _, b := range d.Buckets() {
 		log.Info("rate limit", "channel", b.Channel, "per_second", b.PerSecond, "burst", b.Burst,
 			"tokens", math.Floor(b.Tokens), "paused_seconds", math.Ceil(b.PausedFor))
 	}
@@ -481,7 +489,7 @@ func sameStanding(a, b service.ServerStanding) bool {
 // checkBurstCoversPoll refuses a rate limit whose burst holds less than one --poll's worth of calls: a
 // worker whose claim found no token waits --poll before it claims again, and a bucket that fills up
 // sooner stops filling, so the channel would run below its limit (at most burst per poll).
-func checkBurstCoversPoll(routes map[string]service.Route, poll time.Duration) error {
+func checkBurstCoversPoll(routes map[string]delivery.Route, poll time.Duration) error {
 	for _, name := range slices.Sorted(maps.Keys(routes)) {
 		r := routes[name].RateLimit
 		if need := r.PerSecond * poll.Seconds(); r.Burst > 0 && r.Burst < need {

@@ -22,7 +22,7 @@ func TestBadInput(t *testing.T) {
 	ctx := context.Background()
 	_, err := n.SetPreference(ctx, "u1", "push", "device-1", true)
 	is.New(t).NoErr(err) // a preference
-	_, _, _, err = n.Create(ctx, "u1", "due-1", "body", time.Hour, 3)
+	_, _, _, err = n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: "due-1", Body: "body", TTL: time.Hour, MaxAttempts: 3})
 	is.New(t).NoErr(err) // and a due task a worker could claim
 	before := rowCounts(t, pool)
 	good := "push=idempotent," + push.URL()

@@ -339,7 +339,7 @@ func (s *haSoakRun) createUntilAnswered(user, event, body string) {
 	for time.Now().Before(deadline) {
 		started := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		id, created, tasks, err := s.n.Create(ctx, user, event, body, time.Hour, 3)
+		id, created, tasks, err := s.n.Create(ctx, service.CreateRequest{UserID: user, EventKey: event, Body: body, TTL: time.Hour, MaxAttempts: 3})
 		cancel()
 		s.mu.Lock()
 		if err == nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/redact"
 )
 
@@ -68,7 +69,7 @@ func ExitCode(err error) int {
 		return exitOK
 	case errors.As(err, &unchanged):
 		return exitUnchanged
-	case errors.As(err, &usage), errors.Is(err, service.ErrInvalidInput), errors.As(err, &exitCoder):
+	case errors.As(err, &usage), errors.Is(err, delivery.ErrInvalidInput), errors.As(err, &exitCoder):
 		return exitUsage
 	default:
 		return exitRuntime

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // metrics are a worker's Prometheus metrics, on a private registry (no global state, one set per
@@ -101,7 +102,7 @@ func (m *metrics) onResult(r service.Result) {
 	}
 }
 
-func (m *metrics) observeCall(channel string, action service.Action, outcome service.Outcome, d time.Duration) {
+func (m *metrics) observeCall(channel string, action delivery.Action, outcome delivery.Outcome, d time.Duration) {
 	m.calls.WithLabelValues(channel, string(action), string(outcome)).Inc()
 	m.callDuration.WithLabelValues(channel, string(action)).Observe(d.Seconds())
 }
@@ -109,20 +110,20 @@ func (m *metrics) observeCall(channel string, action service.Action, outcome ser
 // measuredChannel wraps a channel client to count and time its calls.
 type measuredChannel struct {
 	name string
-	next service.Channel
+	next delivery.Channel
 	m    *metrics
 }
 
-func (c measuredChannel) Send(ctx context.Context, msg service.Message) service.Observation {
+func (c measuredChannel) Send(ctx context.Context, msg delivery.Message) delivery.Observation {
 	start := time.Now()
 	obs := c.next.Send(ctx, msg)
-	c.m.observeCall(c.name, service.ActionSend, obs.Outcome, time.Since(start))
+	c.m.observeCall(c.name, delivery.ActionSend, obs.Outcome, time.Since(start))
 	return obs
 }
 
-func (c measuredChannel) Query(ctx context.Context, ref string) service.Observation {
+func (c measuredChannel) Query(ctx context.Context, ref string) delivery.Observation {
 	start := time.Now()
 	obs := c.next.Query(ctx, ref)
-	c.m.observeCall(c.name, service.ActionQuery, obs.Outcome, time.Since(start))
+	c.m.observeCall(c.name, delivery.ActionQuery, obs.Outcome, time.Since(start))
 	return obs
 }

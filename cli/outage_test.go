@@ -12,6 +12,7 @@ import (
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // TestDatabaseOutage: the database disappears under a running worker, in the middle of a call. The
@@ -49,7 +50,7 @@ func TestDatabaseOutage(t *testing.T) {
 
 	waitFor(t, 60*time.Second, "the task to be delivered after the outage", func() bool {
 		task, err := n.Task(ctx, taskID)
-		return err == nil && task.State == service.StateSent
+		return err == nil && task.State == delivery.StateSent
 	})
 	waitFor(t, 30*time.Second, "the claims to recover", func() bool {
 		return strings.Contains(w.stderr.String(), "cycles recovered")
@@ -62,7 +63,7 @@ func TestDatabaseOutage(t *testing.T) {
 	is.Equal(strings.Count(log, "cycles recovered"), 1)                // ...and one for the recovery, not one per retry
 	attempts, err := n.Attempts(ctx, taskID)
 	is.NoErr(err)
-	is.Equal(len(attempts), 1)                             // no lease expiry, no second attempt
-	is.Equal(attempts[0].Outcome, service.OutcomeAccepted) // the answer that came back during the outage
-	is.Equal(push.Sends(ref), 1)                           // one request
+	is.Equal(len(attempts), 1)                              // no lease expiry, no second attempt
+	is.Equal(attempts[0].Outcome, delivery.OutcomeAccepted) // the answer that came back during the outage
+	is.Equal(push.Sends(ref), 1)                            // one request
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // The binary through PgBouncer in transaction mode (Debian's pgbouncer: 1.18 on bookworm, which keeps no
@@ -191,9 +192,9 @@ func TestThroughPgBouncerTransactionMode(t *testing.T) {
 	is.Equal(len(once.Tasks), 1) // one push task
 	var res service.Result
 	decode(t, asWorker.ok("work", "--once", "--worker-id", "w-once", "--channel", "push=idempotent,"+push.URL()).stdout, &res)
-	is.Equal(res.Kind, service.ResultSent)         // delivered through PgBouncer
-	is.Equal(res.TaskID, once.Tasks[0].TaskID)     // the task just created
-	is.Equal(res.Outcome, service.OutcomeAccepted) // accepted
+	is.Equal(res.Kind, service.ResultSent)          // delivered through PgBouncer
+	is.Equal(res.TaskID, once.Tasks[0].TaskID)      // the task just created
+	is.Equal(res.Outcome, delivery.OutcomeAccepted) // accepted
 	r := asWorker.ok("work", "--once", "--channel", "push=idempotent,"+push.URL())
 	is.Equal(strings.TrimSpace(r.stdout), `{"result":"NOTHING"}`) // nothing left on push
 
@@ -339,19 +340,19 @@ func TestThroughPgBouncerTransactionMode(t *testing.T) {
 	is.Equal(len(lines), 1) // one parked task to review
 	var p service.ParkedTask
 	decode(t, lines[0], &p)
-	is.Equal(p.Channel, "none")                             // the none task
-	is.Equal(p.Attempts[0].Outcome, service.OutcomeTimeout) // with its history
+	is.Equal(p.Channel, "none")                              // the none task
+	is.Equal(p.Attempts[0].Outcome, delivery.OutcomeTimeout) // with its history
 	id := strconv.FormatInt(p.ID, 10)
 	var resolved resolveOutput
 	decode(t, asOperator.ok("resolve", "--task", id, "--state", "SENT", "--note", "seen in the provider's console").stdout, &resolved)
-	is.Equal(resolved, resolveOutput{TaskID: p.ID, State: service.StateSent, Changed: true}) // resolved once
+	is.Equal(resolved, resolveOutput{TaskID: p.ID, State: delivery.StateSent, Changed: true}) // resolved once
 	r = asOperator.run("", "resolve", "--task", id, "--state", "FAILED", "--note", "again")
 	is.Equal(r.code, 3) // the second resolve changes nothing
 	decode(t, asOperator.ok("status", "--json").stdout, &st)
 	is.Equal(st.Parked, int64(0)) // nothing parked any more
 	total := int64(0)
 	for _, sc := range st.Counts {
-		is.Equal(sc.State, service.StateSent) // every task SENT
+		is.Equal(sc.State, delivery.StateSent) // every task SENT
 		total += sc.Tasks
 	}
 	is.Equal(total, int64(tasks))
@@ -425,7 +426,7 @@ func TestThroughPgBouncerRefusals(t *testing.T) {
 	n := service.NewNotifier(pool)
 	_, err := n.SetPreference(ctx, "u1", "push", "device-1", true)
 	is.New(t).NoErr(err)
-	_, _, due, err := n.Create(ctx, "u1", "due-1", "b", time.Hour, 3)
+	_, _, due, err := n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: "due-1", Body: "b", TTL: time.Hour, MaxAttempts: 3})
 	is.New(t).NoErr(err) // one due push task
 	// One server connection per role: every client of a role shares it.
 	docs := append(docsPgBouncerSettings(t), "default_pool_size = 1")
@@ -447,7 +448,7 @@ func TestThroughPgBouncerRefusals(t *testing.T) {
 		is.Equal(push.TotalSends(), 0) // nothing called
 		task, err := n.Task(ctx, due[0].TaskID)
 		is.NoErr(err)
-		is.Equal(task.State, service.StatePending) // nothing claimed
+		is.Equal(task.State, delivery.StatePending) // nothing claimed
 	})
 
 	b := startBouncer(t, c, docs, creator, worker)

@@ -13,6 +13,7 @@ import (
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/seedcase"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // oneTask creates a preference and a notification with one task on channel; it returns the task id.
@@ -23,7 +24,7 @@ func oneTask(t *testing.T, pool *pgxpool.Pool, channel string) int64 {
 	ctx := context.Background()
 	_, err := n.SetPreference(ctx, "u1", channel, "device-1", true)
 	is.NoErr(err) // preference
-	_, _, tasks, err := n.Create(ctx, "u1", "order-1", "shipped", time.Hour, 3)
+	_, _, tasks, err := n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: "order-1", Body: "shipped", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)           // notification
 	is.Equal(len(tasks), 1) // one task
 	return tasks[0].TaskID
@@ -53,12 +54,12 @@ func TestP1KilledWorkerLeaseExpires(t *testing.T) {
 	for _, tc := range []struct {
 		kind     fakes.Kind
 		mode     string
-		action   service.Action
-		outcome  service.Outcome
+		action   delivery.Action
+		outcome  delivery.Outcome
 		seedCase string // testdata/seed/traces.json
 	}{
-		{fakes.Push, "idempotent", service.ActionSend, service.OutcomeAcceptedReplay, "P1"},
-		{fakes.SMS, "queryable", service.ActionQuery, service.OutcomeQueryFound, "P1-sms"},
+		{fakes.Push, "idempotent", delivery.ActionSend, delivery.OutcomeAcceptedReplay, "P1"},
+		{fakes.SMS, "queryable", delivery.ActionQuery, delivery.OutcomeQueryFound, "P1-sms"},
 	} {
 		t.Run(string(tc.kind), func(t *testing.T) {
 			t.Parallel()
@@ -80,9 +81,9 @@ func TestP1KilledWorkerLeaseExpires(t *testing.T) {
 			is.Equal(a.stop(syscall.SIGKILL), -1)        // A is killed, no chance to record anything
 
 			task, err := n.Task(ctx, taskID)
-			is.NoErr(err)                              // the task reads back
-			is.Equal(task.State, service.StateSending) // still held by the dead worker
-			is.Equal(task.LeaseOwner, "A")             // by A
+			is.NoErr(err)                               // the task reads back
+			is.Equal(task.State, delivery.StateSending) // still held by the dead worker
+			is.Equal(task.LeaseOwner, "A")              // by A
 
 			r := c.in(t).ok("work", "--once", "--worker-id", "probe", "--channel", channel)
 			is.Equal(r.stdout, "{\"result\":\"NOTHING\"}\n") // during the lease nobody else may claim it
@@ -123,9 +124,9 @@ func TestP2StoppedWorkerIsStale(t *testing.T) {
 	r := c.ok("work", "--once", "--worker-id", "B", "--channel", channel, "--timeout", "5s")
 	var b service.Result
 	decode(t, r.stdout, &b)
-	is.Equal(b.Kind, service.ResultSent)               // B completes
-	is.Equal(b.Attempt, 2)                             // as attempt 2
-	is.Equal(b.Outcome, service.OutcomeAcceptedReplay) // replayed by the channel
+	is.Equal(b.Kind, service.ResultSent)                // B completes
+	is.Equal(b.Attempt, 2)                              // as attempt 2
+	is.Equal(b.Outcome, delivery.OutcomeAcceptedReplay) // replayed by the channel
 
 	is.NoErr(a.cmd.Process.Signal(syscall.SIGCONT)) // A resumes, past its client timeout
 	select {
@@ -138,7 +139,7 @@ func TestP2StoppedWorkerIsStale(t *testing.T) {
 	decode(t, a.stdout.String(), &stale)
 	is.Equal(stale.Kind, service.ResultStale)                                 // its finish changed nothing
 	is.Equal(stale.Attempt, 1)                                                // for attempt 1
-	is.Equal(stale.Outcome, service.OutcomeTimeout)                           // which timed out
+	is.Equal(stale.Outcome, delivery.OutcomeTimeout)                          // which timed out
 	logged(t, a.stderr.String(), "msg=CALLED", "worker=A", "outcome=TIMEOUT") // A's log: the late call
 	logged(t, a.stderr.String(), "msg=RESULT", "result=STALE", "attempt=1")   // and its refused finish
 
@@ -182,8 +183,8 @@ func TestP2StaleFinishWhileNewHolderCalls(t *testing.T) {
 	is.Equal(stale.Kind, service.ResultStale) // A's finish changed nothing
 	task, err = n.Task(ctx, taskID)
 	is.NoErr(err)
-	is.Equal(task.State, service.StateSending) // B's holding is intact
-	is.Equal(task.LeaseOwner, "B")             // with B's lease
+	is.Equal(task.State, delivery.StateSending) // B's holding is intact
+	is.Equal(task.LeaseOwner, "B")              // with B's lease
 
 	select {
 	case <-b.done:
@@ -195,10 +196,10 @@ func TestP2StaleFinishWhileNewHolderCalls(t *testing.T) {
 	is.Equal(res.Kind, service.ResultSent) // B's finish counts
 	attempts, err := n.Attempts(ctx, taskID)
 	is.NoErr(err)
-	is.Equal(attempts[0].Outcome, service.OutcomeLeaseExpired)   // A's, closed by B's claim
-	is.Equal(attempts[0].LateOutcome, service.OutcomeTimeout)    // with A's late observation kept
-	is.Equal(attempts[1].Outcome, service.OutcomeAcceptedReplay) // B's
-	is.Equal(push.Outbound(ref), 1)                              // one message for the user
+	is.Equal(attempts[0].Outcome, delivery.OutcomeLeaseExpired)   // A's, closed by B's claim
+	is.Equal(attempts[0].LateOutcome, delivery.OutcomeTimeout)    // with A's late observation kept
+	is.Equal(attempts[1].Outcome, delivery.OutcomeAcceptedReplay) // B's
+	is.Equal(push.Outbound(ref), 1)                               // one message for the user
 }
 
 // stoppedHolder starts worker A (`work --once`, lease 1 s, client timeout 1.5 s: holders may overlap on

@@ -19,6 +19,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // A command pointed at a server that does not take writes (a standby, a demoted primary, or a database
@@ -110,7 +111,7 @@ func TestWorkWaitsForTheDatabaseAtStart(t *testing.T) {
 	n := service.NewNotifier(pool)
 	waitFor(t, 30*time.Second, "the task to be delivered", func() bool {
 		task, err := n.Task(context.Background(), taskID)
-		return err == nil && task.State == service.StateSent
+		return err == nil && task.State == delivery.StateSent
 	})
 	is.Equal(w.stop(syscall.SIGTERM), 0)
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // loginAs creates a LOGIN role that is a member of group (one of schema/006's roles) with newLogin, and
@@ -109,7 +110,7 @@ func TestResolveNeedsTheOperatorRole(t *testing.T) {
 	is.Equal(r.code, 0) // the operator resolves
 	var out resolveOutput
 	decode(t, r.stdout, &out)
-	is.Equal(out, resolveOutput{TaskID: id, State: service.StateSent, Changed: true})
+	is.Equal(out, resolveOutput{TaskID: id, State: delivery.StateSent, Changed: true})
 }
 
 // TestWorkNeedsTheWorkerRole: work run by a user that may not claim (row-level security would show it
@@ -122,7 +123,7 @@ func TestWorkNeedsTheWorkerRole(t *testing.T) {
 	ctx := context.Background()
 	_, err := n.SetPreference(ctx, "u1", "push", "device-1", true)
 	is.New(t).NoErr(err)
-	_, _, tasks, err := n.Create(ctx, "u1", "due-1", "body", time.Hour, 3)
+	_, _, tasks, err := n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: "due-1", Body: "body", TTL: time.Hour, MaxAttempts: 3})
 	is.New(t).NoErr(err) // a due task
 	channel := "push=idempotent," + push.URL()
 	for _, group := range []string{service.RoleOperator, service.RoleCreator} {
@@ -146,7 +147,7 @@ func TestWorkNeedsTheWorkerRole(t *testing.T) {
 	is := is.New(t)
 	task, err := n.Task(ctx, tasks[0].TaskID)
 	is.NoErr(err)
-	is.Equal(task.State, service.StatePending) // nothing claimed
+	is.Equal(task.State, delivery.StatePending) // nothing claimed
 	r := c.loginAs(pool, service.RoleWorker).run("", "work", "--once", "--channel", channel)
 	is.Equal(r.code, 0) // the worker role delivers
 	is.True(strings.Contains(r.stdout, `"result":"SENT"`))

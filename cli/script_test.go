@@ -11,6 +11,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // TestScript drives the binary the way a shell script would: preferences, create (twice), one
@@ -53,8 +54,8 @@ func TestScript(t *testing.T) {
 	is.Equal(sent.TaskID, taskID)                      // the task just created
 	is.Equal(sent.Channel, "push")                     // on push
 	is.Equal(sent.Attempt, 1)                          // first attempt
-	is.Equal(sent.Action, service.ActionSend)          // a send
-	is.Equal(sent.Outcome, service.OutcomeAccepted)    // accepted
+	is.Equal(sent.Action, delivery.ActionSend)         // a send
+	is.Equal(sent.Outcome, delivery.OutcomeAccepted)   // accepted
 	is.Equal(push.Outbound(refOf(t, pool, taskID)), 1) // one message went out
 	for _, event := range []string{"CLAIMED", "CALLED", "RESULT"} {
 		is.True(strings.Contains(r.stderr, event)) // the cycle's events are logged on stderr
@@ -66,8 +67,8 @@ func TestScript(t *testing.T) {
 	r = c.ok("status", "--json")
 	var st service.Status
 	decode(t, r.stdout, &st)
-	is.Equal(st.Parked, int64(0))                                                                    // nothing parked
-	is.Equal(st.Counts, []service.StateCount{{Channel: "push", State: service.StateSent, Tasks: 1}}) // one SENT push task
+	is.Equal(st.Parked, int64(0))                                                                     // nothing parked
+	is.Equal(st.Counts, []service.StateCount{{Channel: "push", State: delivery.StateSent, Tasks: 1}}) // one SENT push task
 
 	r = c.ok("status")
 	is.True(strings.Contains(r.stdout, "CHANNEL")) // a table header for people
@@ -88,29 +89,29 @@ func TestScript(t *testing.T) {
 	r = c.ok("work", "--once", "--channel", "none=none,"+none.URL(), "--timeout", "400ms")
 	var parked service.Result
 	decode(t, r.stdout, &parked)
-	is.Equal(parked.Kind, service.ResultParked)      // parked for a human
-	is.Equal(parked.Outcome, service.OutcomeTimeout) // after a timeout
+	is.Equal(parked.Kind, service.ResultParked)       // parked for a human
+	is.Equal(parked.Outcome, delivery.OutcomeTimeout) // after a timeout
 
 	r = c.ok("review")
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	is.Equal(len(lines), 1) // one JSON line per parked task
 	var p service.ParkedTask
 	decode(t, lines[0], &p)
-	is.Equal(p.ID, parkedID)                                // the parked task
-	is.Equal(p.Review, service.ReviewParked)                // shown because it is parked
-	is.Equal(p.UserID, "u2")                                // with its user
-	is.Equal(p.EventKey, "order-2")                         // and event
-	is.Equal(len(p.Attempts), 1)                            // and its history
-	is.Equal(p.Attempts[0].Outcome, service.OutcomeTimeout) // verbatim
+	is.Equal(p.ID, parkedID)                                 // the parked task
+	is.Equal(p.Review, service.ReviewParked)                 // shown because it is parked
+	is.Equal(p.UserID, "u2")                                 // with its user
+	is.Equal(p.EventKey, "order-2")                          // and event
+	is.Equal(len(p.Attempts), 1)                             // and its history
+	is.Equal(p.Attempts[0].Outcome, delivery.OutcomeTimeout) // verbatim
 
 	id := strconv.FormatInt(parkedID, 10)
 	r = c.ok("resolve", "--task", id, "--state", "sent", "--note", "the provider confirmed delivery")
 	var resolved resolveOutput
 	decode(t, r.stdout, &resolved)
-	is.Equal(resolved, resolveOutput{TaskID: parkedID, State: service.StateSent, Changed: true}) // changed
+	is.Equal(resolved, resolveOutput{TaskID: parkedID, State: delivery.StateSent, Changed: true}) // changed
 	task, err := n.Task(context.Background(), parkedID)
-	is.NoErr(err)                           // the task reads back
-	is.Equal(task.State, service.StateSent) // SENT
+	is.NoErr(err)                            // the task reads back
+	is.Equal(task.State, delivery.StateSent) // SENT
 	attempts, err := n.Attempts(context.Background(), parkedID)
 	is.NoErr(err)                                                               // its attempts read back
 	is.Equal(attempts[len(attempts)-1].Worker, "tester")                        // the operator defaults to $USER

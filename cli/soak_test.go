@@ -282,7 +282,7 @@ func (s *soak) createConcurrently(user, event string, ttl time.Duration, copies 
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, created, _, err := s.n.Create(ctx, user, event, "soak "+event, ttl, 3)
+			_, created, _, err := s.n.Create(ctx, service.CreateRequest{UserID: user, EventKey: event, Body: "soak " + event, TTL: ttl, MaxAttempts: 3})
 			if err != nil {
 				return // the database may be restarting: a client would retry; the checks count what exists
 			}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // syncBuffer is a bytes.Buffer a running process writes while the test reads.
@@ -109,7 +110,7 @@ func TestSIGTERMFinishesInFlightCall(t *testing.T) {
 	push.ScriptAll(fakes.Step{Delay: time.Second}) // accepted at once, answered after 1 s
 	_, err := n.SetPreference(ctx, "u1", "push", "device-1", true)
 	is.NoErr(err) // preference
-	_, _, tasks, err := n.Create(ctx, "u1", "order-1", "shipped", time.Hour, 3)
+	_, _, tasks, err := n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: "order-1", Body: "shipped", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)           // notification
 	is.Equal(len(tasks), 1) // one task
 	taskID := tasks[0].TaskID
@@ -121,12 +122,12 @@ func TestSIGTERMFinishesInFlightCall(t *testing.T) {
 
 	is.Equal(p.stop(syscall.SIGTERM), 0) // a clean stop
 	task, err := n.Task(ctx, taskID)
-	is.NoErr(err)                           // the task reads back
-	is.Equal(task.State, service.StateSent) // the in-flight call's outcome was recorded
+	is.NoErr(err)                            // the task reads back
+	is.Equal(task.State, delivery.StateSent) // the in-flight call's outcome was recorded
 	attempts, err := n.Attempts(ctx, taskID)
 	is.NoErr(err)                                            // attempts read back
 	is.Equal(len(attempts), 1)                               // one attempt
-	is.Equal(attempts[0].Outcome, service.OutcomeAccepted)   // accepted
+	is.Equal(attempts[0].Outcome, delivery.OutcomeAccepted)  // accepted
 	is.Equal(push.Outbound(refOf(t, pool, taskID)), 1)       // one message
 	is.True(strings.Contains(p.stderr.String(), "stopping")) // the shutdown is logged
 	is.Equal(p.stdout.String(), "")                          // a long-running worker prints no result
@@ -142,7 +143,7 @@ func TestMetrics(t *testing.T) {
 	push := startFake(t, fakes.Push)
 	_, err := n.SetPreference(ctx, "u1", "push", "device-1", true)
 	is.NoErr(err) // preference
-	_, _, _, err = n.Create(ctx, "u1", "order-1", "shipped", time.Hour, 3)
+	_, _, _, err = n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: "order-1", Body: "shipped", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err) // a due task
 
 	p := c.start("--log-format", "json", "work", "--channel", "push=idempotent,"+push.URL(),
@@ -342,5 +343,5 @@ func TestOnceReportsARefusedFinish(t *testing.T) {
 	is.Equal(push.Outbound(refOf(t, pool, taskID)), 1) // the call went out
 	task, err := service.NewNotifier(pool).Task(context.Background(), taskID)
 	is.NoErr(err)
-	is.Equal(task.State, service.StateSending) // left to lease expiry
+	is.Equal(task.State, delivery.StateSending) // left to lease expiry
 }

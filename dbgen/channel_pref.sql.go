@@ -9,6 +9,36 @@ import (
 	"context"
 )
 
+const PrefDisableByTask = `-- name: PrefDisableByTask :one
+UPDATE channel_pref p
+SET enabled = false, version = p.version + 1, updated_at = now()
+FROM delivery_task t
+JOIN notification n ON n.id = t.notification_id
+WHERE t.id = $1
+  AND p.user_id = n.user_id
+  AND p.channel = t.channel
+  AND p.enabled
+RETURNING p.user_id, p.channel
+`
+
+type PrefDisableByTaskRow struct {
+	UserID  string
+	Channel string
+}
+
+// Switches off the preference a task was sent by (its user and channel), so that no later
+// notification goes to an address the provider said is gone: after a hard bounce receipt (notifier
+// receipts --disable-on-bounce) or an answer that the address is unregistered (FCM UNREGISTERED, APNs
+// 410: notifier work --disable-on-unregistered). The address of each attempt is not recorded: this
+// switches off the user's current preference on that channel, when enabled (no row: already off), and
+// bumps its version, so a claim already holding a task of that preference still sees the change.
+func (q *Queries) PrefDisableByTask(ctx context.Context, taskID int64) (PrefDisableByTaskRow, error) {
+	row := q.db.QueryRow(ctx, PrefDisableByTask, taskID)
+	var i PrefDisableByTaskRow
+	err := row.Scan(&i.UserID, &i.Channel)
+	return i, err
+}
+
 const PrefListByUser = `-- name: PrefListByUser :many
 SELECT user_id, channel, address, enabled, version, updated_at
 FROM channel_pref

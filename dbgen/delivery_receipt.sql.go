@@ -72,34 +72,6 @@ func (q *Queries) ReceiptCountByKind(ctx context.Context) ([]ReceiptCountByKindR
 	return items, nil
 }
 
-const ReceiptDisablePref = `-- name: ReceiptDisablePref :one
-UPDATE channel_pref p
-SET enabled = false, version = p.version + 1, updated_at = now()
-FROM delivery_task t
-JOIN notification n ON n.id = t.notification_id
-WHERE t.id = $1
-  AND p.user_id = n.user_id
-  AND p.channel = t.channel
-  AND p.enabled
-RETURNING p.user_id, p.channel
-`
-
-type ReceiptDisablePrefRow struct {
-	UserID  string
-	Channel string
-}
-
-// After a hard bounce (notifier receipts --disable-on-bounce): switches off the preference the bounced
-// task was sent by (its user and channel), so no later notification goes to that address. The address
-// of each attempt is not recorded: this switches off the user's current preference on that channel,
-// when enabled (no row: already off), and bumps its version.
-func (q *Queries) ReceiptDisablePref(ctx context.Context, taskID int64) (ReceiptDisablePrefRow, error) {
-	row := q.db.QueryRow(ctx, ReceiptDisablePref, taskID)
-	var i ReceiptDisablePrefRow
-	err := row.Scan(&i.UserID, &i.Channel)
-	return i, err
-}
-
 const ReceiptInsert = `-- name: ReceiptInsert :one
 INSERT INTO delivery_receipt (task_id, source, event_id, kind, hard_bounce, effect, provider_msg_id, occurred_at, detail)
 VALUES ($1, $2, $3, $4, $5, $6, $7,

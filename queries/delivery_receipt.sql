@@ -55,21 +55,6 @@ FROM (SELECT dt.id FROM delivery_task dt
       LIMIT @max_tasks) t
 CROSS JOIN LATERAL notifier_apply_receipt(t.id, NULL, 'settled by a receipt noted while the task was held') AS r;
 
--- name: ReceiptDisablePref :one
--- After a hard bounce (notifier receipts --disable-on-bounce): switches off the preference the bounced
--- task was sent by (its user and channel), so no later notification goes to that address. The address
--- of each attempt is not recorded: this switches off the user's current preference on that channel,
--- when enabled (no row: already off), and bumps its version.
-UPDATE channel_pref p
-SET enabled = false, version = p.version + 1, updated_at = now()
-FROM delivery_task t
-JOIN notification n ON n.id = t.notification_id
-WHERE t.id = @task_id
-  AND p.user_id = n.user_id
-  AND p.channel = t.channel
-  AND p.enabled
-RETURNING p.user_id, p.channel;
-
 -- name: ReceiptCountByKind :many
 -- Receipts by kind and effect, for notifier status.
 SELECT kind, effect, count(*)::bigint AS receipts

@@ -19,6 +19,7 @@ import (
 
 	"github.com/notifierhq/notifier/internal/cputime"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // dueTasks inserts n due PENDING push tasks for user u1 (push enabled) in bulk, outside the timer.
@@ -95,7 +96,7 @@ func BenchmarkFinish(b *testing.B) {
 	cpu := cputime.Process()
 	b.ResetTimer()
 	for i := range b.N {
-		res, err := d.Finish(ctx, attempts[i], service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: "m-1"})
+		res, err := d.Finish(ctx, attempts[i], delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: "m-1"})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -117,7 +118,7 @@ func BenchmarkCreate(b *testing.B) {
 	ctx := context.Background()
 	b.ResetTimer()
 	for i := range b.N {
-		_, created, tasks, err := e.n.Create(ctx, "u1", fmt.Sprintf("ev-%d", i), "body", time.Hour, 3)
+		_, created, tasks, err := e.n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: fmt.Sprintf("ev-%d", i), Body: "body", TTL: time.Hour, MaxAttempts: 3})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // refuseClaimOf makes the server refuse, with errcode, any claim of task id: an attempt row opened for
@@ -61,7 +62,7 @@ func TestBadRowCostsOnlyItselfInTheClaim(t *testing.T) {
 			is.Equal(len(attempts), batch-1)                                    // and the rest of the batch is claimed
 
 			task := e.task(bad)
-			is.Equal(task.State, service.StatePending)                                                                                         // nothing of its history changed
+			is.Equal(task.State, delivery.StatePending)                                                                                        // nothing of its history changed
 			is.Equal(task.AttemptCount, 0)                                                                                                     // no attempt was made
 			is.Equal(len(e.attempts(bad)), 0)                                                                                                  // and none recorded
 			is.True(strings.HasPrefix(task.LastError, "SET_ASIDE: "))                                                                          // why, for status and review
@@ -105,10 +106,10 @@ func TestBadRowOnLeaseTakeoverIsSetAside(t *testing.T) {
 	is.Equal(settled[0].TaskID, a.TaskID)
 	is.Equal(len(attempts), 1) // one other task claimed
 	task := e.task(a.TaskID)
-	is.Equal(task.State, service.StateSending) // still the old holder's
-	is.Equal(task.LeaseOwner, "w-old")         // with its token: its finish below still counts
+	is.Equal(task.State, delivery.StateSending) // still the old holder's
+	is.Equal(task.LeaseOwner, "w-old")          // with its token: its finish below still counts
 	is.Equal(e.scalar(`SELECT (lease_until > now() + interval '9 minutes')::int FROM delivery_task WHERE id = $1`, a.TaskID), int64(1))
-	res, err := holder.Finish(e.ctx, a, service.Observation{Outcome: service.OutcomeAccepted})
+	res, err := holder.Finish(e.ctx, a, delivery.Observation{Outcome: delivery.OutcomeAccepted})
 	is.NoErr(err)
 	is.Equal(res.Kind, service.ResultSent) // the holder's late finish is still the valid one
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
@@ -39,7 +40,7 @@ func TestClaimWhoseCommitAnswerWasLostIsRecovered(t *testing.T) {
 	for _, u := range []string{"u1", "u2", "u3"} {
 		_, err := n.SetPreference(ctx, u, "none", u+"@none", true)
 		is.NoErr(err)
-		_, _, _, err = n.Create(ctx, u, "e1", "hello", time.Hour, 3)
+		_, _, _, err = n.Create(ctx, service.CreateRequest{UserID: u, EventKey: "e1", Body: "hello", TTL: time.Hour, MaxAttempts: 3})
 		is.NoErr(err)
 	}
 	_, err = local.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'phantom'`)
@@ -63,8 +64,8 @@ func TestClaimWhoseCommitAnswerWasLostIsRecovered(t *testing.T) {
 	is.NoErr(err)
 	t.Cleanup(workerPool.Close)
 	var recovered int
-	d, err := service.NewDispatcher(workerPool, service.DispatcherConfig{Worker: "w1",
-		Routes: map[string]service.Route{"none": {Mode: service.ModeNone, Client: client}}, Lease: 30 * time.Second,
+	d, err := service.NewDispatcher(t.Context(), workerPool, service.DispatcherConfig{Worker: "w1",
+		Routes: map[string]delivery.Route{"none": {Mode: delivery.ModeNone, Client: client}}, Lease: 30 * time.Second,
 		ClaimRecovered: func(n int, _ error) { recovered += n }})
 	is.NoErr(err)
 

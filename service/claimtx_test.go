@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"github.com/notifierhq/notifier/service/delivery"
 	"strings"
 	"testing"
 	"time"
@@ -43,9 +44,9 @@ func TestClaimTxWritesNothingWhenTheStatementBeforeCommitFails(t *testing.T) {
 	for _, id := range tasks {
 		task, err := n.Task(ctx, id)
 		is.NoErr(err)
-		is.Equal(task.State, StatePending) // neither started nor parked: all rolled back with the failed statement
-		is.True(!task.NeedsReview)         // the park was undone
-		is.Equal(task.AttemptCount, 0)     // no attempt counted
+		is.Equal(task.State, delivery.StatePending) // neither started nor parked: all rolled back with the failed statement
+		is.True(!task.NeedsReview)                  // the park was undone
+		is.Equal(task.AttemptCount, 0)              // no attempt counted
 		attempts, err := n.Attempts(ctx, id)
 		is.NoErr(err)
 		is.Equal(len(attempts), 0) // no attempt row
@@ -84,7 +85,7 @@ func twoTasks(t *testing.T) (context.Context, *Notifier, *pgxpool.Pool, []int64)
 		_, err := n.SetPreference(ctx, "u1", ch, "u1@"+ch, true)
 		is.NoErr(err) // preference set
 	}
-	_, _, tasks, err := n.Create(ctx, "u1", "e1", "body", time.Hour, 3)
+	_, _, tasks, err := n.Create(ctx, CreateRequest{UserID: "u1", EventKey: "e1", Body: "body", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)           // notification created
 	is.Equal(len(tasks), 2) // a push and an sms task
 	return ctx, n, pool, []int64{tasks[0].TaskID, tasks[1].TaskID}
@@ -128,8 +129,8 @@ func TestPreludeCommitsAloneWhenTheClaimFails(t *testing.T) {
 	is.Equal(sms.LastError, "parked by the prelude") // its own
 	push, err := n.Task(ctx, ids[0])
 	is.NoErr(err)
-	is.Equal(push.State, StatePending) // the failed claim left nothing
-	is.Equal(push.AttemptCount, 0)     // no attempt counted
+	is.Equal(push.State, delivery.StatePending) // the failed claim left nothing
+	is.Equal(push.AttemptCount, 0)              // no attempt counted
 }
 
 // A prelude that fails rolls back alone: the claim behind it runs and commits.
@@ -168,14 +169,14 @@ func TestFailedPreludeDoesNotStopTheClaim(t *testing.T) {
 func TestSettleGuardsOnTheRowsState(t *testing.T) {
 	is := is.New(t)
 	ctx, n, pool, _ := twoTasks(t)
-	d, err := NewDispatcher(pool, DispatcherConfig{Worker: "w-test", Routes: map[string]Route{"push": {Mode: ModeIdempotent, Client: nilChannel{}}}})
+	d, err := NewDispatcher(t.Context(), pool, DispatcherConfig{Worker: "w-test", Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: nilChannel{}}}})
 	is.NoErr(err)
 	held, _, err := d.Claim(ctx)
 	is.NoErr(err)
 	is.True(held != nil) // the push task is held under a live lease
-	for _, dec := range []ClaimDecision{
-		{Kind: ClaimPark, Uncertain: true, Reason: "parked by mistake"},
-		{Kind: ClaimSettle, State: StateSuppressed, Outcome: OutcomePrefDisabled, Reason: "suppressed by mistake"},
+	for _, dec := range []delivery.ClaimDecision{
+		{Kind: delivery.ClaimPark, Uncertain: true, Reason: "parked by mistake"},
+		{Kind: delivery.ClaimSettle, State: delivery.StateSuppressed, Outcome: delivery.OutcomePrefDisabled, Reason: "suppressed by mistake"},
 	} {
 		err = inClaimTx(ctx, pool, nil, func(q *dbgen.Queries, tx *claimTx) error {
 			_, err := d.settle(ctx, q, dbgen.TaskClaimRow{ID: held.TaskID, Channel: "push"}, dec)
@@ -185,18 +186,18 @@ func TestSettleGuardsOnTheRowsState(t *testing.T) {
 		is.True(strings.Contains(err.Error(), fmt.Sprintf("task %d: 0 rows", held.TaskID))) // naming the task
 		task, err := n.Task(ctx, held.TaskID)
 		is.NoErr(err)
-		is.Equal(task.State, StateSending) // still held
-		is.Equal(task.AttemptCount, 1)     // nothing counted
-		is.True(!task.NeedsReview)         // nor parked
+		is.Equal(task.State, delivery.StateSending) // still held
+		is.Equal(task.AttemptCount, 1)              // nothing counted
+		is.True(!task.NeedsReview)                  // nor parked
 	}
 }
 
 // nilChannel is never called: the test only claims.
 type nilChannel struct{}
 
-func (nilChannel) Send(context.Context, Message) Observation {
-	return Observation{Outcome: OutcomeTimeout}
+func (nilChannel) Send(context.Context, delivery.Message) delivery.Observation {
+	return delivery.Observation{Outcome: delivery.OutcomeTimeout}
 }
-func (nilChannel) Query(context.Context, string) Observation {
-	return Observation{Outcome: OutcomeQueryFailed}
+func (nilChannel) Query(context.Context, string) delivery.Observation {
+	return delivery.Observation{Outcome: delivery.OutcomeQueryFailed}
 }

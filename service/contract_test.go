@@ -10,6 +10,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // An idempotent channel forgets keys after its window: a resend later than that would be a new message,
@@ -22,14 +23,14 @@ func TestContractIdempotencyWindowParks(t *testing.T) {
 	ref := e.ref(id)
 	e.push.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout, backoff: time.Second,
-		contracts: map[string]service.Contract{"push": {IdempotencyWindow: 500 * time.Millisecond}}})
-	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout) // accepted, then timed out
-	res := runNext(t, d)                                    // after the 1 s backoff the 500 ms window has passed
-	is.Equal(res.Kind, service.ResultParked)                // parked, not resent
+		contracts: map[string]delivery.Contract{"push": {IdempotencyWindow: 500 * time.Millisecond}}})
+	is.Equal(runOnce(t, d).Outcome, delivery.OutcomeTimeout) // accepted, then timed out
+	res := runNext(t, d)                                     // after the 1 s backoff the 500 ms window has passed
+	is.Equal(res.Kind, service.ResultParked)                 // parked, not resent
 	is.True(e.task(id).NeedsReview)
 	is.Equal(e.push.Sends(ref), 1)    // no resend outside the window
 	is.Equal(e.push.Outbound(ref), 1) // the first one went out
-	is.Equal(e.outcomes(id), outcomes(service.OutcomeTimeout))
+	is.Equal(e.outcomes(id), outcomes(delivery.OutcomeTimeout))
 }
 
 // Inside the window the same channel resends as usual (the control for the test above).
@@ -40,9 +41,9 @@ func TestContractIdempotencyWindowResendsInside(t *testing.T) {
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.push.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout,
-		contracts: map[string]service.Contract{"push": {IdempotencyWindow: time.Hour}}})
+		contracts: map[string]delivery.Contract{"push": {IdempotencyWindow: time.Hour}}})
 	runOnce(t, d)
-	is.Equal(runNext(t, d).Outcome, service.OutcomeAcceptedReplay) // resent with the same key, deduplicated
+	is.Equal(runNext(t, d).Outcome, delivery.OutcomeAcceptedReplay) // resent with the same key, deduplicated
 }
 
 // A lagging query may miss a message accepted moments ago: QUERY_NOT_FOUND inside query_settle keeps
@@ -58,13 +59,13 @@ func TestContractQuerySettleKeepsUncertainty(t *testing.T) {
 	e.sms.ScriptSend(ref, fakes.Step{Status: 409})
 	settle := 1500 * time.Millisecond
 	d := e.dispatcher(dcfg{timeout: clientTimeout, backoff: 50 * time.Millisecond,
-		contracts: map[string]service.Contract{"sms": {QuerySettle: settle}}})
+		contracts: map[string]delivery.Contract{"sms": {QuerySettle: settle}}})
 	first := runOnce(t, d)
-	is.Equal(first.Outcome, service.OutcomeInFlight) // 409: outcome unknown
+	is.Equal(first.Outcome, delivery.OutcomeInFlight) // 409: outcome unknown
 	second := runNext(t, d)
-	is.Equal(second.Action, service.ActionQuery)           // queried
-	is.Equal(second.Outcome, service.OutcomeQueryNotFound) // nothing found yet...
-	is.Equal(second.Kind, service.ResultUnknown)           // ...which proves nothing inside the settle time
+	is.Equal(second.Action, delivery.ActionQuery)           // queried
+	is.Equal(second.Outcome, delivery.OutcomeQueryNotFound) // nothing found yet...
+	is.Equal(second.Kind, service.ResultUnknown)            // ...which proves nothing inside the settle time
 	task := e.task(id)
 	is.True(task.OutcomeUncertain) // still uncertain
 	is.True(task.NextAttemptAt != nil)
@@ -73,9 +74,9 @@ func TestContractQuerySettleKeepsUncertainty(t *testing.T) {
 		FROM delivery_task t WHERE id = $1`, id).Scan(&waits))
 	is.True(waits >= settle.Seconds()-0.05) // the next query waits for the settle time, not just the backoff
 	third := runNext(t, d)
-	is.Equal(third.Action, service.ActionQuery)           // asked again
-	is.Equal(third.Outcome, service.OutcomeQueryNotFound) // still nothing, now past the settle time
-	is.Equal(third.Kind, service.ResultPending)           // now it is proof: certainly not accepted
+	is.Equal(third.Action, delivery.ActionQuery)           // asked again
+	is.Equal(third.Outcome, delivery.OutcomeQueryNotFound) // still nothing, now past the settle time
+	is.Equal(third.Kind, service.ResultPending)            // now it is proof: certainly not accepted
 	is.True(!e.task(id).OutcomeUncertain)
 	is.Equal(runNext(t, d).Kind, service.ResultSent) // and the send is retried
 	is.Equal(e.sms.Outbound(ref), 1)                 // once
@@ -89,11 +90,11 @@ func TestContractServerErrorsUncertain(t *testing.T) {
 	e.user("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.sms.ScriptSend(e.ref(id), fakes.Step{Status: 503})
-	d := e.dispatcher(dcfg{contracts: map[string]service.Contract{"sms": {ServerErrorsUncertain: true}}})
+	d := e.dispatcher(dcfg{contracts: map[string]delivery.Contract{"sms": {ServerErrorsUncertain: true}}})
 	is.Equal(runOnce(t, d).Kind, service.ResultUnknown) // uncertain
 	res := runNext(t, d)
-	is.Equal(res.Action, service.ActionQuery) // so the next attempt asks first
-	is.Equal(res.Outcome, service.OutcomeQueryNotFound)
+	is.Equal(res.Action, delivery.ActionQuery) // so the next attempt asks first
+	is.Equal(res.Outcome, delivery.OutcomeQueryNotFound)
 	is.Equal(runNext(t, d).Kind, service.ResultSent)
 }
 
@@ -106,7 +107,7 @@ func TestContractMaxInFlightAgeParks(t *testing.T) {
 	ref := e.ref(id)
 	e.push.ScriptSend(ref, fakes.Step{Status: 409}, fakes.Step{Status: 409}, fakes.Step{Status: 409}, fakes.Step{Status: 409})
 	d := e.dispatcher(dcfg{backoff: 400 * time.Millisecond,
-		contracts: map[string]service.Contract{"push": {MaxInFlightAge: time.Second}}})
+		contracts: map[string]delivery.Contract{"push": {MaxInFlightAge: time.Second}}})
 	var last service.Result
 	for last.Kind != service.ResultParked {
 		last = runNext(t, d)
@@ -124,12 +125,12 @@ func TestContractTopicResend(t *testing.T) {
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.none.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout,
-		contracts: map[string]service.Contract{"none": {ResendWithTopic: true}}})
+		contracts: map[string]delivery.Contract{"none": {ResendWithTopic: true}}})
 	is.Equal(runOnce(t, d).Kind, service.ResultUnknown) // not parked: a Topic resend is allowed
 	res := runNext(t, d)
-	is.Equal(res.Action, service.ActionTopicResend) // the attempt row says what it was
+	is.Equal(res.Action, delivery.ActionTopicResend) // the attempt row says what it was
 	is.Equal(res.Kind, service.ResultSent)
 	history := e.attempts(id)
-	is.Equal(history[1].Action, service.ActionTopicResend) // recorded as TOPIC_RESEND
-	is.Equal(e.none.Outbound(e.ref(id)), 2)                // the fake has no Topic: both copies went out
+	is.Equal(history[1].Action, delivery.ActionTopicResend) // recorded as TOPIC_RESEND
+	is.Equal(e.none.Outbound(e.ref(id)), 2)                 // the fake has no Topic: both copies went out
 }

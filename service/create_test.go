@@ -12,6 +12,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 func TestCreateRejectsBadInput(t *testing.T) {
@@ -55,11 +56,11 @@ func TestCreateRejectsBadInput(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			is := is.New(t)
-			id, created, tasks, err := e.n.Create(e.ctx, c.user, c.key, c.body, c.ttl, c.maxAttempts)
-			is.True(err != nil)                              // the input is rejected
-			is.True(errors.Is(err, service.ErrInvalidInput)) // as invalid input, not as a database error
-			is.True(strings.Contains(err.Error(), c.field))  // the message names the field
-			var inputErr *service.InputError
+			id, created, tasks, err := e.n.Create(e.ctx, service.CreateRequest{UserID: c.user, EventKey: c.key, Body: c.body, TTL: c.ttl, MaxAttempts: c.maxAttempts})
+			is.True(err != nil)                               // the input is rejected
+			is.True(errors.Is(err, delivery.ErrInvalidInput)) // as invalid input, not as a database error
+			is.True(strings.Contains(err.Error(), c.field))   // the message names the field
+			var inputErr *delivery.InputError
 			is.True(errors.As(err, &inputErr))                                 // an *InputError
 			is.Equal(inputErr.Field, c.field)                                  // naming the right field
 			is.True(len(err.Error()) < 300)                                    // the message does not echo a huge input
@@ -73,11 +74,11 @@ func TestCreateRejectsBadInput(t *testing.T) {
 
 	// Positive control: the limits themselves are accepted, and the counts above would have seen rows.
 	is := is.New(t)
-	_, created, tasks, err := e.n.Create(e.ctx, strings.Repeat("u", 200), strings.Repeat("k", 200), strings.Repeat("x", 64<<10), 365*day, 100)
+	_, created, tasks, err := e.n.Create(e.ctx, service.CreateRequest{UserID: strings.Repeat("u", 200), EventKey: strings.Repeat("k", 200), Body: strings.Repeat("x", 64<<10), TTL: 365 * day, MaxAttempts: 100})
 	is.NoErr(err)           // every value at its limit is valid
 	is.True(created)        // and creates the notification
 	is.Equal(len(tasks), 0) // that user has no channel
-	_, created, tasks, err = e.n.Create(e.ctx, "u1", "k1", "b", time.Millisecond, 1)
+	_, created, tasks, err = e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "k1", Body: "b", TTL: time.Millisecond, MaxAttempts: 1})
 	is.NoErr(err)                                                      // the smallest accepted ttl and budget are valid
 	is.True(created)                                                   // a new notification
 	is.Equal(len(tasks), 2)                                            // one task per enabled channel
@@ -106,7 +107,7 @@ func TestSetPreferenceRejectsBadInput(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			is := is.New(t)
 			_, err := e.n.SetPreference(e.ctx, c.user, c.channel, c.address, true)
-			is.True(errors.Is(err, service.ErrInvalidInput))                  // rejected as invalid input
+			is.True(errors.Is(err, delivery.ErrInvalidInput))                 // rejected as invalid input
 			is.True(strings.Contains(err.Error(), c.field))                   // the message names the field
 			is.Equal(e.scalar("SELECT count(*) FROM channel_pref"), int64(0)) // no row written
 		})
@@ -140,7 +141,7 @@ func TestCreateReturnsExistingTasksToDuplicate(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	e.user("u1", "push", "sms")
-	id, created, tasks, err := e.n.Create(e.ctx, "u1", "ord-1", "first body", time.Hour, 3)
+	id, created, tasks, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "ord-1", Body: "first body", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)           // the first submission succeeds
 	is.True(created)        // and creates the notification
 	is.Equal(len(tasks), 2) // with one task per enabled channel
@@ -152,7 +153,7 @@ func TestCreateReturnsExistingTasksToDuplicate(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 3 {
-		id2, created2, tasks2, err := e.n.Create(e.ctx, "u1", "ord-1", "a different body", 48*time.Hour, 7)
+		id2, created2, tasks2, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "ord-1", Body: "a different body", TTL: 48 * time.Hour, MaxAttempts: 7})
 		is.NoErr(err)           // a later duplicate is not an error
 		is.True(!created2)      // it reports created=false
 		is.Equal(id2, id)       // the same notification id
@@ -176,12 +177,12 @@ func TestCreateWithNoEnabledChannel(t *testing.T) {
 	if _, err := e.n.SetPreference(e.ctx, "u1", "push", "u1@push", false); err != nil {
 		t.Fatal(err)
 	}
-	id, created, tasks, err := e.n.Create(e.ctx, "u1", "ord-1", "b", time.Hour, 3)
+	id, created, tasks, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "ord-1", Body: "b", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)           // a user without an enabled channel can still be notified
 	is.True(created)        // the notification is created
 	is.True(id > 0)         // with an id
 	is.Equal(len(tasks), 0) // and no task
-	id2, created2, tasks2, err := e.n.Create(e.ctx, "u1", "ord-1", "b", time.Hour, 3)
+	id2, created2, tasks2, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "ord-1", Body: "b", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)                                                          // a duplicate
 	is.True(!created2)                                                     // is not created again
 	is.Equal(id2, id)                                                      // same id

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"github.com/notifierhq/notifier/service/delivery"
 	"time"
 
 	"github.com/notifierhq/notifier/dbgen"
@@ -43,7 +44,7 @@ func (n *Notifier) CreateBatch(ctx context.Context, reqs []CreateRequest) ([]Cre
 		return nil, nil
 	}
 	if len(reqs) > MaxCreateBatch {
-		return nil, &InputError{Field: "batch", Reason: fmt.Sprintf("%d events, more than %d", len(reqs), MaxCreateBatch)}
+		return nil, &delivery.InputError{Field: "batch", Reason: fmt.Sprintf("%d events, more than %d", len(reqs), MaxCreateBatch)}
 	}
 	for i, r := range reqs {
 		if err := r.Validate(); err != nil {

@@ -5,6 +5,7 @@ import (
 	cryptorand "crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/notifierhq/notifier/service/delivery"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -17,23 +18,14 @@ import (
 	"github.com/notifierhq/notifier/dbgen"
 )
 
-// Route is one channel a dispatcher serves: its name (as in channel_pref.channel), its contract, the
-// client that calls it, and the rate limit this worker sets on it (ConfigureRateLimits).
-type Route struct {
-	Mode      Mode
-	Contract  Contract
-	Client    Channel
-	RateLimit RateLimit
-}
-
 // DispatcherConfig configures a worker's claim-call-finish cycle.
 type DispatcherConfig struct {
-	Worker      string           // recorded as lease_owner and on every attempt
-	Routes      map[string]Route // only tasks of these channels are claimed
-	Lease       time.Duration    // how long a claim holds a task before others may take it over
-	CallTimeout time.Duration    // client timeout of one channel call, body included
-	DBTimeout   time.Duration    // bound on one claim or finish transaction
-	Backoff     Backoff
+	Worker      string                    // recorded as lease_owner and on every attempt
+	Routes      map[string]delivery.Route // only tasks of these channels are claimed
+	Lease       time.Duration             // how long a claim holds a task before others may take it over
+	CallTimeout time.Duration             // client timeout of one channel call, body included
+	DBTimeout   time.Duration             // bound on one claim or finish transaction
+	Backoff     delivery.Backoff
 	// RateLimited, when set, is told each time a claim of a channel was held back by the channel's rate
 	// limit (no token, or fewer than the calls it could have made). Paused is told when a 429 paused a
 	// channel for every worker (err: the pause could not be written). Both run on the goroutine of the
@@ -51,6 +43,10 @@ type DispatcherConfig struct {
 	// connections that could carry the finish ahead of the claim (the prelude): the bench measures one
 	// against the other (docs/benchmarks.md#the-finish-carried-ahead-of-the-claim).
 	FinishApart bool
+	// DisableUnregistered switches a user's preference on a channel off when its provider rejected a
+	// message because the address is gone for good (Observation.Unregistered), so later notifications
+	// are suppressed instead of sent to a dead address (Result.PrefDisabled).
+	DisableUnregistered bool
 }
 
 // Defaults for fields left zero.
@@ -70,30 +66,22 @@ type Dispatcher struct {
 	channels  []string
 	turn      atomic.Uint32 // which channel the next claim starts with
 	pipelines bool          // the pool's connections can carry a finish ahead of a claim (FinishBatchThenClaim)
-	// The channels whose rate-limit bucket the claims consult, set once by ConfigureRateLimits: few,
-	// so a list.
+	// The channels whose rate-limit bucket the claims consult, set once by NewDispatcher before the
+	// dispatcher is shared: few, so a list.
 	limited []string
+	buckets []Bucket // those buckets as NewDispatcher found them
 }
 
-// NewDispatcher checks the configuration and fills defaults.
-func NewDispatcher(pool *pgxpool.Pool, cfg DispatcherConfig) (*Dispatcher, error) {
-	if err := checkText("worker id", cfg.Worker, MaxIDLength); err != nil {
+// NewDispatcher checks the configuration, fills defaults, and writes the rate limits of its routes
+// into their buckets (configureRateLimits), so that its claims consult every bucket of its channels
+// from the first one: a dispatcher cannot be built that ignores a rate limit. It needs the database
+// (bounded by DBTimeout).
+func NewDispatcher(ctx context.Context, pool *pgxpool.Pool, cfg DispatcherConfig) (*Dispatcher, error) {
+	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
-	if len(cfg.Routes) == 0 {
-		return nil, &InputError{Field: "channels", Reason: "a worker needs at least one channel"}
-	}
 	d := &Dispatcher{pool: pool, cfg: cfg, pipelines: !cfg.FinishApart && pipelines(pool.Config().ConnConfig)}
-	for name, r := range cfg.Routes {
-		if err := checkChannel(name); err != nil {
-			return nil, err
-		}
-		if _, err := ParseMode(string(r.Mode)); err != nil {
-			return nil, err
-		}
-		if r.Client == nil {
-			return nil, &InputError{Field: "channel " + name, Reason: "no client"}
-		}
+	for name := range cfg.Routes {
 		d.channels = append(d.channels, name)
 	}
 	slices.Sort(d.channels) // claims take the channels in turn, in this order: the same on every run
@@ -102,8 +90,44 @@ func NewDispatcher(pool *pgxpool.Pool, cfg DispatcherConfig) (*Dispatcher, error
 	setDefault(&d.cfg.DBTimeout, DefaultDBTimeout)
 	setDefault(&d.cfg.Backoff.Base, DefaultBackoff)
 	setDefault(&d.cfg.Backoff.Max, DefaultMaxBackoff)
+	var err error
+	if d.buckets, err = d.configureRateLimits(ctx); err != nil {
+		return nil, err
+	}
 	return d, nil
 }
+
+// Check refuses a configuration NewDispatcher would refuse, without the database: `work` checks its
+// flags and channels file with it before it waits for a server.
+func (cfg DispatcherConfig) Check() error {
+	if err := checkText("worker id", cfg.Worker, MaxIDLength); err != nil {
+		return err
+	}
+	if len(cfg.Routes) == 0 {
+		return &delivery.InputError{Field: "channels", Reason: "a worker needs at least one channel"}
+	}
+	for name, r := range cfg.Routes {
+		if err := checkChannel(name); err != nil {
+			return err
+		}
+		if _, err := delivery.ParseMode(string(r.Mode)); err != nil {
+			return err
+		}
+		if r.Client == nil {
+			return &delivery.InputError{Field: "channel " + name, Reason: "no client"}
+		}
+		if r.RateLimit != (delivery.RateLimit{}) {
+			if err := r.RateLimit.Check(); err != nil {
+				return fmt.Errorf("rate limit of %s: %w", name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Buckets are the rate-limit buckets of this dispatcher's channels as it found them at construction:
+// its own limits, and those other workers set.
+func (d *Dispatcher) Buckets() []Bucket { return slices.Clone(d.buckets) }
 
 func setDefault(d *time.Duration, v time.Duration) {
 	if *d <= 0 {
@@ -133,17 +157,20 @@ const (
 
 // Result is what one claim-call-finish cycle did.
 type Result struct {
-	Kind    ResultKind `json:"result"`
-	TaskID  int64      `json:"task_id,omitempty"`
-	Channel string     `json:"channel,omitempty"`
-	Attempt int        `json:"attempt,omitempty"`
-	Action  Action     `json:"action,omitempty"`
-	Outcome Outcome    `json:"outcome,omitempty"`
-	Token   string     `json:"token,omitempty"`
-	Detail  string     `json:"detail,omitempty"`
+	Kind    ResultKind       `json:"result"`
+	TaskID  int64            `json:"task_id,omitempty"`
+	Channel string           `json:"channel,omitempty"`
+	Attempt int              `json:"attempt,omitempty"`
+	Action  delivery.Action  `json:"action,omitempty"`
+	Outcome delivery.Outcome `json:"outcome,omitempty"`
+	Token   string           `json:"token,omitempty"`
+	Detail  string           `json:"detail,omitempty"`
 	// Err is the database's refusal behind an UNRECORDED or SET_ASIDE result, as the driver returned it
 	// (errors.As finds its *pgconn.PgError); Detail is its text.
 	Err error `json:"-"`
+	// PrefDisabled: the provider said the address is unregistered and DisableUnregistered switched the
+	// user's preference on the channel off.
+	PrefDisabled bool `json:"pref_disabled,omitempty"`
 	// CallDuration is how long the channel call took (set by the worker; zero without a call).
 	CallDuration time.Duration `json:"-"`
 }
@@ -152,17 +179,17 @@ type Result struct {
 type Attempt struct {
 	TaskID         int64
 	Channel        string
-	Mode           Mode
-	Contract       Contract
+	Mode           delivery.Mode
+	Contract       delivery.Contract
 	No             int // attempt_no, 1-based
 	MaxAttempts    int
 	Token          string
-	Action         Action
+	Action         delivery.Action
 	PriorUncertain bool
 	UncertainAge   time.Duration // with PriorUncertain: how long ago the uncertain attempt began, at claim
 	LeaseUntil     time.Time
 	claimed        time.Time // local monotonic clock at claim, to age UncertainAge at finish
-	Message        Message
+	Message        delivery.Message
 }
 
 // ClaimBatch is the first correctness check. In one transaction it locks up to max due tasks (SENDING
@@ -232,11 +259,11 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 		var (
 			expiredTokens []string
 			start         = dbgen.TaskStartAttemptsParams{Worker: d.cfg.Worker, LeaseSeconds: d.cfg.Lease.Seconds()}
-			decisions     = make(map[int64]ClaimDecision, len(rows))
+			decisions     = make(map[int64]delivery.ClaimDecision, len(rows))
 			byID          = make(map[int64]dbgen.TaskClaimRow, len(rows))
 		)
 		for _, row := range rows {
-			decisions[row.ID] = Decide(ClaimFacts{
+			decisions[row.ID] = delivery.Decide(delivery.ClaimFacts{
 				Uncertain: row.OutcomeUncertain, LeaseExpired: row.LeaseExpired,
 				PrefEnabled: row.PrefEnabled, Expired: row.Expired,
 				AttemptCount: int(row.AttemptCount), MaxAttempts: int(row.MaxAttempts),
@@ -254,7 +281,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 			}
 			dec := decisions[row.ID]
 			byID[row.ID] = row
-			if dec.Kind == ClaimCall {
+			if dec.Kind == delivery.ClaimCall {
 				start.IDs = append(start.IDs, row.ID)
 				start.AttemptTokens = append(start.AttemptTokens, newToken())
 				start.OutcomeUncertain = append(start.OutcomeUncertain, dec.Uncertain)
@@ -267,7 +294,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 			}
 		}
 		for _, row := range rows {
-			if dec := decisions[row.ID]; dec.Kind != ClaimCall {
+			if dec := decisions[row.ID]; dec.Kind != delivery.ClaimCall {
 				res, err := d.settle(ctx, q, row, dec)
 				if err != nil {
 					return err
@@ -289,7 +316,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 				MaxAttempts: int(row.MaxAttempts), Token: s.AttemptToken, Action: dec.Action,
 				PriorUncertain: dec.Uncertain, UncertainAge: seconds(row.UncertainAgeSeconds), claimed: claimed,
 				LeaseUntil: s.LeaseUntil,
-				Message: Message{Ref: row.Ref, IdempotencyKey: IdempotencyKey(row.Ref), To: row.Address, Body: row.Body,
+				Message: delivery.Message{Ref: row.Ref, IdempotencyKey: delivery.IdempotencyKey(row.Ref), To: row.Address, Body: row.Body,
 					ExpiresAt: row.ExpiresAt, Action: dec.Action},
 			}
 		}
@@ -387,21 +414,21 @@ func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Se
 const MaxBatch = 1000
 
 // settle applies a claim-time decision not to call: park, or a state written with its SKIP attempt.
-func (d *Dispatcher) settle(ctx context.Context, q *dbgen.Queries, row dbgen.TaskClaimRow, dec ClaimDecision) (Result, error) {
+func (d *Dispatcher) settle(ctx context.Context, q *dbgen.Queries, row dbgen.TaskClaimRow, dec delivery.ClaimDecision) (Result, error) {
 	result := Result{TaskID: row.ID, Channel: row.Channel, Detail: dec.Reason}
-	if dec.Kind == ClaimReceipt {
+	if dec.Kind == delivery.ClaimReceipt {
 		applied, err := q.ReceiptApply(ctx, dbgen.ReceiptApplyParams{TaskID: row.ID,
 			Note: "settled at claim by a receipt noted while the task was held"})
-		if err == nil && ReceiptEffect(applied.Effect) != ReceiptSettled {
+		if err == nil && delivery.ReceiptEffect(applied.Effect) != delivery.ReceiptSettled {
 			err = fmt.Errorf("%w: the receipt's effect was %s", errNotSettleable, applied.Effect)
 		}
 		if err != nil {
 			return result, fmt.Errorf("settle task %d by its receipt: %w", row.ID, err)
 		}
-		result.Kind, result.Action, result.Outcome = ResultSent, ActionReceipt, OutcomeReceiptAccepted
+		result.Kind, result.Action, result.Outcome = ResultSent, delivery.ActionReceipt, delivery.OutcomeReceiptAccepted
 		return result, nil
 	}
-	if dec.Kind == ClaimPark {
+	if dec.Kind == delivery.ClaimPark {
 		result.Kind = ResultParked
 		parked, err := q.TaskPark(ctx, dbgen.TaskParkParams{ID: row.ID, LastError: dec.Reason})
 		if err == nil && parked != 1 {
@@ -413,7 +440,7 @@ func (d *Dispatcher) settle(ctx context.Context, q *dbgen.Queries, row dbgen.Tas
 		return result, nil
 	}
 	no, err := q.TaskSettleWithoutCall(ctx, dbgen.TaskSettleWithoutCallParams{
-		ID: row.ID, State: string(dec.State), NeedsReview: dec.State == StateUnknown,
+		ID: row.ID, State: string(dec.State), NeedsReview: dec.State == delivery.StateUnknown,
 		OutcomeUncertain: dec.Uncertain, LastError: dec.Reason,
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -422,7 +449,7 @@ func (d *Dispatcher) settle(ctx context.Context, q *dbgen.Queries, row dbgen.Tas
 	if err != nil {
 		return result, fmt.Errorf("settle task %d: %w", row.ID, err)
 	}
-	result.Kind, result.Attempt, result.Action, result.Outcome = settledKind(dec.State), int(no), ActionSkip, dec.Outcome
+	result.Kind, result.Attempt, result.Action, result.Outcome = settledKind(dec.State), int(no), delivery.ActionSkip, dec.Outcome
 	return result, q.AttemptRecordSkip(ctx, dbgen.AttemptRecordSkipParams{
 		TaskID: row.ID, AttemptNo: no, Worker: d.cfg.Worker, Outcome: string(dec.Outcome), Error: dec.Reason,
 	})
@@ -432,8 +459,8 @@ func (d *Dispatcher) settle(ctx context.Context, q *dbgen.Queries, row dbgen.Tas
 // only be a task this claim may not settle (neither due nor held under an expired lease).
 var errNotSettleable = errors.New("0 rows: the task is neither due nor held under an expired lease")
 
-func settledKind(s State) ResultKind {
-	if s == StateUnknown {
+func settledKind(s delivery.State) ResultKind {
+	if s == delivery.StateUnknown {
 		return ResultParked
 	}
 	return ResultKind(s)
@@ -441,11 +468,11 @@ func settledKind(s State) ResultKind {
 
 // Call performs the attempt's action on its channel, bounded by the client timeout. It is not
 // cancelled with ctx: a worker that is shutting down lets an in-flight call end and records it.
-func (d *Dispatcher) Call(ctx context.Context, a *Attempt) Observation {
+func (d *Dispatcher) Call(ctx context.Context, a *Attempt) delivery.Observation {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.CallTimeout)
 	defer cancel()
 	client := d.cfg.Routes[a.Channel].Client
-	if a.Action == ActionQuery {
+	if a.Action == delivery.ActionQuery {
 		return client.Query(ctx, a.Message.Ref)
 	}
 	return client.Send(ctx, a.Message)
@@ -458,13 +485,40 @@ func (d *Dispatcher) Call(ctx context.Context, a *Attempt) Observation {
 // for what a row holds (rowFault), each attempt is finished on its own, so one bad row costs only its own
 // observation: that attempt's result is UNRECORDED. A 429 on a rate-limited channel first pauses that
 // channel for every worker (pauseThrottled).
-func (d *Dispatcher) FinishBatch(ctx context.Context, attempts []*Attempt, obs []Observation) ([]Result, error) {
+func (d *Dispatcher) FinishBatch(ctx context.Context, attempts []*Attempt, obs []delivery.Observation) ([]Result, error) {
 	d.pauseThrottled(ctx, attempts, obs)
-	return d.finishBatch(ctx, attempts, obs)
+	results, err := d.finishBatch(ctx, attempts, obs)
+	d.disableUnregistered(ctx, results, obs)
+	return results, err
+}
+
+// disableUnregistered switches off the preferences whose address a provider said is gone
+// (DisableUnregistered), for the attempts whose rejection was recorded (FAILED): one short statement
+// each, after the finish, because such answers are rare. A failure to switch one off is said in its
+// result's Detail; the task's outcome stands either way.
+func (d *Dispatcher) disableUnregistered(ctx context.Context, results []Result, obs []delivery.Observation) {
+	if !d.cfg.DisableUnregistered || len(results) != len(obs) {
+		return
+	}
+	for i := range results {
+		r := &results[i]
+		if !obs[i].Unregistered || r.Kind != ResultFailed || r.Outcome != delivery.OutcomeRejected {
+			continue
+		}
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
+		_, err := dbgen.New(d.pool).PrefDisableByTask(dctx, r.TaskID)
+		cancel()
+		switch {
+		case err == nil:
+			r.PrefDisabled = true
+		case !errors.Is(err, pgx.ErrNoRows): // no row: the preference is off already
+			r.Detail += "; the preference could not be switched off: " + err.Error()
+		}
+	}
 }
 
 // finishBatch is FinishBatch without the pause.
-func (d *Dispatcher) finishBatch(ctx context.Context, attempts []*Attempt, obs []Observation) ([]Result, error) {
+func (d *Dispatcher) finishBatch(ctx context.Context, attempts []*Attempt, obs []delivery.Observation) ([]Result, error) {
 	params, results, err := d.finishParams(attempts, obs)
 	if err != nil {
 		return nil, err
@@ -553,7 +607,13 @@ type Handoff struct {
 // and a failed finish does not stop the claim. A worker that is stopping calls FinishBatch alone
 // instead. On connections that do not prepare statements (pipelines) it is FinishBatch then
 // ClaimBatch. As in FinishBatch, a 429 on a rate-limited channel first pauses that channel.
-func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attempt, obs []Observation, limit int) Handoff {
+func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attempt, obs []delivery.Observation, limit int) Handoff {
+	h := d.finishBatchThenClaim(ctx, attempts, obs, limit)
+	d.disableUnregistered(ctx, h.Finished, obs)
+	return h
+}
+
+func (d *Dispatcher) finishBatchThenClaim(ctx context.Context, attempts []*Attempt, obs []delivery.Observation, limit int) Handoff {
 	d.pauseThrottled(ctx, attempts, obs) // before the claim, so that the claim sees the pause
 	var h Handoff
 	apart := func() Handoff {
@@ -598,7 +658,7 @@ func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attem
 
 // finishParams maps each observation to its task's next state: TaskFinish's arguments, and the results
 // to report if the token guard holds.
-func (d *Dispatcher) finishParams(attempts []*Attempt, obs []Observation) (dbgen.TaskFinishParams, []Result, error) {
+func (d *Dispatcher) finishParams(attempts []*Attempt, obs []delivery.Observation) (dbgen.TaskFinishParams, []Result, error) {
 	finish := dbgen.TaskFinishParams{}
 	if len(attempts) != len(obs) {
 		return finish, nil, fmt.Errorf("finish: %d attempts but %d observations", len(attempts), len(obs))
@@ -606,7 +666,7 @@ func (d *Dispatcher) finishParams(attempts []*Attempt, obs []Observation) (dbgen
 	results := make([]Result, len(attempts))
 	for i, a := range attempts {
 		o := obs[i]
-		t := Next(Facts{Outcome: o.Outcome, PriorUncertain: a.PriorUncertain, BudgetLeft: a.No < a.MaxAttempts,
+		t := delivery.Next(delivery.Facts{Outcome: o.Outcome, PriorUncertain: a.PriorUncertain, BudgetLeft: a.No < a.MaxAttempts,
 			Mode: a.Mode, Contract: a.Contract, UncertainAge: a.UncertainAge + time.Since(a.claimed)})
 		results[i] = Result{Kind: resultKind(t), TaskID: a.TaskID, Channel: a.Channel, Attempt: a.No, Action: a.Action,
 			Outcome: o.Outcome, Token: a.Token, Detail: o.Detail}
@@ -649,7 +709,7 @@ func finishResults(attempts []*Attempt, results []Result, rows []dbgen.TaskFinis
 	return results, nil
 }
 
-func resultKind(t Transition) ResultKind {
+func resultKind(t delivery.Transition) ResultKind {
 	if t.Park {
 		return ResultParked
 	}
@@ -657,9 +717,9 @@ func resultKind(t Transition) ResultKind {
 }
 
 // errorText is last_error for an observation: empty (none) for an acceptance.
-func errorText(obs Observation) string {
+func errorText(obs delivery.Observation) string {
 	switch obs.Outcome {
-	case OutcomeAccepted, OutcomeAcceptedReplay, OutcomeQueryFound:
+	case delivery.OutcomeAccepted, delivery.OutcomeAcceptedReplay, delivery.OutcomeQueryFound:
 		return ""
 	}
 	text := string(obs.Outcome)

@@ -1,8 +1,9 @@
-// Package service holds notifier's domain: what a notification, a task and an attempt are, and the
-// two correctness checks that run in PostgreSQL (claim and finish, dispatcher.go). The protocol's
-// vocabulary and its pure decisions live in service/delivery (no database dependency, so the channel
-// adapters can use it); this package re-exports them under the same names for its callers. Generated
-// query code stays in dbgen; callers of this package see only domain types.
+// Package service is notifier on PostgreSQL: the Notifier (create, preferences, resolve, receipts,
+// reads, retention) and the Dispatcher (claim, call, finish), which turn the decisions of
+// service/delivery into transactions. The protocol's vocabulary (states, modes, outcomes, messages,
+// receipts, routes) is named once, in service/delivery, which has no database dependency so the channel
+// adapters, channelconfig and receipts build on it without importing this package. Generated query
+// code stays in dbgen; callers of this package see only domain types.
 package service
 
 // TaskRef names one delivery task of a notification: its id here, and the reference the channel sees

@@ -14,6 +14,7 @@ import (
 	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/internal/seedcase"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
@@ -53,11 +54,12 @@ type dcfg struct {
 	lease      time.Duration
 	timeout    time.Duration
 	backoff    time.Duration
-	modes      map[string]service.Mode      // override a channel's declared mode (negative controls)
-	contracts  map[string]service.Contract  // a channel's contract settings
-	rateLimits map[string]service.RateLimit // the rate limits this worker sets (ConfigureRateLimits)
-	onRate     func(channel string)         // DispatcherConfig.RateLimited
+	modes      map[string]delivery.Mode      // override a channel's declared mode (negative controls)
+	contracts  map[string]delivery.Contract  // a channel's contract settings
+	rateLimits map[string]delivery.RateLimit // the rate limits this worker sets (written by NewDispatcher)
+	onRate     func(channel string)          // DispatcherConfig.RateLimited
 	onPause    func(channel string, pause time.Duration, err error)
+	configure  func(*service.DispatcherConfig) // any other setting, applied last
 }
 
 // testBatch is the claim batch size the seed tests run with: 1 (per task) by default,
@@ -91,28 +93,28 @@ func (e *env) dispatcher(c dcfg) *dispatcher {
 	if c.backoff == 0 {
 		c.backoff = 50 * time.Millisecond
 	}
-	routes := map[string]service.Route{}
+	routes := map[string]delivery.Route{}
 	for name, ch := range map[string]*fakes.Channel{"push": e.push, "sms": e.sms, "none": e.none} {
 		client, err := httpchannel.New(ch.URL(), httpchannel.Options{})
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		mode := map[string]service.Mode{"push": service.ModeIdempotent, "sms": service.ModeQueryable, "none": service.ModeNone}[name]
+		mode := map[string]delivery.Mode{"push": delivery.ModeIdempotent, "sms": delivery.ModeQueryable, "none": delivery.ModeNone}[name]
 		if m, ok := c.modes[name]; ok {
 			mode = m
 		}
-		routes[name] = service.Route{Mode: mode, Contract: c.contracts[name], Client: client, RateLimit: c.rateLimits[name]}
+		routes[name] = delivery.Route{Mode: mode, Contract: c.contracts[name], Client: client, RateLimit: c.rateLimits[name]}
 	}
-	d, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{
+	cfg := service.DispatcherConfig{
 		Worker: c.worker, Routes: routes, Lease: c.lease, CallTimeout: c.timeout,
-		Backoff:     service.Backoff{Base: c.backoff, Max: 10 * c.backoff},
+		Backoff:     delivery.Backoff{Base: c.backoff, Max: 10 * c.backoff},
 		RateLimited: c.onRate, Paused: c.onPause,
-	})
-	if err != nil {
-		e.t.Fatal(err)
 	}
-	// As `notifier work` does at start: write this worker's limits, learn the buckets of its channels.
-	if _, err := d.ConfigureRateLimits(e.ctx); err != nil {
+	if c.configure != nil {
+		c.configure(&cfg)
+	}
+	d, err := service.NewDispatcher(e.ctx, e.workerPool, cfg)
+	if err != nil {
 		e.t.Fatal(err)
 	}
 	return &dispatcher{Dispatcher: d}
@@ -131,7 +133,7 @@ func (e *env) user(user string, channels ...string) {
 // create submits an event and returns its single task id on channel.
 func (e *env) create(user, key string, ttl time.Duration, maxAttempts int) []service.TaskRef {
 	e.t.Helper()
-	_, created, tasks, err := e.n.Create(e.ctx, user, key, "body of "+key, ttl, maxAttempts)
+	_, created, tasks, err := e.n.Create(e.ctx, service.CreateRequest{UserID: user, EventKey: key, Body: "body of " + key, TTL: ttl, MaxAttempts: maxAttempts})
 	if err != nil || !created {
 		e.t.Fatalf("create %s/%s: created=%v err=%v", user, key, created, err)
 	}
@@ -147,13 +149,13 @@ func (e *env) task(id int64) service.Task {
 	return task
 }
 
-func (e *env) outcomes(id int64) []service.Outcome {
+func (e *env) outcomes(id int64) []delivery.Outcome {
 	e.t.Helper()
 	attempts, err := e.n.Attempts(e.ctx, id)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	out := make([]service.Outcome, len(attempts))
+	out := make([]delivery.Outcome, len(attempts))
 	for i, a := range attempts {
 		out[i] = a.Outcome
 	}
@@ -239,7 +241,7 @@ func (e *env) waitDB(cond string, args ...any) {
 	}
 }
 
-func outcomes(o ...service.Outcome) []service.Outcome { return o }
+func outcomes(o ...delivery.Outcome) []delivery.Outcome { return o }
 
 // withoutStateMachine runs f with schema/010's state machine switched off on delivery_task (both its
 // triggers), and switches it on again: for negative controls, which show the damage an unsafe statement

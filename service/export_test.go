@@ -6,6 +6,7 @@ package service
 
 import (
 	"context"
+	"github.com/notifierhq/notifier/service/delivery"
 	"sync"
 	"time"
 )
@@ -33,8 +34,8 @@ func (d *Dispatcher) RunBatch(ctx context.Context, batch int) ([]Result, error) 
 }
 
 // CallAll calls the channels of a batch concurrently; the observations are in the order of attempts.
-func (d *Dispatcher) CallAll(ctx context.Context, attempts []*Attempt) []Observation {
-	obs := make([]Observation, len(attempts))
+func (d *Dispatcher) CallAll(ctx context.Context, attempts []*Attempt) []delivery.Observation {
+	obs := make([]delivery.Observation, len(attempts))
 	var wg sync.WaitGroup
 	for i, a := range attempts {
 		wg.Add(1)
@@ -56,7 +57,7 @@ func (d *Dispatcher) Claim(ctx context.Context) (*Attempt, Result, error) {
 		return nil, Result{}, err
 	case len(attempts) == 1:
 		a := attempts[0]
-		return a, Result{Kind: ResultKind(StateSending), TaskID: a.TaskID, Channel: a.Channel, Attempt: a.No,
+		return a, Result{Kind: ResultKind(delivery.StateSending), TaskID: a.TaskID, Channel: a.Channel, Attempt: a.No,
 			Action: a.Action, Token: a.Token}, nil
 	case len(settled) == 1:
 		return nil, settled[0], nil
@@ -65,8 +66,8 @@ func (d *Dispatcher) Claim(ctx context.Context) (*Attempt, Result, error) {
 }
 
 // Finish records one observation: FinishBatch with a batch of one.
-func (d *Dispatcher) Finish(ctx context.Context, a *Attempt, obs Observation) (Result, error) {
-	results, err := d.FinishBatch(ctx, []*Attempt{a}, []Observation{obs})
+func (d *Dispatcher) Finish(ctx context.Context, a *Attempt, obs delivery.Observation) (Result, error) {
+	results, err := d.FinishBatch(ctx, []*Attempt{a}, []delivery.Observation{obs})
 	if err != nil {
 		return Result{}, err
 	}
@@ -75,11 +76,16 @@ func (d *Dispatcher) Finish(ctx context.Context, a *Attempt, obs Observation) (R
 
 // FinishBatchOnce is FinishBatch without the retry of a finish lost to a broken connection: one try,
 // as before the finish was idempotent. The negative control of that retry.
-func (d *Dispatcher) FinishBatchOnce(ctx context.Context, attempts []*Attempt, obs []Observation) ([]Result, error) {
+func (d *Dispatcher) FinishBatchOnce(ctx context.Context, attempts []*Attempt, obs []delivery.Observation) ([]Result, error) {
 	params, results, err := d.finishParams(attempts, obs)
 	if err != nil {
 		return nil, err
 	}
 	rows, err := d.finishTry(ctx, params, time.Now().Add(d.cfg.DBTimeout))
 	return finishResults(attempts, results, rows, err)
+}
+
+// ConfigureRateLimits writes this dispatcher's limits again, as a second worker starting would.
+func (d *Dispatcher) ConfigureRateLimits(ctx context.Context) ([]Bucket, error) {
+	return d.configureRateLimits(ctx)
 }

@@ -12,15 +12,18 @@ import (
 
 	"github.com/notifierhq/notifier/dbgen"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // answering is a channel that answers every call with the same observation.
-type answering service.Observation
+type answering delivery.Observation
 
-func (a answering) Send(context.Context, service.Message) service.Observation {
-	return service.Observation(a)
+func (a answering) Send(context.Context, delivery.Message) delivery.Observation {
+	return delivery.Observation(a)
 }
-func (a answering) Query(context.Context, string) service.Observation { return service.Observation(a) }
+func (a answering) Query(context.Context, string) delivery.Observation {
+	return delivery.Observation(a)
+}
 
 // A channel's answer is stored whatever bytes it holds: PostgreSQL text refuses NUL and invalid UTF-8,
 // and a refused write would lose every observation of the batch.
@@ -29,10 +32,10 @@ func TestFinishStoresAnyAnswer(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	hostile := answering{Outcome: service.OutcomeAccepted, ProviderMsgID: "id\x00with\xffbytes" + strings.Repeat("x", 600),
+	hostile := answering{Outcome: delivery.OutcomeAccepted, ProviderMsgID: "id\x00with\xffbytes" + strings.Repeat("x", 600),
 		Detail: "detail\x00\xfe" + strings.Repeat("é", 3000)}
-	d, err := service.NewDispatcher(e.pool, service.DispatcherConfig{Worker: "w",
-		Routes: map[string]service.Route{"push": {Mode: service.ModeIdempotent, Client: hostile}}})
+	d, err := service.NewDispatcher(e.ctx, e.pool, service.DispatcherConfig{Worker: "w",
+		Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: hostile}}})
 	is.NoErr(err)
 	res, err := d.RunOnce(e.ctx)
 	is.NoErr(err)                          // the finish does not fail
@@ -56,7 +59,7 @@ func TestFinishWaitingOnTakeoverRecordsLate(t *testing.T) {
 	is.NoErr(err)
 	is.True(a != nil)            // the first holder claimed the task
 	obs := holder.Call(e.ctx, a) // and its call was accepted
-	is.Equal(obs.Outcome, service.OutcomeAccepted)
+	is.Equal(obs.Outcome, delivery.OutcomeAccepted)
 	e.waitDB("lease_until < now() FROM delivery_task WHERE id = $1", id)
 
 	// The superseding claim, statement for statement as Dispatcher.ClaimBatch runs it, left open.
@@ -72,7 +75,7 @@ func TestFinishWaitingOnTakeoverRecordsLate(t *testing.T) {
 	is.NoErr(err)
 	is.Equal(closed, int64(1)) // the old attempt is closed in the claim's transaction
 	started, err := q.TaskStartAttempts(e.ctx, dbgen.TaskStartAttemptsParams{Worker: "w-new", LeaseSeconds: 60,
-		IDs: []int64{id}, AttemptTokens: []string{"00000000-0000-4000-8000-00000000beef"}, OutcomeUncertain: []bool{true}, Actions: []string{string(service.ActionSend)}})
+		IDs: []int64{id}, AttemptTokens: []string{"00000000-0000-4000-8000-00000000beef"}, OutcomeUncertain: []bool{true}, Actions: []string{string(delivery.ActionSend)}})
 	is.NoErr(err)
 	is.Equal(len(started), 1) // the new holder has its token
 
@@ -90,18 +93,18 @@ func TestFinishWaitingOnTakeoverRecordsLate(t *testing.T) {
 	res := <-finished
 	is.Equal(res.Kind, service.ResultStale) // the old holder's token no longer matches
 	history := e.attempts(id)
-	is.Equal(len(history), 2)                                 // the old attempt and the new one
-	is.Equal(history[0].Outcome, service.OutcomeLeaseExpired) // closed by the takeover
-	is.Equal(history[0].LateOutcome, service.OutcomeAccepted) // and the late observation kept
-	is.Equal(history[1].Outcome, service.Outcome(""))         // the new attempt is untouched, still open
+	is.Equal(len(history), 2)                                  // the old attempt and the new one
+	is.Equal(history[0].Outcome, delivery.OutcomeLeaseExpired) // closed by the takeover
+	is.Equal(history[0].LateOutcome, delivery.OutcomeAccepted) // and the late observation kept
+	is.Equal(history[1].Outcome, delivery.Outcome(""))         // the new attempt is untouched, still open
 	task := e.task(id)
-	is.Equal(task.State, service.StateSending) // the new holder's task, unchanged by the stale finish
-	is.Equal(task.LeaseOwner, "w-new")         // held by the new holder
+	is.Equal(task.State, delivery.StateSending) // the new holder's task, unchanged by the stale finish
+	is.Equal(task.LeaseOwner, "w-new")          // held by the new holder
 }
 
 // refusingBatch claims three due push tasks in one batch, calls them (all accepted), and makes the
 // server refuse any change of the middle task's row with errcode, as a trigger on bad data would.
-func refusingBatch(t *testing.T, errcode string) (*env, *dispatcher, []*service.Attempt, []service.Observation) {
+func refusingBatch(t *testing.T, errcode string) (*env, *dispatcher, []*service.Attempt, []delivery.Observation) {
 	is := is.New(t)
 	is.Helper()
 	e := newEnv(t)
@@ -121,7 +124,7 @@ func refusingBatch(t *testing.T, errcode string) (*env, *dispatcher, []*service.
 	is.NoErr(err) // trigger installed
 	obs := d.CallAll(e.ctx, attempts)
 	for _, o := range obs {
-		is.Equal(o.Outcome, service.OutcomeAccepted) // every call accepted
+		is.Equal(o.Outcome, delivery.OutcomeAccepted) // every call accepted
 	}
 	return e, d, attempts, obs
 }
@@ -150,11 +153,11 @@ func TestRefusedRowCostsOnlyItsOwnObservation(t *testing.T) {
 			kinds := []service.ResultKind{results[0].Kind, results[1].Kind, results[2].Kind}
 			is.Equal(kinds, []service.ResultKind{service.ResultSent, service.ResultUnrecorded, service.ResultSent})
 			is.True(strings.Contains(results[1].Detail, "refused by the test")) // the server's reason
-			is.Equal(e.task(attempts[0].TaskID).State, service.StateSent)
-			is.Equal(e.task(attempts[2].TaskID).State, service.StateSent)
-			is.Equal(e.task(attempts[1].TaskID).State, service.StateSending)            // left to lease expiry
-			is.Equal(e.outcomes(attempts[1].TaskID), []service.Outcome{""})             // its attempt still open
-			is.Equal(e.outcomes(attempts[0].TaskID), outcomes(service.OutcomeAccepted)) // the others' recorded
+			is.Equal(e.task(attempts[0].TaskID).State, delivery.StateSent)
+			is.Equal(e.task(attempts[2].TaskID).State, delivery.StateSent)
+			is.Equal(e.task(attempts[1].TaskID).State, delivery.StateSending)            // left to lease expiry
+			is.Equal(e.outcomes(attempts[1].TaskID), []delivery.Outcome{""})             // its attempt still open
+			is.Equal(e.outcomes(attempts[0].TaskID), outcomes(delivery.OutcomeAccepted)) // the others' recorded
 		})
 	}
 }
@@ -168,7 +171,7 @@ func TestServerTroubleFailsTheWholeFinish(t *testing.T) {
 	is.True(err != nil)       // the finish failed
 	is.Equal(len(results), 0) // with no results
 	for _, a := range attempts {
-		is.Equal(e.task(a.TaskID).State, service.StateSending) // nothing written: every row waits for its lease
+		is.Equal(e.task(a.TaskID).State, delivery.StateSending) // nothing written: every row waits for its lease
 	}
 }
 
@@ -181,24 +184,24 @@ func lateAcceptedFailedTask(t *testing.T, e *env) int64 {
 	is.Helper()
 	e.user("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 2)[0].TaskID
-	route := func(answer service.Outcome) map[string]service.Route {
-		return map[string]service.Route{"sms": {Mode: service.ModeQueryable, Client: answering{Outcome: answer}}}
+	route := func(answer delivery.Outcome) map[string]delivery.Route {
+		return map[string]delivery.Route{"sms": {Mode: delivery.ModeQueryable, Client: answering{Outcome: answer}}}
 	}
-	holder, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{Worker: "w-a",
-		Routes: route(service.OutcomeAccepted), Lease: 200 * time.Millisecond})
+	holder, err := service.NewDispatcher(e.ctx, e.workerPool, service.DispatcherConfig{Worker: "w-a",
+		Routes: route(delivery.OutcomeAccepted), Lease: 200 * time.Millisecond})
 	is.NoErr(err)
 	a, _, err := holder.Claim(e.ctx)
 	is.NoErr(err)
 	is.True(a != nil) // A holds the task; its call is accepted, its answer late
 	e.waitDB("lease_until < now() FROM delivery_task WHERE id = $1", id)
-	taker, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{Worker: "w-b",
-		Routes: route(service.OutcomeQueryNotFound)})
+	taker, err := service.NewDispatcher(e.ctx, e.workerPool, service.DispatcherConfig{Worker: "w-b",
+		Routes: route(delivery.OutcomeQueryNotFound)})
 	is.NoErr(err)
 	res, err := taker.RunOnce(e.ctx)
 	is.NoErr(err)
-	is.Equal(res.Action, service.ActionQuery) // the taker asks first
-	is.Equal(res.Kind, service.ResultFailed)  // the lagging search says not found; no attempt left
-	res, err = holder.Finish(e.ctx, a, service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: "sms-1"})
+	is.Equal(res.Action, delivery.ActionQuery) // the taker asks first
+	is.Equal(res.Kind, service.ResultFailed)   // the lagging search says not found; no attempt left
+	res, err = holder.Finish(e.ctx, a, delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: "sms-1"})
 	is.NoErr(err)
 	is.Equal(res.Kind, service.ResultStale) // A's answer comes too late to change the task
 	return id
@@ -211,15 +214,15 @@ func TestLateAcceptanceOfAFailedTaskIsShown(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	id := lateAcceptedFailedTask(t, e)
-	is.Equal(e.task(id).State, service.StateFailed) // final, and stays so
+	is.Equal(e.task(id).State, delivery.StateFailed) // final, and stays so
 
 	list, err := e.n.Review(e.ctx, 0, 10)
 	is.NoErr(err)
 	is.Equal(len(list), 1) // the task is shown
 	is.Equal(list[0].ID, id)
-	is.Equal(list[0].Review, service.ReviewLateAccepted)                // as contradicted by a late answer
-	is.Equal(list[0].Attempts[0].LateOutcome, service.OutcomeAccepted)  // with the evidence
-	is.Equal(list[0].Attempts[1].Outcome, service.OutcomeQueryNotFound) // and what made it FAILED
+	is.Equal(list[0].Review, service.ReviewLateAccepted)                 // as contradicted by a late answer
+	is.Equal(list[0].Attempts[0].LateOutcome, delivery.OutcomeAccepted)  // with the evidence
+	is.Equal(list[0].Attempts[1].Outcome, delivery.OutcomeQueryNotFound) // and what made it FAILED
 	st, err := e.n.Status(e.ctx)
 	is.NoErr(err)
 	is.Equal(st.LateAccepted, int64(1)) // status counts it

@@ -15,6 +15,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // Re-applying a finish whose first copy committed changes nothing and reports the result, not STALE.
@@ -61,7 +62,7 @@ func TestFinishSurvivesATerminatedConnection(t *testing.T) {
 			is.Equal(len(attempts), 3)
 			obs := d.CallAll(e.ctx, attempts)
 			for _, o := range obs {
-				is.Equal(o.Outcome, service.OutcomeAccepted) // every call was accepted
+				is.Equal(o.Outcome, delivery.OutcomeAccepted) // every call was accepted
 			}
 
 			results, err := e.finishWhileTerminated(d, attempts, obs, retry)
@@ -69,7 +70,7 @@ func TestFinishSurvivesATerminatedConnection(t *testing.T) {
 				is.NoErr(err) // sent again on a new connection
 				for i, r := range results {
 					is.Equal(r.Kind, service.ResultSent)
-					is.Equal(e.outcomes(attempts[i].TaskID), []service.Outcome{service.OutcomeAccepted})
+					is.Equal(e.outcomes(attempts[i].TaskID), []delivery.Outcome{delivery.OutcomeAccepted})
 				}
 				is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE needs_review`), int64(0)) // nothing for a human
 				return
@@ -90,7 +91,7 @@ func TestFinishSurvivesATerminatedConnection(t *testing.T) {
 // finishWhileTerminated runs FinishBatch (FinishBatchOnce without retry) while the connection running its statement is terminated by
 // the administrator (pg_terminate_backend): a lock on one task holds the statement until its backend
 // is found and terminated, then is let go.
-func (e *env) finishWhileTerminated(d *dispatcher, attempts []*service.Attempt, obs []service.Observation, retry bool) ([]service.Result, error) {
+func (e *env) finishWhileTerminated(d *dispatcher, attempts []*service.Attempt, obs []delivery.Observation, retry bool) ([]service.Result, error) {
 	e.t.Helper()
 	blocker, err := e.pool.Begin(e.ctx)
 	if err != nil {

@@ -12,30 +12,30 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // Observations of a call: every outcome a channel client may report, and then some.
-var fuzzOutcomes = []service.Outcome{
-	service.OutcomeAccepted, service.OutcomeAcceptedReplay, service.OutcomeQueryFound, service.OutcomeQueryNotFound,
-	service.OutcomeQueryFailed, service.OutcomeTimeout, service.OutcomeIOError, service.OutcomeConnectFailed,
-	service.OutcomeInFlight, service.OutcomeMalformed, service.OutcomeHTTP5xx, service.OutcomeGatewayError,
-	service.OutcomeThrottled, service.OutcomeRejected, service.OutcomeLeaseExpired, service.OutcomePrefDisabled, service.OutcomeManualSent,
+var fuzzOutcomes = []delivery.Outcome{
+	delivery.OutcomeAccepted, delivery.OutcomeAcceptedReplay, delivery.OutcomeQueryFound, delivery.OutcomeQueryNotFound,
+	delivery.OutcomeQueryFailed, delivery.OutcomeTimeout, delivery.OutcomeIOError, delivery.OutcomeConnectFailed,
+	delivery.OutcomeInFlight, delivery.OutcomeMalformed, delivery.OutcomeHTTP5xx, delivery.OutcomeGatewayError,
+	delivery.OutcomeThrottled, delivery.OutcomeRejected, delivery.OutcomeLeaseExpired, delivery.OutcomePrefDisabled, delivery.OutcomeManualSent,
 }
 
-var fuzzModes = []service.Mode{service.ModeIdempotent, service.ModeQueryable, service.ModeNone}
+var fuzzModes = []delivery.Mode{delivery.ModeIdempotent, delivery.ModeQueryable, delivery.ModeNone}
 
 // accepted are the observations that prove the channel took the message.
-func accepted(o service.Outcome) bool {
-	return o == service.OutcomeAccepted || o == service.OutcomeAcceptedReplay || o == service.OutcomeQueryFound
+func accepted(o delivery.Outcome) bool {
+	return o == delivery.OutcomeAccepted || o == delivery.OutcomeAcceptedReplay || o == delivery.OutcomeQueryFound
 }
 
 // certainlyNotAccepted are the observations that prove this attempt was not accepted: a refusal before
 // acceptance, or a consistent query that found nothing.
-func certainlyNotAccepted(o service.Outcome) bool {
+func certainlyNotAccepted(o delivery.Outcome) bool {
 	switch o {
-	case service.OutcomeQueryNotFound, service.OutcomeHTTP5xx, service.OutcomeThrottled,
-		service.OutcomeConnectFailed, service.OutcomeRejected:
+	case delivery.OutcomeQueryNotFound, delivery.OutcomeHTTP5xx, delivery.OutcomeThrottled,
+		delivery.OutcomeConnectFailed, delivery.OutcomeRejected:
 		return true
 	}
 	return false
@@ -62,48 +62,48 @@ func FuzzNext(f *testing.F) {
 	f.Add(strings.Repeat("A", 300), false, false, "NONE") // long garbage
 
 	f.Fuzz(func(t *testing.T, outcome string, priorUncertain, budgetLeft bool, mode string) {
-		o, m := service.Outcome(outcome), service.Mode(mode)
-		tr := service.Next(service.Facts{Outcome: o, PriorUncertain: priorUncertain, BudgetLeft: budgetLeft, Mode: m})
+		o, m := delivery.Outcome(outcome), delivery.Mode(mode)
+		tr := delivery.Next(delivery.Facts{Outcome: o, PriorUncertain: priorUncertain, BudgetLeft: budgetLeft, Mode: m})
 		fail := func(why string) {
 			t.Helper()
 			t.Fatalf("Next(outcome=%q prior=%v budget=%v mode=%q) = %+v: %s", outcome, priorUncertain, budgetLeft, mode, tr, why)
 		}
 
 		switch tr.State {
-		case service.StatePending, service.StateSent, service.StateUnknown, service.StateFailed:
+		case delivery.StatePending, delivery.StateSent, delivery.StateUnknown, delivery.StateFailed:
 		default:
 			fail("a finish writes PENDING, SENT, UNKNOWN or FAILED only") // SENDING, SUPPRESSED, junk
 		}
 		// R6: with a history that may have been accepted, nothing is written off ...
 		if priorUncertain || !(accepted(o) || certainlyNotAccepted(o)) {
-			if tr.State == service.StateSuppressed {
+			if tr.State == delivery.StateSuppressed {
 				fail("SUPPRESSED with an uncertain history")
 			}
-			if tr.State == service.StateFailed && o != service.OutcomeQueryNotFound {
+			if tr.State == delivery.StateFailed && o != delivery.OutcomeQueryNotFound {
 				fail("FAILED with an uncertain history, and not by a query that found nothing")
 			}
 		}
 		// ... and the uncertainty is kept until an acceptance or a query that found nothing settles it.
-		if priorUncertain && !accepted(o) && o != service.OutcomeQueryNotFound && !(tr.State == service.StateUnknown && tr.Uncertain) {
+		if priorUncertain && !accepted(o) && o != delivery.OutcomeQueryNotFound && !(tr.State == delivery.StateUnknown && tr.Uncertain) {
 			fail("an uncertain history lost its uncertainty")
 		}
-		if tr.Park && (tr.State != service.StateUnknown || tr.Retry || !tr.Uncertain) {
+		if tr.Park && (tr.State != delivery.StateUnknown || tr.Retry || !tr.Uncertain) {
 			fail("park must be UNKNOWN, uncertain, and not scheduled")
 		}
-		if (tr.State == service.StateSent) != accepted(o) {
+		if (tr.State == delivery.StateSent) != accepted(o) {
 			fail("SENT exactly for ACCEPTED, ACCEPTED_REPLAY and QUERY_FOUND")
 		}
-		if tr.Uncertain != (tr.State == service.StateUnknown) {
+		if tr.Uncertain != (tr.State == delivery.StateUnknown) {
 			fail("outcome_uncertain exactly for UNKNOWN")
 		}
 		// delivery_task_scheduled_iff_waiting: next_attempt_at (Retry) exactly for PENDING/UNKNOWN not parked.
-		if tr.Retry != ((tr.State == service.StatePending || tr.State == service.StateUnknown) && !tr.Park) {
+		if tr.Retry != ((tr.State == delivery.StatePending || tr.State == delivery.StateUnknown) && !tr.Park) {
 			fail("scheduled exactly when waiting (CHECK delivery_task_scheduled_iff_waiting)")
 		}
 		if tr.Retry && !budgetLeft {
 			fail("retry without attempt budget")
 		}
-		if tr.State == service.StateUnknown && !m.Recoverable() && !tr.Park {
+		if tr.State == delivery.StateUnknown && !m.Recoverable() && !tr.Park {
 			fail("an uncertain task on a channel that cannot recover is not parked")
 		}
 	})
@@ -124,9 +124,9 @@ func FuzzDecide(f *testing.F) {
 	f.Add(true, false, false, false, 1, 3, strings.Repeat("N", 1000)) // long junk mode
 
 	f.Fuzz(func(t *testing.T, uncertain, leaseExpired, prefEnabled, expired bool, attemptCount, maxAttempts int, mode string) {
-		facts := service.ClaimFacts{Uncertain: uncertain, LeaseExpired: leaseExpired, PrefEnabled: prefEnabled,
-			Expired: expired, AttemptCount: attemptCount, MaxAttempts: maxAttempts, Mode: service.Mode(mode)}
-		d := service.Decide(facts)
+		facts := delivery.ClaimFacts{Uncertain: uncertain, LeaseExpired: leaseExpired, PrefEnabled: prefEnabled,
+			Expired: expired, AttemptCount: attemptCount, MaxAttempts: maxAttempts, Mode: delivery.Mode(mode)}
+		d := delivery.Decide(facts)
 		fail := func(why string) {
 			t.Helper()
 			t.Fatalf("Decide(%+v) = %+v: %s", facts, d, why)
@@ -134,28 +134,28 @@ func FuzzDecide(f *testing.F) {
 		mayBeAccepted := uncertain || leaseExpired
 
 		// R6: an uncertain or lease-expired task never settles SUPPRESSED or FAILED.
-		if mayBeAccepted && (d.State == service.StateSuppressed || d.State == service.StateFailed) {
+		if mayBeAccepted && (d.State == delivery.StateSuppressed || d.State == delivery.StateFailed) {
 			fail("written off with an uncertain history")
 		}
 		if mayBeAccepted && !d.Uncertain {
 			fail("an uncertain history lost its uncertainty")
 		}
 		// R5: a disabled preference or an expired notification is never called.
-		if (!prefEnabled || expired) && d.Kind == service.ClaimCall {
+		if (!prefEnabled || expired) && d.Kind == delivery.ClaimCall {
 			fail("called although the preference is disabled or the notification expired")
 		}
 		switch d.Kind {
-		case service.ClaimCall:
-			if d.Action != service.ActionSend && d.Action != service.ActionQuery {
+		case delivery.ClaimCall:
+			if d.Action != delivery.ActionSend && d.Action != delivery.ActionQuery {
 				fail("a call sends or queries")
 			}
-			if d.Action == service.ActionQuery && !(mayBeAccepted && service.Mode(mode) == service.ModeQueryable) {
+			if d.Action == delivery.ActionQuery && !(mayBeAccepted && delivery.Mode(mode) == delivery.ModeQueryable) {
 				fail("a query only for an uncertain task on a QUERYABLE channel")
 			}
-			if mayBeAccepted && service.Mode(mode) == service.ModeQueryable && d.Action != service.ActionQuery {
+			if mayBeAccepted && delivery.Mode(mode) == delivery.ModeQueryable && d.Action != delivery.ActionQuery {
 				fail("an uncertain task on a QUERYABLE channel is queried before any resend")
 			}
-			if mayBeAccepted && !service.Mode(mode).Recoverable() {
+			if mayBeAccepted && !delivery.Mode(mode).Recoverable() {
 				fail("R4: a channel that can neither dedupe nor be queried is called again after uncertainty")
 			}
 			if attemptCount >= maxAttempts {
@@ -164,28 +164,28 @@ func FuzzDecide(f *testing.F) {
 			if d.Uncertain != mayBeAccepted {
 				fail("the attempt's uncertainty differs from the task's history")
 			}
-		case service.ClaimSettle:
+		case delivery.ClaimSettle:
 			if prefEnabled && !expired {
 				fail("settled without a reason")
 			}
-			want := map[service.State][]service.Outcome{
-				service.StateSuppressed: {service.OutcomePrefDisabled},
-				service.StateFailed:     {service.OutcomeTTLExpired},
-				service.StateUnknown:    {service.OutcomePrefDisabledUncertain, service.OutcomeTTLExpiredUncertain},
+			want := map[delivery.State][]delivery.Outcome{
+				delivery.StateSuppressed: {delivery.OutcomePrefDisabled},
+				delivery.StateFailed:     {delivery.OutcomeTTLExpired},
+				delivery.StateUnknown:    {delivery.OutcomePrefDisabledUncertain, delivery.OutcomeTTLExpiredUncertain},
 			}[d.State]
 			if !containsOutcome(want, d.Outcome) {
 				fail("settle state and attempt outcome do not match (or the outcome is not one the table accepts)")
 			}
-			if (d.State == service.StateUnknown) != mayBeAccepted {
+			if (d.State == delivery.StateUnknown) != mayBeAccepted {
 				fail("UNKNOWN (parked) exactly for an uncertain history")
 			}
-			if d.State == service.StateSuppressed && prefEnabled || d.State == service.StateFailed && !(prefEnabled && expired) {
+			if d.State == delivery.StateSuppressed && prefEnabled || d.State == delivery.StateFailed && !(prefEnabled && expired) {
 				fail("the settle reason does not match the facts")
 			}
 			if d.Reason == "" {
 				fail("no reason for last_error")
 			}
-		case service.ClaimPark:
+		case delivery.ClaimPark:
 			if !d.Uncertain || !mayBeAccepted && attemptCount < maxAttempts {
 				fail("parked without an uncertain history or a spent budget")
 			}
@@ -198,7 +198,7 @@ func FuzzDecide(f *testing.F) {
 	})
 }
 
-func containsOutcome(list []service.Outcome, o service.Outcome) bool {
+func containsOutcome(list []delivery.Outcome, o delivery.Outcome) bool {
 	for _, x := range list {
 		if x == o {
 			return true

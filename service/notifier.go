@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/notifierhq/notifier/service/delivery"
 	"regexp"
 	"strings"
 	"time"
@@ -71,11 +72,11 @@ func (n *Notifier) SetPreference(ctx context.Context, userID, channel, address s
 // submission of (userID, eventKey) creates the notification and one PENDING task per enabled channel and
 // reports created=true; every other submission, concurrent or later, gets the same id, the existing
 // tasks and created=false, and writes nothing. The first body wins.
-func (n *Notifier) Create(ctx context.Context, userID, eventKey, body string, ttl time.Duration, maxAttempts int) (int64, bool, []TaskRef, error) {
-	if err := ValidateCreate(userID, eventKey, body, ttl, maxAttempts); err != nil {
+func (n *Notifier) Create(ctx context.Context, r CreateRequest) (int64, bool, []TaskRef, error) {
+	if err := r.Validate(); err != nil {
 		return 0, false, nil, err
 	}
-	out, err := n.create(ctx, []CreateRequest{{UserID: userID, EventKey: eventKey, Body: body, TTL: ttl, MaxAttempts: maxAttempts}})
+	out, err := n.create(ctx, []CreateRequest{r})
 	if err != nil {
 		return 0, false, nil, err
 	}
@@ -98,11 +99,11 @@ func ValidateCreate(userID, eventKey, body string, ttl time.Duration, maxAttempt
 // MANUAL_FAILED attempt and reports true; on any other task, including one already resolved, it changes
 // nothing and reports false. Concurrent calls on one task: exactly one reports true. A database user
 // without the operator role gets a *PermissionError (ErrPermission).
-func (n *Notifier) ResolveManually(ctx context.Context, taskID int64, final State, note, operator string) (bool, error) {
+func (n *Notifier) ResolveManually(ctx context.Context, taskID int64, final delivery.State, note, operator string) (bool, error) {
 	switch final {
-	case StateSent, StateFailed:
+	case delivery.StateSent, delivery.StateFailed:
 	default:
-		return false, &InputError{Field: "state", Reason: fmt.Sprintf("%q: a parked task resolves to SENT or FAILED", final)}
+		return false, &delivery.InputError{Field: "state", Reason: fmt.Sprintf("%q: a parked task resolves to SENT or FAILED", final)}
 	}
 	if err := firstError(checkText("note", note, MaxNoteLength), checkText("operator", operator, MaxIDLength)); err != nil {
 		return false, err
@@ -138,26 +139,26 @@ func firstError(errs ...error) error {
 func checkText(field, s string, max int) error {
 	switch {
 	case strings.TrimSpace(s) == "":
-		return &InputError{Field: field, Reason: "must not be empty"}
+		return &delivery.InputError{Field: field, Reason: "must not be empty"}
 	case utf8.RuneCountInString(s) > max:
-		return &InputError{Field: field, Reason: fmt.Sprintf("longer than %d characters", max)}
+		return &delivery.InputError{Field: field, Reason: fmt.Sprintf("longer than %d characters", max)}
 	}
 	return checkEncoding(field, s)
 }
 
 func checkEncoding(field, s string) error {
 	if !utf8.ValidString(s) {
-		return &InputError{Field: field, Reason: "not valid UTF-8"}
+		return &delivery.InputError{Field: field, Reason: "not valid UTF-8"}
 	}
 	if strings.ContainsRune(s, 0) {
-		return &InputError{Field: field, Reason: "contains a NUL byte"}
+		return &delivery.InputError{Field: field, Reason: "contains a NUL byte"}
 	}
 	return nil
 }
 
 func checkChannel(c string) error {
 	if !channelName.MatchString(c) {
-		return &InputError{Field: "channel", Reason: fmt.Sprintf("%q: want 1-32 of a-z, 0-9, _ or -, starting with a letter", c)}
+		return &delivery.InputError{Field: "channel", Reason: fmt.Sprintf("%q: want 1-32 of a-z, 0-9, _ or -, starting with a letter", c)}
 	}
 	return nil
 }
@@ -167,10 +168,10 @@ func checkChannel(c string) error {
 // that would otherwise be delivered, and deduplicated forever under its event key.
 func checkBody(body string) error {
 	if strings.TrimSpace(body) == "" {
-		return &InputError{Field: "body", Reason: "empty or only white space: a notification needs a message"}
+		return &delivery.InputError{Field: "body", Reason: "empty or only white space: a notification needs a message"}
 	}
 	if len(body) > MaxBodyBytes {
-		return &InputError{Field: "body", Reason: fmt.Sprintf("%d bytes, more than the limit of %d", len(body), MaxBodyBytes)}
+		return &delivery.InputError{Field: "body", Reason: fmt.Sprintf("%d bytes, more than the limit of %d", len(body), MaxBodyBytes)}
 	}
 	return checkEncoding("body", body)
 }
@@ -178,14 +179,14 @@ func checkBody(body string) error {
 func checkTTL(ttl time.Duration) error {
 	// The database keeps microseconds; under a millisecond a notification would expire as it is created.
 	if ttl < time.Millisecond || ttl > MaxTTL {
-		return &InputError{Field: "ttl", Reason: fmt.Sprintf("%s: must be at least 1ms and at most %s", ttl, MaxTTL)}
+		return &delivery.InputError{Field: "ttl", Reason: fmt.Sprintf("%s: must be at least 1ms and at most %s", ttl, MaxTTL)}
 	}
 	return nil
 }
 
 func checkMaxAttempts(n int) error {
 	if n < 1 || n > MaxAttemptsLimit {
-		return &InputError{Field: "max attempts", Reason: fmt.Sprintf("%d: must be between 1 and %d", n, MaxAttemptsLimit)}
+		return &delivery.InputError{Field: "max attempts", Reason: fmt.Sprintf("%d: must be between 1 and %d", n, MaxAttemptsLimit)}
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/notifierhq/notifier/service/delivery"
 	"strings"
 	"time"
 
@@ -73,7 +74,7 @@ func CheckPoolShare(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("read the server's connection limit: %w", err)
 	}
 	if want := pool.Config().MaxConns; int(want)*MaxPoolShare > int(available) {
-		return &InputError{Field: "database connections", Reason: fmt.Sprintf(
+		return &delivery.InputError{Field: "database connections", Reason: fmt.Sprintf(
 			"this worker's pool may open %d, more than a quarter of the %d the server accepts (max_connections less superuser_reserved_connections): lower --finishers (or pool_max_conns in the URL), or raise max_connections",
 			want, available)}
 	}

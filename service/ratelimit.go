@@ -7,72 +7,22 @@ package service
 import (
 	"context"
 	"fmt"
+	"github.com/notifierhq/notifier/service/delivery"
 	"maps"
 	"math"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/notifierhq/notifier/dbgen"
 )
 
-// RateLimit is what a worker's channels file sets on a channel: PerSecond calls a second, at most Burst
-// at once. The zero value sets nothing (the worker still honours a bucket another worker set).
-type RateLimit struct {
-	PerSecond float64
-	Burst     float64
-}
-
-// Bounds of a rate limit (the table's CHECKs), and of a pause after a 429.
+// Bounds of a pause after a 429.
 const (
-	MaxRate = 1_000_000 // calls a second, and calls in a burst
 	// DefaultThrottlePause is how long a 429 without Retry-After pauses its channel.
 	DefaultThrottlePause = time.Second
 	// MaxThrottlePause caps a pause, as Retry-After is capped for a task (httpkit.MaxRetryAfter).
 	MaxThrottlePause = time.Hour
 )
-
-// ParseRate reads a rate as calls per second: "50/s", "3000/min" or "20000/h", a positive number of
-// calls per unit.
-func ParseRate(s string) (float64, error) {
-	bad := func(why string) error {
-		return &InputError{Field: "rate", Reason: fmt.Sprintf("%q: %s: want a positive number of calls per s, min or h, such as \"50/s\" or \"3000/min\"", s, why)}
-	}
-	count, unit, ok := strings.Cut(strings.TrimSpace(s), "/")
-	if _, err := strconv.ParseFloat(count, 64); !ok && err == nil {
-		return 0, bad("no unit")
-	}
-	n, err := strconv.ParseFloat(strings.TrimSpace(count), 64)
-	if err != nil || math.IsNaN(n) || math.IsInf(n, 0) {
-		return 0, bad("not a number")
-	}
-	if n <= 0 {
-		return 0, bad("not positive")
-	}
-	per := map[string]float64{"s": 1, "min": 60, "h": 3600}[strings.TrimSpace(unit)]
-	if per == 0 {
-		return 0, bad("unknown unit")
-	}
-	if rate := n / per; rate <= MaxRate && rate > 0 {
-		return rate, nil
-	}
-	return 0, bad(fmt.Sprintf("more than %d/s", MaxRate))
-}
-
-// DefaultBurst is the burst of a limit that sets none: one second's worth, at least one call.
-func DefaultBurst(perSecond float64) float64 { return min(MaxRate, max(1, perSecond)) }
-
-// Check refuses a limit the table would refuse.
-func (r RateLimit) Check() error {
-	switch {
-	case !(r.PerSecond > 0 && r.PerSecond <= MaxRate):
-		return &InputError{Field: "rate", Reason: fmt.Sprintf("%v/s: want more than 0 and at most %d/s", r.PerSecond, MaxRate)}
-	case !(r.Burst >= 1 && r.Burst <= MaxRate):
-		return &InputError{Field: "burst", Reason: fmt.Sprintf("%v: want 1 to %d", r.Burst, MaxRate)}
-	}
-	return nil
-}
 
 // Bucket is a channel's rate limit as the database holds it now.
 type Bucket struct {
@@ -83,21 +33,19 @@ type Bucket struct {
 	PausedFor float64 `json:"paused_seconds"` // after a 429; 0 when not paused
 }
 
-// ConfigureRateLimits writes the rate limits of this worker's routes into their buckets
+// configureRateLimits writes the rate limits of this worker's routes into their buckets
 // (RateLimitConfigure: a new bucket starts full; for an existing one the last worker to start wins) and
 // learns which of its channels have a bucket, its own or one another worker set: its claims consult
-// exactly those, and a 429 pauses exactly those. `notifier work` calls it once at start, before the
-// first claim; a dispatcher that never calls it consults no bucket. It returns those buckets.
-func (d *Dispatcher) ConfigureRateLimits(ctx context.Context) ([]Bucket, error) {
+// exactly those, and a 429 pauses exactly those. NewDispatcher calls it, before the dispatcher can
+// claim (the limits were checked by DispatcherConfig.Check, before anything is written). It returns
+// those buckets.
+func (d *Dispatcher) configureRateLimits(ctx context.Context) ([]Bucket, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.DBTimeout)
 	defer cancel()
 	q := dbgen.New(d.pool)
 	var set []string
 	for _, ch := range d.channels {
-		if r := d.cfg.Routes[ch].RateLimit; r != (RateLimit{}) {
-			if err := r.Check(); err != nil {
-				return nil, fmt.Errorf("rate limit of %s: %w", ch, err) // before anything is written
-			}
+		if r := d.cfg.Routes[ch].RateLimit; r != (delivery.RateLimit{}) {
 			set = append(set, ch)
 		}
 	}
@@ -162,10 +110,10 @@ func (d *Dispatcher) peekTokens(ctx context.Context, q *dbgen.Queries) (map[stri
 // none: the claim leaves those tasks as they are, due again at once. Rows settled or parked at claim
 // time need no token.
 func (d *Dispatcher) takeTokens(ctx context.Context, q *dbgen.Queries, rows []dbgen.TaskClaimRow,
-	decisions map[int64]ClaimDecision, allowance map[string]int, throttled *map[string]bool) ([]dbgen.TaskClaimRow, error) {
+	decisions map[int64]delivery.ClaimDecision, allowance map[string]int, throttled *map[string]bool) ([]dbgen.TaskClaimRow, error) {
 	calls := map[string]int32{}
 	for _, row := range rows {
-		if _, limited := allowance[row.Channel]; limited && decisions[row.ID].Kind == ClaimCall {
+		if _, limited := allowance[row.Channel]; limited && decisions[row.ID].Kind == delivery.ClaimCall {
 			calls[row.Channel]++
 		}
 	}
@@ -188,7 +136,7 @@ func (d *Dispatcher) takeTokens(ctx context.Context, q *dbgen.Queries, rows []db
 	kept := rows[:0:0] // a new slice: the claim keeps rows as locked, to set a task aside (claimEach)
 	for _, row := range rows {
 		n, limited := left[row.Channel] // a bucket deleted since the peek: no limit
-		if limited && decisions[row.ID].Kind == ClaimCall {
+		if limited && decisions[row.ID].Kind == delivery.ClaimCall {
 			if n == 0 {
 				d.rateLimited(row.Channel, throttled)
 				continue
@@ -221,13 +169,13 @@ func (d *Dispatcher) rateLimited(channel string, seen *map[string]bool) {
 // whether or not its task's finish is recorded, so the pause does not depend on it; it goes before the
 // claim that may ride with the finish, so that claim already sees it. A failed pause is reported and
 // changes nothing else: the throttled task itself waits for its Retry-After anyway.
-func (d *Dispatcher) pauseThrottled(ctx context.Context, attempts []*Attempt, obs []Observation) {
+func (d *Dispatcher) pauseThrottled(ctx context.Context, attempts []*Attempt, obs []delivery.Observation) {
 	if len(d.limited) == 0 {
 		return
 	}
 	var pauses map[string]time.Duration // made by the first 429: most finishes have none
 	for i, a := range attempts {
-		if i >= len(obs) || obs[i].Outcome != OutcomeThrottled || !slices.Contains(d.limited, a.Channel) {
+		if i >= len(obs) || obs[i].Outcome != delivery.OutcomeThrottled || !slices.Contains(d.limited, a.Channel) {
 			continue
 		}
 		pause := obs[i].RetryAfter

@@ -22,6 +22,7 @@ import (
 	"github.com/notifierhq/notifier/dbgen"
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // backlog inserts n due PENDING tasks on channel for user (the channel enabled), in bulk, oldest first
@@ -88,7 +89,7 @@ func TestRateLimitTakesOneTokenPerCall(t *testing.T) {
 	is.NoErr(err)
 	e.backlog("u1", "push", "call-", 8)
 	var held atomic.Int64
-	d := e.dispatcher(dcfg{rateLimits: map[string]service.RateLimit{"push": {PerSecond: slow, Burst: 5}},
+	d := e.dispatcher(dcfg{rateLimits: map[string]delivery.RateLimit{"push": {PerSecond: slow, Burst: 5}},
 		onRate: func(ch string) {
 			if ch == "push" {
 				held.Add(1)
@@ -130,7 +131,7 @@ func TestRateLimitCallsOnlyWhatIsGranted(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	e.backlog("u1", "push", "t-", 6)
-	d := e.dispatcher(dcfg{rateLimits: map[string]service.RateLimit{"push": {PerSecond: slow, Burst: 6}}})
+	d := e.dispatcher(dcfg{rateLimits: map[string]delivery.RateLimit{"push": {PerSecond: slow, Burst: 6}}})
 	// Another claim holds the bucket while this one peeks (6 tokens) and locks 6 tasks; it takes 4 of
 	// them before it commits.
 	tx, err := e.pool.Begin(e.ctx)
@@ -170,7 +171,7 @@ func TestRateLimitSharedAcrossConcurrentClaims(t *testing.T) {
 	e := newEnv(t)
 	e.backlog("u1", "push", "p-", 600)
 	e.backlog("u1", "sms", "s-", 600)
-	limits := map[string]service.RateLimit{"push": {PerSecond: 40, Burst: 8}, "sms": {PerSecond: 25, Burst: 5}}
+	limits := map[string]delivery.RateLimit{"push": {PerSecond: 40, Burst: 8}, "sms": {PerSecond: 25, Burst: 5}}
 	const workers = 6
 	ds := make([]*dispatcher, workers)
 	for i := range ds {
@@ -234,7 +235,7 @@ func TestRateLimitClaimIgnoresThrottledBacklog(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
 	is.NoErr(err)
 	t.Cleanup(pool.Close)
-	d := tracedDispatcher(t, e, pool, service.RateLimit{PerSecond: slow, Burst: 10})
+	d := tracedDispatcher(t, e, pool, delivery.RateLimit{PerSecond: slow, Burst: 10})
 
 	for _, c := range []struct {
 		name    string
@@ -290,15 +291,12 @@ func TestRateLimitClaimIgnoresThrottledBacklog(t *testing.T) {
 }
 
 // tracedDispatcher is a push dispatcher on pool with the given limit, configured as `work` does.
-func tracedDispatcher(t testing.TB, e *env, pool *pgxpool.Pool, limit service.RateLimit) *service.Dispatcher {
+func tracedDispatcher(t testing.TB, e *env, pool *pgxpool.Pool, limit delivery.RateLimit) *service.Dispatcher {
 	t.Helper()
-	routes := map[string]service.Route{"push": {Mode: service.ModeIdempotent,
-		Client: answering{Outcome: service.OutcomeAccepted}, RateLimit: limit}}
-	d, err := service.NewDispatcher(pool, service.DispatcherConfig{Worker: "w-traced", Routes: routes})
+	routes := map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent,
+		Client: answering{Outcome: delivery.OutcomeAccepted}, RateLimit: limit}}
+	d, err := service.NewDispatcher(t.Context(), pool, service.DispatcherConfig{Worker: "w-traced", Routes: routes})
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.ConfigureRateLimits(e.ctx); err != nil {
 		t.Fatal(err)
 	}
 	return d
@@ -391,7 +389,7 @@ func TestRateLimit429PausesEveryWorker(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var pauses []pause
-	limits := map[string]service.RateLimit{"push": {PerSecond: 100, Burst: 100}} // sms: no limit
+	limits := map[string]delivery.RateLimit{"push": {PerSecond: 100, Burst: 100}} // sms: no limit
 	a := e.dispatcher(dcfg{worker: "w-a", rateLimits: limits, onPause: func(ch string, d time.Duration, err error) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -414,8 +412,8 @@ func TestRateLimit429PausesEveryWorker(t *testing.T) {
 	results, err := a.FinishBatch(e.ctx, attempts, a.CallAll(e.ctx, attempts))
 	is.NoErr(err)
 	for _, r := range results {
-		is.Equal(r.Outcome, service.OutcomeThrottled) // both throttled
-		is.Equal(r.Kind, service.ResultPending)       // refused before acceptance: retried
+		is.Equal(r.Outcome, delivery.OutcomeThrottled) // both throttled
+		is.Equal(r.Kind, service.ResultPending)        // refused before acceptance: retried
 	}
 	is.Equal(pauses, []pause{{"push", 2 * time.Second, nil}})                                                                     // only the limited channel is paused
 	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE next_attempt_at >= updated_at + interval '2 seconds'`), int64(2)) // each throttled task waits for its Retry-After too
@@ -462,8 +460,8 @@ func TestRateLimitPauseWithoutRetryAfter(t *testing.T) {
 	e.user("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.push.ScriptSend(e.ref(id), fakes.Step{Status: 429})
-	d := e.dispatcher(dcfg{rateLimits: map[string]service.RateLimit{"push": {PerSecond: 100, Burst: 100}}})
-	is.Equal(runOnce(t, d).Outcome, service.OutcomeThrottled)
+	d := e.dispatcher(dcfg{rateLimits: map[string]delivery.RateLimit{"push": {PerSecond: 100, Burst: 100}}})
+	is.Equal(runOnce(t, d).Outcome, delivery.OutcomeThrottled)
 	is.Equal(e.bucket("push").pause, service.DefaultThrottlePause.Seconds()) // 1 s
 
 	_, err := dbgen.New(e.pool).RateLimitPause(e.ctx, dbgen.RateLimitPauseParams{Channel: "push", PauseSeconds: 30})
@@ -480,21 +478,21 @@ func TestRateLimitConfigure(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	e.backlog("u1", "push", "t-", 10)
-	e.dispatcher(dcfg{rateLimits: map[string]service.RateLimit{"push": {PerSecond: slow, Burst: 8}}})
+	e.dispatcher(dcfg{rateLimits: map[string]delivery.RateLimit{"push": {PerSecond: slow, Burst: 8}}})
 	b := e.bucket("push")
 	is.True(b.tokens > 7.99 && b.tokens <= 8) // full
 	e.setTokens("push", 3)
-	e.dispatcher(dcfg{rateLimits: map[string]service.RateLimit{"push": {PerSecond: 2 * slow, Burst: 20}}})
+	e.dispatcher(dcfg{rateLimits: map[string]delivery.RateLimit{"push": {PerSecond: 2 * slow, Burst: 20}}})
 	b = e.bucket("push")
 	is.Equal(b.burst, 20.0)                     // the last start wins
 	is.Equal(b.rate, 2*slow)                    // rate too
 	is.True(b.tokens > 2.99 && b.tokens < 3.01) // and what it held stays
-	d := e.dispatcher(dcfg{rateLimits: map[string]service.RateLimit{"push": {PerSecond: slow, Burst: 2}}})
+	d := e.dispatcher(dcfg{rateLimits: map[string]delivery.RateLimit{"push": {PerSecond: slow, Burst: 2}}})
 	is.True(e.bucket("push").tokens <= 2) // clamped to the new burst
 
 	_, err := dbgen.New(e.pool).RateLimitPause(e.ctx, dbgen.RateLimitPauseParams{Channel: "push", PauseSeconds: 60})
 	is.NoErr(err)
-	e.dispatcher(dcfg{rateLimits: map[string]service.RateLimit{"push": {PerSecond: 100, Burst: 100}}})
+	e.dispatcher(dcfg{rateLimits: map[string]delivery.RateLimit{"push": {PerSecond: 100, Burst: 100}}})
 	b = e.bucket("push")
 	is.True(b.pausedFor > 50) // the pause stays
 	is.Equal(b.tokens, 0.0)   // holding nothing meanwhile
@@ -506,12 +504,6 @@ func TestRateLimitConfigure(t *testing.T) {
 	attempts, _, err = other.ClaimBatch(e.ctx, 5)
 	is.NoErr(err)
 	is.Equal(len(attempts), 0) // it honours the bucket
-	unaware, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{Worker: "w-unaware",
-		Routes: map[string]service.Route{"push": {Mode: service.ModeIdempotent, Client: answering{Outcome: service.OutcomeAccepted}}}})
-	is.NoErr(err)
-	attempts, _, err = unaware.ClaimBatch(e.ctx, 5)
-	is.NoErr(err)
-	is.Equal(len(attempts), 5) // never configured: consults no bucket (as before schema/014)
 
 	// Lifting a limit is deleting its row (the owner): workers that consulted it see no limit at once.
 	_, err = e.pool.Exec(e.ctx, `DELETE FROM channel_rate_limit WHERE channel = 'push'`)
@@ -520,12 +512,11 @@ func TestRateLimitConfigure(t *testing.T) {
 	is.NoErr(err)
 	is.Equal(len(attempts), 5) // no row, no limit
 
-	bad, err := service.NewDispatcher(e.workerPool, service.DispatcherConfig{Worker: "w-bad",
-		Routes: map[string]service.Route{"push": {Mode: service.ModeIdempotent, Client: answering{},
-			RateLimit: service.RateLimit{PerSecond: 10, Burst: 0.5}}}})
-	is.NoErr(err)
-	_, err = bad.ConfigureRateLimits(e.ctx)
-	is.True(errors.Is(err, service.ErrInvalidInput))                        // a burst under one is refused
+	bad, err := service.NewDispatcher(t.Context(), e.workerPool, service.DispatcherConfig{Worker: "w-bad",
+		Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: answering{},
+			RateLimit: delivery.RateLimit{PerSecond: 10, Burst: 0.5}}}})
+	is.True(bad == nil)
+	is.True(errors.Is(err, delivery.ErrInvalidInput))                       // a burst under one is refused
 	is.Equal(e.scalar(`SELECT count(*) FROM channel_rate_limit`), int64(0)) // before anything is written
 }
 
@@ -536,13 +527,13 @@ func TestParseRate(t *testing.T) {
 	}{
 		{"50/s", 50}, {"3000/min", 50}, {"36/h", 0.01}, {"0.5/s", 0.5}, {" 20 / s ", 20}, {"1000000/s", 1e6},
 	} {
-		got, err := service.ParseRate(c.in)
+		got, err := delivery.ParseRate(c.in)
 		if err != nil || got != c.want {
 			t.Errorf("ParseRate(%q) = %v, %v; want %v", c.in, got, err, c.want)
 		}
 	}
 	for _, in := range []string{"", "50", "0/s", "-1/s", "fast", "50/day", "50/S", "NaN/s", "Inf/s", "1e309/s", "1000001/s", "/s", "5/"} {
-		if got, err := service.ParseRate(in); err == nil {
+		if got, err := delivery.ParseRate(in); err == nil {
 			t.Errorf("ParseRate(%q) = %v, want an error", in, got)
 		} else if !strings.Contains(err.Error(), "want a positive number of calls per s, min or h") {
 			t.Errorf("ParseRate(%q): %v: does not say what is wanted", in, err)
@@ -570,7 +561,7 @@ func BenchmarkClaimRateLimited(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(pool.Close)
-	d := tracedDispatcher(b, e, pool, service.RateLimit{PerSecond: service.MaxRate, Burst: service.MaxRate})
+	d := tracedDispatcher(b, e, pool, delivery.RateLimit{PerSecond: delivery.MaxRate, Burst: delivery.MaxRate})
 	var held time.Duration
 	b.ResetTimer()
 	for range b.N {
@@ -614,7 +605,7 @@ func TestRateLimitClaimRoundTrips(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
 	is.NoErr(err)
 	t.Cleanup(pool.Close)
-	d := tracedDispatcher(t, e, pool, service.RateLimit{PerSecond: slow, Burst: 1})
+	d := tracedDispatcher(t, e, pool, delivery.RateLimit{PerSecond: slow, Burst: 1})
 	claim := func() (int, int64) {
 		start := trips.n.Load()
 		attempts, _, err := d.ClaimBatch(e.ctx, 1)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/notifierhq/notifier/service/delivery"
 	"slices"
 	"time"
 
@@ -15,49 +16,49 @@ import (
 
 // Task is a delivery task as operators and tests read it.
 type Task struct {
-	ID               int64      `json:"task_id"`
-	NotificationID   int64      `json:"notification_id"`
-	Channel          string     `json:"channel"`
-	Ref              string     `json:"ref"`
-	State            State      `json:"state"`
-	AttemptCount     int        `json:"attempt_count"`
-	MaxAttempts      int        `json:"max_attempts"`
-	LeaseOwner       string     `json:"lease_owner,omitempty"`
-	LeaseUntil       *time.Time `json:"lease_until,omitempty"`
-	NextAttemptAt    *time.Time `json:"next_attempt_at,omitempty"`
-	OutcomeUncertain bool       `json:"outcome_uncertain"`
-	UncertainSince   *time.Time `json:"uncertain_since,omitempty"`
-	NeedsReview      bool       `json:"needs_review"`
-	ProviderMsgID    string     `json:"provider_msg_id,omitempty"`
-	LastError        string     `json:"last_error,omitempty"`
-	UpdatedAt        time.Time  `json:"updated_at"`
+	ID               int64          `json:"task_id"`
+	NotificationID   int64          `json:"notification_id"`
+	Channel          string         `json:"channel"`
+	Ref              string         `json:"ref"`
+	State            delivery.State `json:"state"`
+	AttemptCount     int            `json:"attempt_count"`
+	MaxAttempts      int            `json:"max_attempts"`
+	LeaseOwner       string         `json:"lease_owner,omitempty"`
+	LeaseUntil       *time.Time     `json:"lease_until,omitempty"`
+	NextAttemptAt    *time.Time     `json:"next_attempt_at,omitempty"`
+	OutcomeUncertain bool           `json:"outcome_uncertain"`
+	UncertainSince   *time.Time     `json:"uncertain_since,omitempty"`
+	NeedsReview      bool           `json:"needs_review"`
+	ProviderMsgID    string         `json:"provider_msg_id,omitempty"`
+	LastError        string         `json:"last_error,omitempty"`
+	UpdatedAt        time.Time      `json:"updated_at"`
 }
 
 // AttemptRecord is one row of a task's history.
 type AttemptRecord struct {
-	No            int        `json:"attempt"`
-	Action        Action     `json:"action"`
-	Worker        string     `json:"worker"`
-	StartedAt     time.Time  `json:"started_at"`
-	FinishedAt    *time.Time `json:"finished_at,omitempty"`
-	Outcome       Outcome    `json:"outcome,omitempty"`
-	ProviderMsgID string     `json:"provider_msg_id,omitempty"`
-	Error         string     `json:"error,omitempty"`
-	LateOutcome   Outcome    `json:"late_outcome,omitempty"`
-	Note          string     `json:"note,omitempty"`
+	No            int              `json:"attempt"`
+	Action        delivery.Action  `json:"action"`
+	Worker        string           `json:"worker"`
+	StartedAt     time.Time        `json:"started_at"`
+	FinishedAt    *time.Time       `json:"finished_at,omitempty"`
+	Outcome       delivery.Outcome `json:"outcome,omitempty"`
+	ProviderMsgID string           `json:"provider_msg_id,omitempty"`
+	Error         string           `json:"error,omitempty"`
+	LateOutcome   delivery.Outcome `json:"late_outcome,omitempty"`
+	Note          string           `json:"note,omitempty"`
 }
 
 // Task reads one task; ErrNotFound when there is none.
 func (n *Notifier) Task(ctx context.Context, id int64) (Task, error) {
 	r, err := n.q.TaskGet(ctx, id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Task{}, fmt.Errorf("task %d: %w", id, ErrNotFound)
+		return Task{}, fmt.Errorf("task %d: %w", id, delivery.ErrNotFound)
 	}
 	if err != nil {
 		return Task{}, fmt.Errorf("read task %d: %w", id, err)
 	}
 	return Task{
-		ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, Ref: r.Ref, State: State(r.State),
+		ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, Ref: r.Ref, State: delivery.State(r.State),
 		AttemptCount: int(r.AttemptCount), MaxAttempts: int(r.MaxAttempts), LeaseOwner: deref(r.LeaseOwner),
 		LeaseUntil: r.LeaseUntil, NextAttemptAt: r.NextAttemptAt, OutcomeUncertain: r.OutcomeUncertain, UncertainSince: r.UncertainSince,
 		NeedsReview: r.NeedsReview, ProviderMsgID: deref(r.ProviderMsgID), LastError: deref(r.LastError), UpdatedAt: r.UpdatedAt,
@@ -73,9 +74,9 @@ func (n *Notifier) Attempts(ctx context.Context, taskID int64) ([]AttemptRecord,
 	out := make([]AttemptRecord, len(rows))
 	for i, r := range rows {
 		out[i] = AttemptRecord{
-			No: int(r.AttemptNo), Action: Action(r.Action), Worker: r.Worker, StartedAt: r.StartedAt,
-			FinishedAt: r.FinishedAt, Outcome: Outcome(deref(r.Outcome)), ProviderMsgID: deref(r.ProviderMsgID),
-			Error: deref(r.Error), LateOutcome: Outcome(deref(r.LateOutcome)), Note: deref(r.Note),
+			No: int(r.AttemptNo), Action: delivery.Action(r.Action), Worker: r.Worker, StartedAt: r.StartedAt,
+			FinishedAt: r.FinishedAt, Outcome: delivery.Outcome(deref(r.Outcome)), ProviderMsgID: deref(r.ProviderMsgID),
+			Error: deref(r.Error), LateOutcome: delivery.Outcome(deref(r.LateOutcome)), Note: deref(r.Note),
 		}
 	}
 	return out, nil
@@ -169,7 +170,7 @@ func (n *Notifier) lateAccepted(ctx context.Context, afterID int64, limit int) (
 func reviewTask(r dbgen.TaskListParkedRow, kind ReviewKind) ParkedTask {
 	parked := kind == ReviewParked
 	return ParkedTask{
-		Task: Task{ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, State: State(r.State),
+		Task: Task{ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, State: delivery.State(r.State),
 			AttemptCount: int(r.AttemptCount), MaxAttempts: int(r.MaxAttempts), OutcomeUncertain: parked,
 			NeedsReview: parked, ProviderMsgID: deref(r.ProviderMsgID), LastError: deref(r.LastError), UpdatedAt: r.UpdatedAt},
 		Review: kind, UserID: r.UserID, EventKey: r.EventKey,
@@ -189,10 +190,10 @@ func (n *Notifier) withAttempts(ctx context.Context, tasks []ParkedTask) ([]Park
 
 // StateCount is the number of tasks of a channel in a state; Parked counts UNKNOWN tasks that need review.
 type StateCount struct {
-	Channel string `json:"channel"`
-	State   State  `json:"state"`
-	Parked  bool   `json:"parked"`
-	Tasks   int64  `json:"tasks"`
+	Channel string         `json:"channel"`
+	State   delivery.State `json:"state"`
+	Parked  bool           `json:"parked"`
+	Tasks   int64          `json:"tasks"`
 }
 
 // Status is a snapshot for operators.
@@ -220,9 +221,9 @@ type StandingReport struct {
 
 // ReceiptCount is the number of receipts of one kind that had one effect.
 type ReceiptCount struct {
-	Kind     ReceiptKind   `json:"kind"`
-	Effect   ReceiptEffect `json:"effect"`
-	Receipts int64         `json:"receipts"`
+	Kind     delivery.ReceiptKind   `json:"kind"`
+	Effect   delivery.ReceiptEffect `json:"effect"`
+	Receipts int64                  `json:"receipts"`
 }
 
 // Status counts tasks by channel and state and receipts by kind, measures how long the oldest due task
@@ -234,7 +235,7 @@ func (n *Notifier) Status(ctx context.Context) (Status, error) {
 	}
 	s := Status{Counts: make([]StateCount, len(rows))}
 	for i, r := range rows {
-		s.Counts[i] = StateCount{Channel: r.Channel, State: State(r.State), Parked: r.NeedsReview, Tasks: r.Tasks}
+		s.Counts[i] = StateCount{Channel: r.Channel, State: delivery.State(r.State), Parked: r.NeedsReview, Tasks: r.Tasks}
 		if r.NeedsReview {
 			s.Parked += r.Tasks
 		}
@@ -251,7 +252,7 @@ func (n *Notifier) Status(ctx context.Context) (Status, error) {
 	}
 	s.Receipts = make([]ReceiptCount, len(receipts))
 	for i, r := range receipts {
-		s.Receipts[i] = ReceiptCount{Kind: ReceiptKind(r.Kind), Effect: ReceiptEffect(r.Effect), Receipts: r.Receipts}
+		s.Receipts[i] = ReceiptCount{Kind: delivery.ReceiptKind(r.Kind), Effect: delivery.ReceiptEffect(r.Effect), Receipts: r.Receipts}
 	}
 	if s.RateLimits, err = n.RateLimits(ctx); err != nil {
 		return Status{}, err

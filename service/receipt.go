@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/notifierhq/notifier/service/delivery"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -13,86 +14,31 @@ import (
 	"github.com/notifierhq/notifier/dbgen"
 )
 
-// ReceiptKind is what a provider said about a message after it accepted it. Every kind proves that the
-// provider had the message, which is all SENT means here.
-type ReceiptKind string
-
-const (
-	ReceiptAccepted    ReceiptKind = "ACCEPTED"    // queued, sending or sent by the provider
-	ReceiptDelivered   ReceiptKind = "DELIVERED"   // the provider reports delivery to the recipient
-	ReceiptBounced     ReceiptKind = "BOUNCED"     // the recipient's side refused it (Receipt.HardBounce: for good)
-	ReceiptComplained  ReceiptKind = "COMPLAINED"  // the recipient marked it as spam
-	ReceiptUndelivered ReceiptKind = "UNDELIVERED" // the provider gave up after accepting it
-)
-
-// ReceiptEffect is what recording a receipt did to its task.
-type ReceiptEffect string
-
-const (
-	ReceiptSettled     ReceiptEffect = "SETTLED"     // the task became SENT, with a RECEIPT attempt
-	ReceiptNoted       ReceiptEffect = "NOTED"       // the task was held: settled once its holder is done
-	ReceiptUnchanged   ReceiptEffect = "UNCHANGED"   // the task was SENT already
-	ReceiptContradicts ReceiptEffect = "CONTRADICTS" // the task is FAILED or SUPPRESSED: kept, shown in review
-)
-
-// Receipt sources: the signed callback formats notifier receipts verifies.
-const (
-	ReceiptSourceStandardWebhooks = "standard-webhooks"
-	ReceiptSourceTwilio           = "twilio"
-)
-
-// Receipt is one provider event about one of our messages, as a verified callback carried it.
-type Receipt struct {
-	Source        string      // ReceiptSourceStandardWebhooks or ReceiptSourceTwilio
-	EventID       string      // the provider's id of this event: a replay of it is recorded once
-	Kind          ReceiptKind //
-	HardBounce    bool        // with ReceiptBounced: the address is gone for good
-	Ref           string      // our reference of the task (ParseRef), when the receipt carries it back
-	ProviderMsgID string      // the provider's message id, when given (matched when Ref is empty)
-	OccurredAt    time.Time   // the provider's time of the event; zero when not given
-	Detail        string      // a short description, for the receipt row
-}
-
-// ReceiptResult is what recording a receipt did.
-type ReceiptResult struct {
-	TaskID       int64         `json:"task_id"`
-	Effect       ReceiptEffect `json:"effect,omitempty"`
-	State        State         `json:"state,omitempty"` // the task's state after it
-	Duplicate    bool          `json:"duplicate,omitempty"`
-	PrefDisabled bool          `json:"pref_disabled,omitempty"` // a hard bounce switched the preference off
-}
-
-// Errors of RecordReceipt a caller answers with a 4xx: nothing was written.
-var (
-	ErrUnknownReference   = errors.New("no task matches the receipt's reference or message id")
-	ErrAmbiguousReference = errors.New("the receipt's message id belongs to more than one task")
-)
-
 // ValidateReceipt checks a receipt before anything is written.
-func ValidateReceipt(r Receipt) error {
+func ValidateReceipt(r delivery.Receipt) error {
 	switch r.Source {
-	case ReceiptSourceStandardWebhooks, ReceiptSourceTwilio:
+	case delivery.ReceiptSourceStandardWebhooks, delivery.ReceiptSourceTwilio, delivery.ReceiptSourcePostmark, delivery.ReceiptSourceSES:
 	default:
-		return &InputError{Field: "receipt source", Reason: fmt.Sprintf("%q is not one this service verifies", r.Source)}
+		return &delivery.InputError{Field: "receipt source", Reason: fmt.Sprintf("%q is not one this service verifies", r.Source)}
 	}
 	switch r.Kind {
-	case ReceiptAccepted, ReceiptDelivered, ReceiptBounced, ReceiptComplained, ReceiptUndelivered:
+	case delivery.ReceiptAccepted, delivery.ReceiptDelivered, delivery.ReceiptBounced, delivery.ReceiptComplained, delivery.ReceiptUndelivered:
 	default:
-		return &InputError{Field: "receipt kind", Reason: fmt.Sprintf("%q is not a receipt kind", r.Kind)}
+		return &delivery.InputError{Field: "receipt kind", Reason: fmt.Sprintf("%q is not a receipt kind", r.Kind)}
 	}
-	if r.HardBounce && r.Kind != ReceiptBounced {
-		return &InputError{Field: "receipt", Reason: "a hard bounce is a BOUNCED receipt"}
+	if r.HardBounce && r.Kind != delivery.ReceiptBounced {
+		return &delivery.InputError{Field: "receipt", Reason: "a hard bounce is a BOUNCED receipt"}
 	}
 	if err := checkPrintable("receipt event id", r.EventID, MaxIDLength); err != nil {
 		return err
 	}
 	if r.Ref != "" {
-		if _, ok := ParseRef(r.Ref); !ok {
-			return &InputError{Field: "receipt reference", Reason: fmt.Sprintf("%q is not a reference of ours", r.Ref)}
+		if _, ok := delivery.ParseRef(r.Ref); !ok {
+			return &delivery.InputError{Field: "receipt reference", Reason: fmt.Sprintf("%q is not a reference of ours", r.Ref)}
 		}
 	}
 	if r.Ref == "" && r.ProviderMsgID == "" {
-		return &InputError{Field: "receipt", Reason: "it carries neither our reference nor the provider's message id"}
+		return &delivery.InputError{Field: "receipt", Reason: "it carries neither our reference nor the provider's message id"}
 	}
 	if r.ProviderMsgID != "" {
 		return checkPrintable("receipt message id", r.ProviderMsgID, 500)
@@ -102,11 +48,11 @@ func ValidateReceipt(r Receipt) error {
 
 func checkPrintable(field, s string, max int) error {
 	if s == "" || utf8.RuneCountInString(s) > max || !utf8.ValidString(s) {
-		return &InputError{Field: field, Reason: fmt.Sprintf("want 1 to %d characters of valid UTF-8", max)}
+		return &delivery.InputError{Field: field, Reason: fmt.Sprintf("want 1 to %d characters of valid UTF-8", max)}
 	}
 	for _, r := range s {
 		if !unicode.IsPrint(r) {
-			return &InputError{Field: field, Reason: "holds a control character"}
+			return &delivery.InputError{Field: field, Reason: "holds a control character"}
 		}
 	}
 	return nil
@@ -119,26 +65,26 @@ func checkPrintable(field, s string, max int) error {
 // receipt row keeps what came and what it did. A receipt already recorded (same source and event id)
 // changes nothing and reports Duplicate. With disableOnBounce a hard bounce switches the user's
 // preference on that channel off.
-func (n *Notifier) RecordReceipt(ctx context.Context, r Receipt, disableOnBounce bool) (ReceiptResult, error) {
+func (n *Notifier) RecordReceipt(ctx context.Context, r delivery.Receipt, disableOnBounce bool) (delivery.ReceiptResult, error) {
 	if err := ValidateReceipt(r); err != nil {
-		return ReceiptResult{}, err
+		return delivery.ReceiptResult{}, err
 	}
-	var res ReceiptResult
+	var res delivery.ReceiptResult
 	err := inTx(ctx, n.pool, func(q *dbgen.Queries) error {
 		id, err := matchReceipt(ctx, q, r)
 		if err != nil {
 			return err
 		}
-		res = ReceiptResult{TaskID: id}
+		res = delivery.ReceiptResult{TaskID: id}
 		applied, err := q.ReceiptApply(ctx, dbgen.ReceiptApplyParams{TaskID: id, ProviderMsgID: optional(r.ProviderMsgID),
 			Note: truncate(fmt.Sprintf("receipt %s %s: %s", r.Source, r.EventID, r.Kind), MaxNoteLength)})
 		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrUnknownReference // no such task (never was, or pruned since matching); nothing written
+			return delivery.ErrUnknownReference // no such task (never was, or pruned since matching); nothing written
 		}
 		if err != nil {
 			return fmt.Errorf("apply: %w", err)
 		}
-		res.Effect, res.State = ReceiptEffect(applied.Effect), State(applied.State)
+		res.Effect, res.State = delivery.ReceiptEffect(applied.Effect), delivery.State(applied.State)
 		var occurred *time.Time
 		if !r.OccurredAt.IsZero() {
 			occurred = &r.OccurredAt
@@ -155,7 +101,7 @@ func (n *Notifier) RecordReceipt(ctx context.Context, r Receipt, disableOnBounce
 			return fmt.Errorf("insert: %w", err)
 		}
 		if disableOnBounce && r.HardBounce {
-			_, err := q.ReceiptDisablePref(ctx, id)
+			_, err := q.PrefDisableByTask(ctx, id)
 			switch {
 			case err == nil:
 				res.PrefDisabled = true
@@ -166,10 +112,10 @@ func (n *Notifier) RecordReceipt(ctx context.Context, r Receipt, disableOnBounce
 		return nil
 	})
 	if errors.Is(err, errDuplicateReceipt) {
-		return ReceiptResult{TaskID: res.TaskID, Duplicate: true}, nil
+		return delivery.ReceiptResult{TaskID: res.TaskID, Duplicate: true}, nil
 	}
 	if err != nil {
-		return ReceiptResult{}, n.refused("record receipt", RoleReceiver, fmt.Errorf("record receipt %s %s: %w", r.Source, r.EventID, err))
+		return delivery.ReceiptResult{}, n.refused("record receipt", RoleReceiver, fmt.Errorf("record receipt %s %s: %w", r.Source, r.EventID, err))
 	}
 	return res, nil
 }
@@ -177,13 +123,13 @@ func (n *Notifier) RecordReceipt(ctx context.Context, r Receipt, disableOnBounce
 var errDuplicateReceipt = errors.New("receipt already recorded")
 
 // matchReceipt finds the task a receipt is about.
-func matchReceipt(ctx context.Context, q *dbgen.Queries, r Receipt) (int64, error) {
+func matchReceipt(ctx context.Context, q *dbgen.Queries, r delivery.Receipt) (int64, error) {
 	if r.Ref != "" {
-		ref, _ := ParseRef(r.Ref) // checked by ValidateReceipt
+		ref, _ := delivery.ParseRef(r.Ref) // checked by ValidateReceipt
 		id, err := q.ReceiptTaskByRef(ctx, ref)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
-			return 0, ErrUnknownReference
+			return 0, delivery.ErrUnknownReference
 		case err != nil:
 			return 0, fmt.Errorf("match: %w", err)
 		}
@@ -194,9 +140,9 @@ func matchReceipt(ctx context.Context, q *dbgen.Queries, r Receipt) (int64, erro
 	case err != nil:
 		return 0, fmt.Errorf("match: %w", err)
 	case len(ids) == 0:
-		return 0, ErrUnknownReference
+		return 0, delivery.ErrUnknownReference
 	case len(ids) > 1:
-		return 0, ErrAmbiguousReference
+		return 0, delivery.ErrAmbiguousReference
 	}
 	return ids[0], nil
 }
@@ -211,7 +157,7 @@ func (n *Notifier) SweepReceipts(ctx context.Context, limit int) (int, error) {
 	}
 	settled := 0
 	for _, r := range rows {
-		if ReceiptEffect(r.Effect) == ReceiptSettled {
+		if delivery.ReceiptEffect(r.Effect) == delivery.ReceiptSettled {
 			settled++
 		}
 	}

@@ -13,19 +13,20 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // delivered is a provider's delivery receipt for a task, carrying the task's reference back.
-func (e *env) delivered(taskID int64, event string) service.Receipt {
+func (e *env) delivered(taskID int64, event string) delivery.Receipt {
 	e.t.Helper()
 	return deliveredRef(e.ref(taskID), event)
 }
 
-func deliveredRef(ref, event string) service.Receipt {
-	return service.Receipt{Source: service.ReceiptSourceStandardWebhooks, EventID: event, Kind: service.ReceiptDelivered, Ref: ref}
+func deliveredRef(ref, event string) delivery.Receipt {
+	return delivery.Receipt{Source: delivery.ReceiptSourceStandardWebhooks, EventID: event, Kind: delivery.ReceiptDelivered, Ref: ref}
 }
 
-func (e *env) record(r service.Receipt) service.ReceiptResult {
+func (e *env) record(r delivery.Receipt) delivery.ReceiptResult {
 	e.t.Helper()
 	res, err := e.n.RecordReceipt(e.ctx, r, false)
 	if err != nil {
@@ -34,8 +35,8 @@ func (e *env) record(r service.Receipt) service.ReceiptResult {
 	return res
 }
 
-func actions(history []service.AttemptRecord) []service.Action {
-	var out []service.Action
+func actions(history []service.AttemptRecord) []delivery.Action {
+	var out []delivery.Action
 	for _, a := range history {
 		out = append(out, a.Action)
 	}
@@ -54,15 +55,15 @@ func TestReceiptWhileTheHolderCalls(t *testing.T) {
 	is.NoErr(err)
 	is.True(a != nil) // the holder claimed; its call is under way
 	res := e.record(e.delivered(id, "evt-1"))
-	is.Equal(res.Effect, service.ReceiptNoted) // noted: the holder decides
-	is.Equal(e.task(id).State, service.StateSending)
+	is.Equal(res.Effect, delivery.ReceiptNoted) // noted: the holder decides
+	is.Equal(e.task(id).State, delivery.StateSending)
 	fin, err := d.Finish(e.ctx, a, d.Call(e.ctx, a))
 	is.NoErr(err)
 	is.Equal(fin.Kind, service.ResultSent) // the holder's acceptance
 	settled, err := e.n.SweepReceipts(e.ctx, 10)
 	is.NoErr(err)
-	is.Equal(settled, 0)                                                    // nothing left to settle
-	is.Equal(actions(e.attempts(id)), []service.Action{service.ActionSend}) // one attempt: the call
+	is.Equal(settled, 0)                                                      // nothing left to settle
+	is.Equal(actions(e.attempts(id)), []delivery.Action{delivery.ActionSend}) // one attempt: the call
 }
 
 // After the timeout, with retries left: the task is UNKNOWN and due again. The receipt settles it SENT
@@ -74,16 +75,16 @@ func TestReceiptAfterTheTimeoutSettles(t *testing.T) {
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.push.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
-	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout) // accepted, answer lost
-	is.Equal(e.task(id).State, service.StateUnknown)
+	is.Equal(runOnce(t, d).Outcome, delivery.OutcomeTimeout) // accepted, answer lost
+	is.Equal(e.task(id).State, delivery.StateUnknown)
 	res := e.record(e.delivered(id, "evt-1"))
-	is.Equal(res.Effect, service.ReceiptSettled) // settled by the receipt
+	is.Equal(res.Effect, delivery.ReceiptSettled) // settled by the receipt
 	task := e.task(id)
-	is.Equal(task.State, service.StateSent)
+	is.Equal(task.State, delivery.StateSent)
 	is.True(!task.OutcomeUncertain) // the uncertainty is written off, with evidence
 	history := e.attempts(id)
-	is.Equal(actions(history), []service.Action{service.ActionSend, service.ActionReceipt})
-	is.Equal(history[1].Outcome, service.OutcomeReceiptAccepted)
+	is.Equal(actions(history), []delivery.Action{delivery.ActionSend, delivery.ActionReceipt})
+	is.Equal(history[1].Outcome, delivery.OutcomeReceiptAccepted)
 	held, none, err := d.Claim(e.ctx)
 	is.NoErr(err)
 	is.True(held == nil) // no resend
@@ -97,9 +98,9 @@ func TestReceiptAfterParkingSettles(t *testing.T) {
 	e := newEnv(t)
 	id := secParked(t, e, "u1", "e1")
 	res := e.record(e.delivered(id, "evt-1"))
-	is.Equal(res.Effect, service.ReceiptSettled)
+	is.Equal(res.Effect, delivery.ReceiptSettled)
 	task := e.task(id)
-	is.Equal(task.State, service.StateSent) // no longer waiting for a human
+	is.Equal(task.State, delivery.StateSent) // no longer waiting for a human
 	is.True(!task.NeedsReview)
 	list, err := e.n.Review(e.ctx, 0, 10)
 	is.NoErr(err)
@@ -113,18 +114,18 @@ func TestReceiptNeverMovesAFinalState(t *testing.T) {
 	e := newEnv(t)
 	failed := secParked(t, e, "u1", "e1")
 	sent := secParked(t, e, "u2", "e2")
-	for id, state := range map[int64]service.State{failed: service.StateFailed, sent: service.StateSent} {
+	for id, state := range map[int64]delivery.State{failed: delivery.StateFailed, sent: delivery.StateSent} {
 		changed, err := e.n.ResolveManually(e.ctx, id, state, "checked", "ops")
 		is.NoErr(err)
 		is.True(changed)
 	}
 	res := e.record(e.delivered(failed, "evt-f"))
-	is.Equal(res.Effect, service.ReceiptContradicts)    // FAILED, but the provider had it
-	is.Equal(e.task(failed).State, service.StateFailed) // final
+	is.Equal(res.Effect, delivery.ReceiptContradicts)    // FAILED, but the provider had it
+	is.Equal(e.task(failed).State, delivery.StateFailed) // final
 	res = e.record(e.delivered(sent, "evt-s"))
-	is.Equal(res.Effect, service.ReceiptUnchanged)  // SENT already
-	is.Equal(e.task(sent).State, service.StateSent) // final
-	is.Equal(len(e.attempts(failed)), 2)            // no attempt added to either
+	is.Equal(res.Effect, delivery.ReceiptUnchanged)  // SENT already
+	is.Equal(e.task(sent).State, delivery.StateSent) // final
+	is.Equal(len(e.attempts(failed)), 2)             // no attempt added to either
 	list, err := e.n.Review(e.ctx, 0, 10)
 	is.NoErr(err)
 	is.Equal(len(list), 1) // the contradiction is shown
@@ -139,13 +140,13 @@ func TestReceiptTwiceAndOutOfOrder(t *testing.T) {
 	e := newEnv(t)
 	id := secParked(t, e, "u1", "e1")
 	first := e.record(e.delivered(id, "evt-1"))
-	is.Equal(first.Effect, service.ReceiptSettled)
+	is.Equal(first.Effect, delivery.ReceiptSettled)
 	again := e.record(e.delivered(id, "evt-1"))
 	is.True(again.Duplicate) // the same event: nothing more
 	accepted := e.delivered(id, "evt-0")
-	accepted.Kind = service.ReceiptAccepted
+	accepted.Kind = delivery.ReceiptAccepted
 	late := e.record(accepted)
-	is.Equal(late.Effect, service.ReceiptUnchanged)                                              // the earlier event, arriving later
+	is.Equal(late.Effect, delivery.ReceiptUnchanged)                                             // the earlier event, arriving later
 	is.Equal(e.scalar(`SELECT count(*) FROM delivery_receipt WHERE task_id = $1`, id), int64(2)) // both kept, once each
 	is.Equal(e.scalar(`SELECT count(*) FROM delivery_attempt WHERE task_id = $1 AND action = 'RECEIPT'`, id), int64(1))
 }
@@ -155,10 +156,10 @@ func TestReceiptForAnUnknownTask(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	_, err := e.n.RecordReceipt(e.ctx, deliveredRef("task-424242", "evt-1"), false)
-	is.True(errors.Is(err, service.ErrUnknownReference)) // unknown reference
-	byID := service.Receipt{Source: service.ReceiptSourceTwilio, EventID: "SM1:delivered", Kind: service.ReceiptDelivered, ProviderMsgID: "SM1"}
+	is.True(errors.Is(err, delivery.ErrUnknownReference)) // unknown reference
+	byID := delivery.Receipt{Source: delivery.ReceiptSourceTwilio, EventID: "SM1:delivered", Kind: delivery.ReceiptDelivered, ProviderMsgID: "SM1"}
 	_, err = e.n.RecordReceipt(e.ctx, byID, false)
-	is.True(errors.Is(err, service.ErrUnknownReference))                  // unknown message id
+	is.True(errors.Is(err, delivery.ErrUnknownReference))                 // unknown message id
 	is.Equal(e.scalar(`SELECT count(*) FROM delivery_receipt`), int64(0)) // nothing written
 }
 
@@ -184,25 +185,25 @@ func TestNotedReceiptSettlesAfterTheHolder(t *testing.T) {
 	is.NoErr(err)
 	is.Equal(len(attempts), 2) // both held
 	for _, tr := range tasks {
-		is.Equal(e.record(e.delivered(tr.TaskID, "evt-"+tr.Channel)).Effect, service.ReceiptNoted)
+		is.Equal(e.record(e.delivered(tr.TaskID, "evt-"+tr.Channel)).Effect, delivery.ReceiptNoted)
 	}
 	results, err := d.FinishBatch(e.ctx, attempts, d.CallAll(e.ctx, attempts))
 	is.NoErr(err)
 	for _, r := range results {
-		is.Equal(r.Outcome, service.OutcomeTimeout) // both answers lost
+		is.Equal(r.Outcome, delivery.OutcomeTimeout) // both answers lost
 	}
-	is.True(e.task(byChannel["none"]).NeedsReview)                  // NONE: parked
-	is.Equal(e.task(byChannel["push"]).State, service.StateUnknown) // push: to resend
+	is.True(e.task(byChannel["none"]).NeedsReview)                   // NONE: parked
+	is.Equal(e.task(byChannel["push"]).State, delivery.StateUnknown) // push: to resend
 
 	claim := runNext(t, d)
 	is.Equal(claim.TaskID, byChannel["push"])
 	is.Equal(claim.Kind, service.ResultSent)       // settled at claim
-	is.Equal(claim.Action, service.ActionReceipt)  // by the receipt
+	is.Equal(claim.Action, delivery.ActionReceipt) // by the receipt
 	is.Equal(e.push.Sends(e.ref(claim.TaskID)), 1) // not resent
 	settled, err := e.n.SweepReceipts(e.ctx, 10)
 	is.NoErr(err)
-	is.Equal(settled, 1)                                         // the parked one
-	is.Equal(e.task(byChannel["none"]).State, service.StateSent) // settled by the sweep
+	is.Equal(settled, 1)                                          // the parked one
+	is.Equal(e.task(byChannel["none"]).State, delivery.StateSent) // settled by the sweep
 }
 
 // A hard bounce switches the user's preference on that channel off, when asked to.
@@ -210,7 +211,7 @@ func TestHardBounceDisablesThePreference(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	id := secParked(t, e, "u1", "e1")
-	bounce := service.Receipt{Source: service.ReceiptSourceStandardWebhooks, EventID: "evt-b", Kind: service.ReceiptBounced,
+	bounce := delivery.Receipt{Source: delivery.ReceiptSourceStandardWebhooks, EventID: "evt-b", Kind: delivery.ReceiptBounced,
 		HardBounce: true, Ref: e.ref(id)}
 	res, err := e.n.RecordReceipt(e.ctx, bounce, true)
 	is.NoErr(err)

@@ -23,6 +23,7 @@ import (
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
@@ -38,7 +39,7 @@ func TestTaskRefIsRandomAndSentAsTheKey(t *testing.T) {
 	is.True(uuidRef.MatchString(tasks[0].Ref)) // a UUID
 	is.True(tasks[0].Ref != tasks[1].Ref)      // one per task
 	is.Equal(e.ref(tasks[0].TaskID), tasks[0].Ref)
-	_, created, again, err := e.n.Create(e.ctx, "u1", "e1", "body of e1", time.Hour, 3)
+	_, created, again, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "e1", Body: "body of e1", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)
 	is.True(!created)
 	is.Equal(again, tasks) // a duplicate submitter sees the same references
@@ -49,7 +50,7 @@ func TestTaskRefIsRandomAndSentAsTheKey(t *testing.T) {
 	}
 	sent := e.push.Messages(tasks[0].Ref)
 	is.Equal(len(sent), 1)                                                                     // filed under the task's reference
-	is.Equal(sent[0].Key, service.IdempotencyKey(tasks[0].Ref))                                // with its key ntf-<ref>
+	is.Equal(sent[0].Key, delivery.IdempotencyKey(tasks[0].Ref))                               // with its key ntf-<ref>
 	is.Equal(sent[0].Key, "ntf-"+tasks[0].Ref)                                                 //
 	is.Equal(e.sms.Outbound(tasks[1].Ref), 1)                                                  // the sms task too
 	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE ref LIKE 'task-%'`), int64(0)) // none derived from an id
@@ -118,7 +119,7 @@ func (e *env) deliverThree(when string) []sentTask {
 	var tasks []sentTask
 	for i := range 3 {
 		key, body := fmt.Sprintf("ev-%d", i), fmt.Sprintf("message %d, %s", i, when)
-		_, created, ts, err := e.n.Create(e.ctx, "u1", key, body, time.Hour, 3)
+		_, created, ts, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: key, Body: body, TTL: time.Hour, MaxAttempts: 3})
 		if err != nil || !created {
 			e.t.Fatalf("create %s: created=%v err=%v", key, created, err)
 		}
@@ -144,15 +145,15 @@ func (e *env) checkNewMessages(is *is.I, lost, fresh []sentTask, legacy bool) {
 		fake := map[string]*fakes.Channel{"push": e.push, "sms": e.sms}[tk.Channel]
 		switch {
 		case !legacy:
-			is.True(tk.Ref != lost[i].Ref)                                 // a new reference
-			is.Equal(outcomes, []service.Outcome{service.OutcomeAccepted}) // sent as a new message
-			is.Equal(fake.Outbound(tk.Ref), 1)                             // which went out
-			is.Equal(bodies(tk.Ref, e.push, e.sms), []string{tk.body})     // with its own body
+			is.True(tk.Ref != lost[i].Ref)                                   // a new reference
+			is.Equal(outcomes, []delivery.Outcome{delivery.OutcomeAccepted}) // sent as a new message
+			is.Equal(fake.Outbound(tk.Ref), 1)                               // which went out
+			is.Equal(bodies(tk.Ref, e.push, e.sms), []string{tk.body})       // with its own body
 		case tk.Channel == "push": // the damage
-			is.Equal(tk.Ref, lost[i].Ref)                                        // the lost task's reference
-			is.Equal(outcomes, []service.Outcome{service.OutcomeAcceptedReplay}) // "sent": a replay
-			is.Equal(fake.Outbound(tk.Ref), 1)                                   // of the lost message only
-			is.Equal(bodies(tk.Ref, e.push), []string{lost[i].body})             // this one never went out
+			is.Equal(tk.Ref, lost[i].Ref)                                          // the lost task's reference
+			is.Equal(outcomes, []delivery.Outcome{delivery.OutcomeAcceptedReplay}) // "sent": a replay
+			is.Equal(fake.Outbound(tk.Ref), 1)                                     // of the lost message only
+			is.Equal(bodies(tk.Ref, e.push), []string{lost[i].body})               // this one never went out
 		default: // sms ignores keys: a second message under the same reference, which a query cannot tell apart
 			is.Equal(fake.Outbound(tk.Ref), 2)
 		}
@@ -331,14 +332,14 @@ func TestUpgradeKeepsTheRefTasksWereSentWith(t *testing.T) {
 	old := fmt.Sprintf("task-%d", id)
 	client, err := httpchannel.New(e.push.URL(), httpchannel.Options{})
 	is.NoErr(err)
-	is.Equal(client.Send(e.ctx, service.Message{Ref: old, IdempotencyKey: "ntf-" + old, To: "u1@push", Body: "shipped"}).Outcome,
-		service.OutcomeAccepted) // its send, whose answer it never saw
+	is.Equal(client.Send(e.ctx, delivery.Message{Ref: old, IdempotencyKey: "ntf-" + old, To: "u1@push", Body: "shipped"}).Outcome,
+		delivery.OutcomeAccepted) // its send, whose answer it never saw
 
 	e.dbmate("up") // the upgrade
 	is.Equal(e.ref(id), old)
 	is.Equal(runOnce(t, e.dispatcher(dcfg{})).Kind, service.ResultSent)
-	is.Equal(e.outcomes(id), []service.Outcome{service.OutcomeLeaseExpired, service.OutcomeAcceptedReplay}) // resent with its key
-	is.Equal(e.push.Outbound(old), 1)                                                                       // one message
+	is.Equal(e.outcomes(id), []delivery.Outcome{delivery.OutcomeLeaseExpired, delivery.OutcomeAcceptedReplay}) // resent with its key
+	is.Equal(e.push.Outbound(old), 1)                                                                          // one message
 }
 
 // dbmate runs a dbmate command on the test's database.

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"github.com/notifierhq/notifier/service/delivery"
 	"time"
 
 	"github.com/notifierhq/notifier/dbgen"
@@ -37,11 +38,11 @@ type PruneStats struct {
 func ValidatePrune(olderThan time.Duration, batchSize int, pause time.Duration) error {
 	switch {
 	case olderThan < MinRetention:
-		return &InputError{Field: "retention period", Reason: fmt.Sprintf("%s: must be at least %s (late observations of finished tasks, dedupe window)", olderThan, MinRetention)}
+		return &delivery.InputError{Field: "retention period", Reason: fmt.Sprintf("%s: must be at least %s (late observations of finished tasks, dedupe window)", olderThan, MinRetention)}
 	case batchSize < 1 || batchSize > MaxPruneBatch:
-		return &InputError{Field: "batch size", Reason: fmt.Sprintf("%d: must be between 1 and %d", batchSize, MaxPruneBatch)}
+		return &delivery.InputError{Field: "batch size", Reason: fmt.Sprintf("%d: must be between 1 and %d", batchSize, MaxPruneBatch)}
 	case pause < 0 || pause > MaxPrunePause:
-		return &InputError{Field: "pause", Reason: fmt.Sprintf("%s: must be between 0 and %s", pause, MaxPrunePause)}
+		return &delivery.InputError{Field: "pause", Reason: fmt.Sprintf("%s: must be between 0 and %s", pause, MaxPrunePause)}
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // backdate moves tasks' last change (and their notifications' creation) two days into the past: a
@@ -63,7 +64,7 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 	d := e.dispatcher(dcfg{backoff: time.Hour})
 
 	// A notification without any task (no channel enabled), created first: the oldest.
-	emptyOld, created, tasks, err := e.n.Create(e.ctx, "nobody", "empty-old", "b", time.Hour, 3)
+	emptyOld, created, tasks, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "nobody", EventKey: "empty-old", Body: "b", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)           // created
 	is.True(created)        // a new notification
 	is.Equal(len(tasks), 0) // without any task
@@ -97,7 +98,7 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 	// Recent history: finished, but inside the period (not backdated below).
 	recent := e.create("p", "recent", time.Hour, 3)[0]
 	drain(t, d)
-	is.Equal(e.task(recent.TaskID).State, service.StateSent) // finished just now
+	is.Equal(e.task(recent.TaskID).State, delivery.StateSent) // finished just now
 
 	sending := e.create("p", "sending", time.Hour, 3)[0]
 	a, _, err := d.Claim(e.ctx) // claimed and never finished: SENDING under a lease
@@ -106,12 +107,12 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 	is.Equal(a.TaskID, sending.TaskID)
 	pending := e.create("p", "pending", time.Hour, 3)[0] // never claimed
 
-	states := map[int64]service.State{
-		sentA[0].TaskID: service.StateSent, sentA[1].TaskID: service.StateSent,
-		sentB[0].TaskID: service.StateSent, sentB[1].TaskID: service.StateSent,
-		failed.TaskID: service.StateFailed, unknown.TaskID: service.StateUnknown, parked.TaskID: service.StateUnknown,
-		mixed[0].TaskID: service.StateSent, mixed[1].TaskID: service.StateUnknown,
-		suppressed.TaskID: service.StateSuppressed, sending.TaskID: service.StateSending, pending.TaskID: service.StatePending,
+	states := map[int64]delivery.State{
+		sentA[0].TaskID: delivery.StateSent, sentA[1].TaskID: delivery.StateSent,
+		sentB[0].TaskID: delivery.StateSent, sentB[1].TaskID: delivery.StateSent,
+		failed.TaskID: delivery.StateFailed, unknown.TaskID: delivery.StateUnknown, parked.TaskID: delivery.StateUnknown,
+		mixed[0].TaskID: delivery.StateSent, mixed[1].TaskID: delivery.StateUnknown,
+		suppressed.TaskID: delivery.StateSuppressed, sending.TaskID: delivery.StateSending, pending.TaskID: delivery.StatePending,
 	}
 	var all []int64
 	for id, want := range states {
@@ -123,7 +124,7 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 	e.backdate(all...)
 	// An empty notification inside the period.
 
-	emptyNew, _, _, err := e.n.Create(e.ctx, "nobody", "empty-new", "b", time.Hour, 3)
+	emptyNew, _, _, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "nobody", EventKey: "empty-new", Body: "b", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err) // created
 
 	gone := []service.TaskRef{sentA[0], sentA[1], sentB[0], sentB[1], failed, suppressed, mixed[0]}
@@ -161,7 +162,7 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 		is.True(!e.exists("delivery_task", tr.TaskID)) // old finished task deleted
 		is.Equal(e.attemptCount(tr.TaskID), int64(0))  // and its attempts
 	}
-	states[recent.TaskID] = service.StateSent
+	states[recent.TaskID] = delivery.StateSent
 	for _, tr := range kept {
 		task := e.task(tr.TaskID)
 		is.Equal(task.State, states[tr.TaskID])                      // unfinished, parked and recent tasks stay as they were
@@ -179,10 +180,10 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 	}
 
 	// The history that stays is still usable: the parked task resolves, the held one finishes.
-	changed, err := e.n.ResolveManually(e.ctx, parked.TaskID, service.StateFailed, "checked with the channel", "op")
+	changed, err := e.n.ResolveManually(e.ctx, parked.TaskID, delivery.StateFailed, "checked with the channel", "op")
 	is.NoErr(err)    // resolved
 	is.True(changed) // once
-	res, err := d.Finish(e.ctx, a, service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: "m-1"})
+	res, err := d.Finish(e.ctx, a, delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: "m-1"})
 	is.NoErr(err)                          // the holder records its call
 	is.Equal(res.Kind, service.ResultSent) // its token is still valid
 
@@ -261,7 +262,7 @@ func TestPruneRefusesBadInput(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			is := is.New(t)
 			_, err := e.n.Prune(e.ctx, tc.olderThan, tc.batch, tc.pause)
-			is.True(errors.Is(err, service.ErrInvalidInput)) // refused before any row is touched
+			is.True(errors.Is(err, delivery.ErrInvalidInput)) // refused before any row is touched
 		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
@@ -53,8 +54,8 @@ func countedDispatcher(t *testing.T, e *env, mode pgx.QueryExecMode) (*service.D
 	t.Cleanup(pool.Close)
 	client, err := httpchannel.New(e.push.URL(), httpchannel.Options{})
 	is.NoErr(err) // push client
-	d, err := service.NewDispatcher(pool, service.DispatcherConfig{
-		Worker: "w-trips", Routes: map[string]service.Route{"push": {Mode: service.ModeIdempotent, Client: client}},
+	d, err := service.NewDispatcher(t.Context(), pool, service.DispatcherConfig{
+		Worker: "w-trips", Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: client}},
 	})
 	is.NoErr(err) // dispatcher
 	return d, trips

@@ -18,7 +18,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/internal/pgtest"
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 const (
@@ -451,11 +451,11 @@ func TestSchemaAcceptsEveryCallOutcome(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.NewDB(t)
 	loadSchemaBaseline(t, pool)
-	outcomes := []service.Outcome{
-		service.OutcomeAccepted, service.OutcomeAcceptedReplay, service.OutcomeQueryFound, service.OutcomeQueryNotFound,
-		service.OutcomeQueryFailed, service.OutcomeTimeout, service.OutcomeIOError, service.OutcomeConnectFailed,
-		service.OutcomeInFlight, service.OutcomeMalformed, service.OutcomeHTTP5xx, service.OutcomeGatewayError,
-		service.OutcomeThrottled, service.OutcomeRejected,
+	outcomes := []delivery.Outcome{
+		delivery.OutcomeAccepted, delivery.OutcomeAcceptedReplay, delivery.OutcomeQueryFound, delivery.OutcomeQueryNotFound,
+		delivery.OutcomeQueryFailed, delivery.OutcomeTimeout, delivery.OutcomeIOError, delivery.OutcomeConnectFailed,
+		delivery.OutcomeInFlight, delivery.OutcomeMalformed, delivery.OutcomeHTTP5xx, delivery.OutcomeGatewayError,
+		delivery.OutcomeThrottled, delivery.OutcomeRejected,
 	}
 	// Only the columns' CHECKs are under test here: the state machine (schema/010), which would refuse
 	// these rows for following no move, is off for the statement.

@@ -23,6 +23,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
@@ -189,18 +190,18 @@ func secDispatcher(t *testing.T, e *env, pool *pgxpool.Pool, c dcfg) *dispatcher
 	if c.timeout == 0 {
 		c.timeout = 2 * time.Second
 	}
-	routes := map[string]service.Route{}
+	routes := map[string]delivery.Route{}
 	for name, ch := range map[string]*fakes.Channel{"push": e.push, "sms": e.sms, "none": e.none} {
 		client, err := httpchannel.New(ch.URL(), httpchannel.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		mode := map[string]service.Mode{"push": service.ModeIdempotent, "sms": service.ModeQueryable, "none": service.ModeNone}[name]
-		routes[name] = service.Route{Mode: mode, Client: client}
+		mode := map[string]delivery.Mode{"push": delivery.ModeIdempotent, "sms": delivery.ModeQueryable, "none": delivery.ModeNone}[name]
+		routes[name] = delivery.Route{Mode: mode, Client: client}
 	}
-	d, err := service.NewDispatcher(pool, service.DispatcherConfig{
+	d, err := service.NewDispatcher(e.ctx, pool, service.DispatcherConfig{
 		Worker: c.worker, Routes: routes, Lease: c.lease, CallTimeout: c.timeout,
-		Backoff: service.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond},
+		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -220,7 +221,7 @@ func secParked(t *testing.T, e *env, user, key string) int64 {
 	e.none.ScriptSend(e.ref(id), fakes.Step{Status: 409})
 	is.Equal(runOnce(t, e.dispatcher(dcfg{})).Kind, service.ResultParked) // 409 on a NONE channel: parked
 	task := e.task(id)
-	is.True(task.State == service.StateUnknown && task.NeedsReview) // UNKNOWN, waiting for a human
+	is.True(task.State == delivery.StateUnknown && task.NeedsReview) // UNKNOWN, waiting for a human
 	return id
 }
 
@@ -234,7 +235,7 @@ func TestAttemptOutcomeCannotBeRewritten(t *testing.T) {
 	is.Equal(runOnce(t, e.dispatcher(dcfg{})).Kind, service.ResultSent) // a real delivery
 	before := e.attempts(id)
 	is.Equal(len(before), 1)
-	is.Equal(before[0].Outcome, service.OutcomeAccepted) // recorded by AttemptFinish through the trigger
+	is.Equal(before[0].Outcome, delivery.OutcomeAccepted) // recorded by AttemptFinish through the trigger
 	is.True(before[0].ProviderMsgID != "")
 
 	const where = ` WHERE task_id = $1`
@@ -284,13 +285,13 @@ func TestAttemptLateOutcomeIsWrittenOnce(t *testing.T) {
 	is.True(held != nil) // A holds the task and stalls
 	e.waitDB("(SELECT lease_until < now() FROM delivery_task WHERE id = $1)", id)
 	is.Equal(runOnce(t, e.dispatcher(dcfg{worker: "w-b"})).Kind, service.ResultSent) // B takes over and sends
-	late, err := a.Finish(e.ctx, held, service.Observation{Outcome: service.OutcomeTimeout, ProviderMsgID: "late-id", Detail: "late"})
+	late, err := a.Finish(e.ctx, held, delivery.Observation{Outcome: delivery.OutcomeTimeout, ProviderMsgID: "late-id", Detail: "late"})
 	is.NoErr(err)
 	is.Equal(late.Kind, service.ResultStale) // A's observation goes to late_outcome
 	history := e.attempts(id)
-	is.Equal(history[0].Outcome, service.OutcomeLeaseExpired) // written by AttemptMarkLeaseExpired
-	is.Equal(history[0].LateOutcome, service.OutcomeTimeout)  // written by AttemptRecordLate
-	is.Equal(history[0].ProviderMsgID, "late-id")             // filled from NULL with the late outcome
+	is.Equal(history[0].Outcome, delivery.OutcomeLeaseExpired) // written by AttemptMarkLeaseExpired
+	is.Equal(history[0].LateOutcome, delivery.OutcomeTimeout)  // written by AttemptRecordLate
+	is.Equal(history[0].ProviderMsgID, "late-id")              // filled from NULL with the late outcome
 
 	const where = ` WHERE task_id = $1 AND attempt_no = 1`
 	secAppendOnly(t, e.pool, "late_outcome", `UPDATE delivery_attempt SET late_outcome = 'ACCEPTED'`+where, id)
@@ -301,7 +302,7 @@ func TestAttemptLateOutcomeIsWrittenOnce(t *testing.T) {
 	is.Equal(e.attempts(id), history)                                                          // nothing changed
 
 	// The token-guarded queries themselves still refuse a second write (0 rows, not an error).
-	late, err = a.Finish(e.ctx, held, service.Observation{Outcome: service.OutcomeAccepted})
+	late, err = a.Finish(e.ctx, held, delivery.Observation{Outcome: delivery.OutcomeAccepted})
 	is.NoErr(err)
 	is.Equal(late.Kind, service.ResultStale) // STALE again
 	is.Equal(e.attempts(id), history)        // and the first late observation stands
@@ -353,7 +354,7 @@ func TestAttemptDeleteOnlyForTerminalTasks(t *testing.T) {
 	is.Equal(n, int64(1))
 
 	// FAILED after a resolution: the parked task's history, MANUAL row included, may go now.
-	changed, err := e.n.ResolveManually(e.ctx, parked, service.StateFailed, "the channel never saw it", "ops")
+	changed, err := e.n.ResolveManually(e.ctx, parked, delivery.StateFailed, "the channel never saw it", "ops")
 	is.NoErr(err)
 	is.True(changed)
 	n, pgErr = secExec(t, e.pool, del, parked)
@@ -396,15 +397,13 @@ func TestRateLimitRoles(t *testing.T) {
 	client, err := httpchannel.New(e.push.URL(), httpchannel.Options{})
 	is.NoErr(err)
 	var paused []error
-	d, err := service.NewDispatcher(worker, service.DispatcherConfig{Worker: "w-rate",
-		Routes: map[string]service.Route{"push": {Mode: service.ModeIdempotent, Client: client,
-			RateLimit: service.RateLimit{PerSecond: service.MaxRate, Burst: 2}}},
+	d, err := service.NewDispatcher(e.ctx, worker, service.DispatcherConfig{Worker: "w-rate",
+		Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: client,
+			RateLimit: delivery.RateLimit{PerSecond: delivery.MaxRate, Burst: 2}}},
 		Paused: func(_ string, _ time.Duration, err error) { paused = append(paused, err) }})
-	is.NoErr(err)
+	is.NoErr(err)                 // NewDispatcher: RateLimitConfigure (insert) and RateLimitList as the worker
+	is.Equal(len(d.Buckets()), 1) // its bucket
 	buckets, err := d.ConfigureRateLimits(e.ctx)
-	is.NoErr(err) // RateLimitConfigure (insert) and RateLimitList as the worker
-	is.Equal(len(buckets), 1)
-	buckets, err = d.ConfigureRateLimits(e.ctx)
 	is.NoErr(err)             // and again: the ON CONFLICT update
 	is.Equal(len(buckets), 1) // the same bucket
 	e.push.ScriptAll(fakes.Step{Status: 429, RetryAfter: "1"})
@@ -445,7 +444,7 @@ func TestWorkerRoleRunsTheProtocol(t *testing.T) {
 	sent := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	d := secDispatcher(t, e, worker, dcfg{})
 	is.Equal(runOnce(t, d).Kind, service.ResultSent) // the worker role delivers
-	is.Equal(e.task(sent).State, service.StateSent)  // SENT
+	is.Equal(e.task(sent).State, delivery.StateSent) // SENT
 
 	// Lease takeover and a superseded holder's late finish.
 	taken := e.create("u1", "e2", time.Hour, 3)[0].TaskID
@@ -455,12 +454,12 @@ func TestWorkerRoleRunsTheProtocol(t *testing.T) {
 	is.Equal(held.TaskID, taken)
 	e.waitDB("(SELECT lease_until < now() FROM delivery_task WHERE id = $1)", taken)
 	is.Equal(runOnce(t, secDispatcher(t, e, worker, dcfg{worker: "w-b"})).Kind, service.ResultSent) // AttemptMarkLeaseExpired
-	res, err := a.Finish(e.ctx, held, service.Observation{Outcome: service.OutcomeTimeout})
+	res, err := a.Finish(e.ctx, held, delivery.Observation{Outcome: delivery.OutcomeTimeout})
 	is.NoErr(err)
 	is.Equal(res.Kind, service.ResultStale) // AttemptRecordLate
 	history := e.attempts(taken)
-	is.Equal(history[0].Outcome, service.OutcomeLeaseExpired)
-	is.Equal(history[0].LateOutcome, service.OutcomeTimeout)
+	is.Equal(history[0].Outcome, delivery.OutcomeLeaseExpired)
+	is.Equal(history[0].LateOutcome, delivery.OutcomeTimeout)
 
 	// Claim-time park: the lease of the last budgeted attempt expired (TaskPark).
 	parkedAtClaim := e.create("u1", "e3", time.Hour, 1)[0].TaskID
@@ -483,7 +482,7 @@ func TestWorkerRoleRunsTheProtocol(t *testing.T) {
 	_, err = e.n.SetPreference(e.ctx, "u1", "push", "u1@push", false)
 	is.NoErr(err)
 	is.Equal(runOnce(t, d).Kind, service.ResultSuppressed)
-	is.Equal(e.outcomes(suppressed), outcomes(service.OutcomePrefDisabled))
+	is.Equal(e.outcomes(suppressed), outcomes(delivery.OutcomePrefDisabled))
 	is.Equal(runOnce(t, d).Kind, service.ResultNothing) // parked tasks are never claimed again
 }
 
@@ -495,16 +494,16 @@ func TestWorkerRoleCannotResolve(t *testing.T) {
 	worker := secRolePool(t, e, "notifier_worker")
 	before := e.task(id)
 
-	changed, err := service.NewNotifier(worker).ResolveManually(e.ctx, id, service.StateSent, "I think it went out", "w-1")
+	changed, err := service.NewNotifier(worker).ResolveManually(e.ctx, id, delivery.StateSent, "I think it went out", "w-1")
 	is.True(errors.Is(err, service.ErrPermission)) // resolving is the operator's: notifier_resolve (schema/010)
 	is.True(secPgErr(err) != nil)                  // the database refused it
 	is.Equal(secPgErr(err).Code, sqlInsufficient)  // permission denied for function notifier_resolve
 	is.True(!changed)                              // so nothing is resolved
 	task := e.task(id)
-	is.Equal(task.State, service.StateUnknown) // still UNKNOWN
-	is.True(task.NeedsReview)                  // still parked
-	is.Equal(task.UpdatedAt, before.UpdatedAt) // untouched
-	is.Equal(len(e.attempts(id)), 1)           // no MANUAL row
+	is.Equal(task.State, delivery.StateUnknown) // still UNKNOWN
+	is.True(task.NeedsReview)                   // still parked
+	is.Equal(task.UpdatedAt, before.UpdatedAt)  // untouched
+	is.Equal(len(e.attempts(id)), 1)            // no MANUAL row
 
 	secNoRows(t, worker, `UPDATE delivery_task SET state = 'SENT', needs_review = false WHERE id = $1`, id)
 	secNoRows(t, worker, `UPDATE delivery_task SET state = 'UNKNOWN', needs_review = false, next_attempt_at = now() WHERE id = $1`, id)
@@ -536,17 +535,17 @@ func TestCreatorRoleCreatesOnly(t *testing.T) {
 	is.NoErr(err)                    // the upsert's DO UPDATE path
 	is.Equal(pref.Version, int64(2)) // version counted up
 
-	id, created, tasks, err := n.Create(e.ctx, "u1", "e1", "hello", time.Hour, 3)
+	id, created, tasks, err := n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "e1", Body: "hello", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)    // notifier create
 	is.True(created) // the first submission creates
 	is.Equal(len(tasks), 2)
-	id2, created, tasks2, err := n.Create(e.ctx, "u1", "e1", "hello again", time.Hour, 3)
+	id2, created, tasks2, err := n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "e1", Body: "hello again", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)           // a duplicate reads the winner back
 	is.True(!created)       // and creates nothing
 	is.Equal(id2, id)       // same notification
 	is.Equal(tasks2, tasks) // same tasks
 	for _, tk := range tasks {
-		is.Equal(e.task(tk.TaskID).State, service.StatePending) // created PENDING
+		is.Equal(e.task(tk.TaskID).State, delivery.StatePending) // created PENDING
 	}
 	task := tasks[0].TaskID
 
@@ -612,11 +611,11 @@ func TestOperatorRoleResolvesParkedOnly(t *testing.T) {
 	is.Equal(st.Parked, int64(1))
 
 	// A task that is not parked is out of reach.
-	changed, err := n.ResolveManually(e.ctx, pending, service.StateFailed, "not mine", "ops")
+	changed, err := n.ResolveManually(e.ctx, pending, delivery.StateFailed, "not mine", "ops")
 	is.NoErr(err)
 	is.True(!changed)                                                                          // a PENDING task is not resolved
 	secDenied(t, operator, `UPDATE delivery_task SET state = 'FAILED' WHERE id = $1`, pending) // no UPDATE at all (schema/010)
-	is.Equal(e.task(pending).State, service.StatePending)
+	is.Equal(e.task(pending).State, delivery.StatePending)
 
 	// A parked task may only be resolved to SENT or FAILED.
 	secDenied(t, operator, `UPDATE delivery_task SET attempt_count = attempt_count + 1 WHERE id = $1`, parked) // stays parked: WITH CHECK
@@ -633,19 +632,19 @@ func TestOperatorRoleResolvesParkedOnly(t *testing.T) {
 	is.True(e.task(parked).NeedsReview) // still parked after all that
 
 	// notifier resolve.
-	changed, err = n.ResolveManually(e.ctx, parked, service.StateSent, "seen in the channel's console", "ops-1")
+	changed, err = n.ResolveManually(e.ctx, parked, delivery.StateSent, "seen in the channel's console", "ops-1")
 	is.NoErr(err)    // the operator role resolves
 	is.True(changed) // the parked task
 	task, err := n.Task(e.ctx, parked)
 	is.NoErr(err)
-	is.Equal(task.State, service.StateSent) // SENT
+	is.Equal(task.State, delivery.StateSent) // SENT
 	is.True(!task.NeedsReview)
 	history, err := n.Attempts(e.ctx, parked)
 	is.NoErr(err)
 	is.Equal(len(history), 2)
-	is.Equal(history[1].Outcome, service.OutcomeManualSent) // with its MANUAL row
+	is.Equal(history[1].Outcome, delivery.OutcomeManualSent) // with its MANUAL row
 	is.Equal(history[1].Worker, "ops-1")
-	changed, err = n.ResolveManually(e.ctx, parked, service.StateFailed, "again", "ops-2")
+	changed, err = n.ResolveManually(e.ctx, parked, delivery.StateFailed, "again", "ops-2")
 	is.NoErr(err)
 	is.True(!changed) // once
 }
@@ -662,7 +661,7 @@ func TestRolesEndToEnd(t *testing.T) {
 		_, err := creator.SetPreference(e.ctx, "u1", ch, "u1@"+ch, true)
 		is.NoErr(err)
 	}
-	_, created, tasks, err := creator.Create(e.ctx, "u1", "ord-1", "shipped", time.Hour, 3)
+	_, created, tasks, err := creator.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "ord-1", Body: "shipped", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)
 	is.True(created)
 	is.Equal(len(tasks), 3)
@@ -680,7 +679,7 @@ func TestRolesEndToEnd(t *testing.T) {
 	parked, err := operator.Parked(e.ctx, 0, 10)
 	is.NoErr(err)
 	is.Equal(len(parked), 1)
-	changed, err := operator.ResolveManually(e.ctx, parked[0].ID, service.StateFailed, "the channel has no record", "ops")
+	changed, err := operator.ResolveManually(e.ctx, parked[0].ID, delivery.StateFailed, "the channel has no record", "ops")
 	is.NoErr(err)
 	is.True(changed)
 	st, err := operator.Status(e.ctx)

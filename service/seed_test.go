@@ -15,6 +15,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
@@ -47,7 +48,7 @@ func TestN1ConcurrentCreateYieldsOneNotification(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				id, created, tasks, err := e.n.Create(e.ctx, "u1", key, "shipped", time.Hour, 3)
+				id, created, tasks, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: key, Body: "shipped", TTL: time.Hour, MaxAttempts: 3})
 				replies[i] = reply{id, created, tasks, err}
 			}()
 		}
@@ -82,9 +83,9 @@ func TestN2NormalDelivery(t *testing.T) {
 	is.Equal(runOnce(t, d).Kind, service.ResultNothing) // nothing left
 	for _, tk := range tasks {
 		task := e.task(tk.TaskID)
-		is.Equal(task.State, service.StateSent)                            // SENT
-		is.Equal(e.outcomes(tk.TaskID), outcomes(service.OutcomeAccepted)) // one attempt, ACCEPTED
-		is.True(task.ProviderMsgID != "")                                  // provider id written back
+		is.Equal(task.State, delivery.StateSent)                            // SENT
+		is.Equal(e.outcomes(tk.TaskID), outcomes(delivery.OutcomeAccepted)) // one attempt, ACCEPTED
+		is.True(task.ProviderMsgID != "")                                   // provider id written back
 	}
 	is.Equal(e.push.TotalOutbound(), 1) // push sent once
 	is.Equal(e.sms.TotalOutbound(), 1)  // sms sent once
@@ -217,8 +218,8 @@ func TestNC1ClaimWithoutLock(t *testing.T) {
 	client, err := httpchannel.New(e.sms.URL(), httpchannel.Options{})
 	is.NoErr(err)
 	for range 2 { // each claimer calls the channel
-		msg := service.Message{Ref: e.ref(unguarded), IdempotencyKey: service.IdempotencyKey(e.ref(unguarded)), To: "x", Body: "b"}
-		is.Equal(client.Send(e.ctx, msg).Outcome, service.OutcomeAccepted)
+		msg := delivery.Message{Ref: e.ref(unguarded), IdempotencyKey: delivery.IdempotencyKey(e.ref(unguarded)), To: "x", Body: "b"}
+		is.Equal(client.Send(e.ctx, msg).Outcome, delivery.OutcomeAccepted)
 	}
 	is.Equal(e.sms.Outbound(e.ref(unguarded)), 2) // damage: the task went out twice
 }
@@ -231,14 +232,14 @@ func TestT1IdempotentResendAfterTimeout(t *testing.T) {
 	e.push.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
 	first := runOnce(t, d)
-	is.Equal(first.Outcome, service.OutcomeTimeout) // the response did not come back in time
-	is.Equal(first.Kind, service.ResultUnknown)     // outcome unknown, retried
+	is.Equal(first.Outcome, delivery.OutcomeTimeout) // the response did not come back in time
+	is.Equal(first.Kind, service.ResultUnknown)      // outcome unknown, retried
 	task := e.task(id)
 	is.True(task.OutcomeUncertain) // recorded as uncertain
 	second := runNext(t, d)
-	is.Equal(second.Action, service.ActionSend) // IDEMPOTENT: resend
-	is.Equal(second.Kind, service.ResultSent)   // SENT
-	e.checkSeed("T1", id, e.push)               // [TIMEOUT, ACCEPTED_REPLAY]; the fake got 2 sends and sent 1 message; SENT
+	is.Equal(second.Action, delivery.ActionSend) // IDEMPOTENT: resend
+	is.Equal(second.Kind, service.ResultSent)    // SENT
+	e.checkSeed("T1", id, e.push)                // [TIMEOUT, ACCEPTED_REPLAY]; the fake got 2 sends and sent 1 message; SENT
 }
 
 func TestT2QueryAfterTimeout(t *testing.T) {
@@ -248,9 +249,9 @@ func TestT2QueryAfterTimeout(t *testing.T) {
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.sms.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
-	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout) // first call times out
+	is.Equal(runOnce(t, d).Outcome, delivery.OutcomeTimeout) // first call times out
 	second := runNext(t, d)
-	is.Equal(second.Action, service.ActionQuery)       // QUERYABLE: query first
+	is.Equal(second.Action, delivery.ActionQuery)      // QUERYABLE: query first
 	e.checkSeed("T2", id, e.sms)                       // [TIMEOUT, QUERY_FOUND]; 1 outbound, no resend; SENT
 	is.Equal(e.task(id).ProviderMsgID, "sms-msg-0001") // provider id written back from the query
 }
@@ -264,8 +265,8 @@ func TestT3QueryFailsUntilBudgetThenManualResolve(t *testing.T) {
 	e.sms.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
 	e.sms.ScriptQuery(ref, fakes.Step{Status: 503}, fakes.Step{Status: 503})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
-	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout) // accepted, then timed out
-	is.Equal(runNext(t, d).Outcome, service.OutcomeQueryFailed)
+	is.Equal(runOnce(t, d).Outcome, delivery.OutcomeTimeout) // accepted, then timed out
+	is.Equal(runNext(t, d).Outcome, delivery.OutcomeQueryFailed)
 	last := runNext(t, d)
 	is.Equal(last.Kind, service.ResultParked) // budget used up: parked
 	e.checkSeed("T3", id, e.sms)              // [TIMEOUT, QUERY_FAILED, QUERY_FAILED]; UNKNOWN, needs_review; 1 outbound
@@ -273,20 +274,20 @@ func TestT3QueryFailsUntilBudgetThenManualResolve(t *testing.T) {
 	is.True(task.NextAttemptAt == nil)                  // next_attempt_at NULL
 	is.Equal(runOnce(t, d).Kind, service.ResultNothing) // no claim selects it again
 
-	changed, err := e.n.ResolveManually(e.ctx, id, service.StateSent, "seen in the sms console", "ops-1")
+	changed, err := e.n.ResolveManually(e.ctx, id, delivery.StateSent, "seen in the sms console", "ops-1")
 	is.NoErr(err)
 	is.True(changed) // the first resolution changes the task
-	changed, err = e.n.ResolveManually(e.ctx, id, service.StateFailed, "second try", "ops-2")
+	changed, err = e.n.ResolveManually(e.ctx, id, delivery.StateFailed, "second try", "ops-2")
 	is.NoErr(err)
 	is.True(!changed) // the second changes nothing (0 rows)
 	task = e.task(id)
-	is.Equal(task.State, service.StateSent) // the first word stands
+	is.Equal(task.State, delivery.StateSent) // the first word stands
 	is.True(!task.NeedsReview)
 	history := e.attempts(id)
-	is.Equal(len(history), 4)                               // one MANUAL row appended, not two
-	is.Equal(history[3].Outcome, service.OutcomeManualSent) // MANUAL_SENT
-	is.Equal(history[3].Note, "seen in the sms console")    // with its note
-	is.Equal(history[3].Worker, "ops-1")                    // and who decided
+	is.Equal(len(history), 4)                                // one MANUAL row appended, not two
+	is.Equal(history[3].Outcome, delivery.OutcomeManualSent) // MANUAL_SENT
+	is.Equal(history[3].Note, "seen in the sms console")     // with its note
+	is.Equal(history[3].Worker, "ops-1")                     // and who decided
 }
 
 // TestNC2BlindResend is a negative control: a channel that does not dedupe (sms) configured as if it
@@ -297,7 +298,7 @@ func TestNC2BlindResend(t *testing.T) {
 	e.user("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.sms.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
-	d := e.dispatcher(dcfg{timeout: clientTimeout, modes: map[string]service.Mode{"sms": service.ModeIdempotent}})
+	d := e.dispatcher(dcfg{timeout: clientTimeout, modes: map[string]delivery.Mode{"sms": delivery.ModeIdempotent}})
 	runOnce(t, d)
 	is.Equal(runNext(t, d).Kind, service.ResultSent)
 	is.Equal(e.scalar("SELECT count(*) FROM notification"), int64(1)) // 1 logical notification
@@ -314,7 +315,7 @@ func TestF1RefusedBeforeAcceptance(t *testing.T) {
 		d := e.dispatcher(dcfg{})
 		is.Equal(runOnce(t, d).Kind, service.ResultPending) // certainly not accepted: PENDING
 		task := e.task(id)
-		is.Equal(task.State, service.StatePending)
+		is.Equal(task.State, delivery.StatePending)
 		is.True(task.NextAttemptAt != nil) // scheduled for a retry
 		is.True(!task.OutcomeUncertain)    // nothing uncertain
 		is.Equal(runNext(t, d).Kind, service.ResultSent)
@@ -367,8 +368,8 @@ func TestB2ExpiryAfterUncertainParks(t *testing.T) {
 	ref := e.ref(id)
 	e.sms.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout, backoff: 2500 * time.Millisecond})
-	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout) // accepted, then timed out
-	res := runNext(t, d)                                    // after the 2.5 s backoff the notification has expired
+	is.Equal(runOnce(t, d).Outcome, delivery.OutcomeTimeout) // accepted, then timed out
+	res := runNext(t, d)                                     // after the 2.5 s backoff the notification has expired
 	is.Equal(res.Kind, service.ResultParked)
 	e.checkSeed("B2", id, e.sms) // [TIMEOUT, TTL_EXPIRED_UNCERTAIN]; UNKNOWN (not FAILED), parked; no query or send after expiry
 }
@@ -381,9 +382,9 @@ func TestB3RefusalAfterUncertainParks(t *testing.T) {
 	ref := e.ref(id)
 	e.push.ScriptSend(ref, fakes.Step{Delay: fakeDelay}, fakes.Step{Status: 503})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
-	is.Equal(runOnce(t, d).Outcome, service.OutcomeTimeout)
+	is.Equal(runOnce(t, d).Outcome, delivery.OutcomeTimeout)
 	res := runNext(t, d)
-	is.Equal(res.Outcome, service.OutcomeHTTP5xx)
+	is.Equal(res.Outcome, delivery.OutcomeHTTP5xx)
 	is.Equal(res.Kind, service.ResultParked) // budget used up with an uncertain history
 	e.checkSeed("B3", id, e.push)            // UNKNOWN (not FAILED), parked; the first attempt did go out
 }
@@ -400,17 +401,17 @@ func TestLeaseTakeover(t *testing.T) {
 	held, _, err := a.Claim(e.ctx)
 	is.NoErr(err)
 	is.True(held != nil)
-	is.Equal(a.Call(e.ctx, held).Outcome, service.OutcomeAccepted) // accepted; then the holder "dies"
+	is.Equal(a.Call(e.ctx, held).Outcome, delivery.OutcomeAccepted) // accepted; then the holder "dies"
 	b := e.dispatcher(dcfg{worker: "w-b"})
 	is.Equal(runOnce(t, b).Kind, service.ResultNothing) // during the lease, nobody else claims it
 	e.waitDB("(SELECT lease_until < now() FROM delivery_task WHERE id = $1)", id)
 	res := runOnce(t, b)
-	is.Equal(res.Attempt, 2)                 // attempt 2
-	is.Equal(res.Action, service.ActionSend) // IDEMPOTENT: resend with the same key
-	is.Equal(res.Outcome, service.OutcomeAcceptedReplay)
+	is.Equal(res.Attempt, 2)                  // attempt 2
+	is.Equal(res.Action, delivery.ActionSend) // IDEMPOTENT: resend with the same key
+	is.Equal(res.Outcome, delivery.OutcomeAcceptedReplay)
 	is.Equal(res.Kind, service.ResultSent)
-	is.Equal(e.outcomes(id), outcomes(service.OutcomeLeaseExpired, service.OutcomeAcceptedReplay)) // attempt 1 reads LEASE_EXPIRED
-	is.Equal(e.push.Outbound(e.ref(id)), 1)                                                        // one message
+	is.Equal(e.outcomes(id), outcomes(delivery.OutcomeLeaseExpired, delivery.OutcomeAcceptedReplay)) // attempt 1 reads LEASE_EXPIRED
+	is.Equal(e.push.Outbound(e.ref(id)), 1)                                                          // one message
 }
 
 // TestNC3LateFinish is P2's protocol in one process, then the negative control: the late observation
@@ -419,7 +420,7 @@ func TestLeaseTakeover(t *testing.T) {
 // supersededHolder plays P2's first half in one process: holder A claims a push task with a 1 s lease,
 // its call is accepted and then times out after 1.5 s, past the lease; the lease has expired when it
 // returns. A's attempt, observation and dispatcher are returned with the task and a dispatcher B.
-func supersededHolder(t *testing.T) (e *env, id int64, a *dispatcher, held *service.Attempt, obs service.Observation, b *dispatcher) {
+func supersededHolder(t *testing.T) (e *env, id int64, a *dispatcher, held *service.Attempt, obs delivery.Observation, b *dispatcher) {
 	is := is.New(t)
 	is.Helper()
 	e = newEnv(t)
@@ -430,7 +431,7 @@ func supersededHolder(t *testing.T) (e *env, id int64, a *dispatcher, held *serv
 	held, _, err := a.Claim(e.ctx)
 	is.NoErr(err)
 	obs = a.Call(e.ctx, held) // accepted, then no answer: times out after the lease ran out
-	is.Equal(obs.Outcome, service.OutcomeTimeout)
+	is.Equal(obs.Outcome, delivery.OutcomeTimeout)
 	e.waitDB("(SELECT lease_until < now() FROM delivery_task WHERE id = $1)", id)
 	return e, id, a, held, obs, e.dispatcher(dcfg{worker: "w-p2-b"})
 }
@@ -442,11 +443,11 @@ func TestNC3LateFinish(t *testing.T) {
 
 	late, err := a.Finish(e.ctx, held, obs)
 	is.NoErr(err)
-	is.Equal(late.Kind, service.ResultStale)      // A's finish matches 0 rows: STALE
-	is.Equal(e.task(id).State, service.StateSent) // the task stays SENT
+	is.Equal(late.Kind, service.ResultStale)       // A's finish matches 0 rows: STALE
+	is.Equal(e.task(id).State, delivery.StateSent) // the task stays SENT
 	history := e.attempts(id)
-	is.Equal(history[0].Outcome, service.OutcomeLeaseExpired) // A's attempt keeps its outcome
-	is.Equal(history[0].LateOutcome, service.OutcomeTimeout)  // and the late observation is kept beside it
+	is.Equal(history[0].Outcome, delivery.OutcomeLeaseExpired) // A's attempt keeps its outcome
+	is.Equal(history[0].LateOutcome, delivery.OutcomeTimeout)  // and the late observation is kept beside it
 
 	// The unsafe finish, by id only: the token guard is what keeps it off the task. The state machine
 	// (schema/010) refuses it too, SENT being final; the refusal names the row the UPDATE matched.
@@ -457,14 +458,14 @@ func TestNC3LateFinish(t *testing.T) {
 	is.True(pgErr != nil)                                                               // the id-only UPDATE matches the row ...
 	is.True(strings.Contains(pgErr.Message, fmt.Sprintf("delivery_task %d: SENT", id))) // (the refusal names it)
 	is.Equal(pgErr.ConstraintName, "delivery_task_final")                               // and the database refuses it
-	is.Equal(e.task(id).State, service.StateSent)                                       // the task stays SENT
+	is.Equal(e.task(id).State, delivery.StateSent)                                      // the task stays SENT
 
 	e.withoutStateMachine(func() { // with the token guard alone in the way, and the guard left out
 		tag, err := e.pool.Exec(e.ctx, unsafeFinish, id)
 		is.NoErr(err)
 		is.Equal(tag.RowsAffected(), int64(1)) // damage: 1 row
 	})
-	is.Equal(e.task(id).State, service.StateUnknown) // damage: SENT -> UNKNOWN
+	is.Equal(e.task(id).State, delivery.StateUnknown) // damage: SENT -> UNKNOWN
 }
 
 // TestNC3LateFinishWhileNewHolderSends is P2's harder variant: the superseded holder's finish lands
@@ -487,14 +488,14 @@ func TestNC3LateFinishWhileNewHolderSends(t *testing.T) {
 				is.NoErr(err)
 				is.Equal(late.Kind, service.ResultStale) // A's token no longer holds: STALE
 				task := e.task(id)
-				is.Equal(task.State, service.StateSending) // still B's
-				is.Equal(task.LeaseOwner, "w-p2-b")        // with B's lease
-				is.Equal(e.attempts(id)[0].LateOutcome, service.OutcomeTimeout)
+				is.Equal(task.State, delivery.StateSending) // still B's
+				is.Equal(task.LeaseOwner, "w-p2-b")         // with B's lease
+				is.Equal(e.attempts(id)[0].LateOutcome, delivery.OutcomeTimeout)
 				res, err := b.Finish(e.ctx, heldB, b.Call(e.ctx, heldB))
 				is.NoErr(err)
 				is.Equal(res.Kind, service.ResultSent) // B's finish counts
-				is.Equal(res.Outcome, service.OutcomeAcceptedReplay)
-				is.Equal(e.task(id).State, service.StateSent)
+				is.Equal(res.Outcome, delivery.OutcomeAcceptedReplay)
+				is.Equal(e.task(id).State, delivery.StateSent)
 				return
 			}
 			// The finish without its token: the state check alone, as River fences its finish, writing A's
@@ -505,13 +506,13 @@ func TestNC3LateFinishWhileNewHolderSends(t *testing.T) {
 				lease_owner = NULL, lease_until = NULL
 				WHERE id = $1 AND state = 'SENDING'`, id)
 			is.NoErr(err)
-			is.Equal(tag.RowsAffected(), int64(1))           // damage: A's stale observation matches B's row
-			is.Equal(e.task(id).State, service.StateUnknown) // damage: B's holding is overwritten
+			is.Equal(tag.RowsAffected(), int64(1))            // damage: A's stale observation matches B's row
+			is.Equal(e.task(id).State, delivery.StateUnknown) // damage: B's holding is overwritten
 			res, err := b.Finish(e.ctx, heldB, b.Call(e.ctx, heldB))
 			is.NoErr(err)
-			is.Equal(res.Outcome, service.OutcomeAcceptedReplay) // B's call was accepted
-			is.Equal(res.Kind, service.ResultStale)              // damage: yet B's finish is the one refused
-			is.Equal(e.task(id).State, service.StateUnknown)     // and the task does not say SENT
+			is.Equal(res.Outcome, delivery.OutcomeAcceptedReplay) // B's call was accepted
+			is.Equal(res.Kind, service.ResultStale)               // damage: yet B's finish is the one refused
+			is.Equal(e.task(id).State, delivery.StateUnknown)     // and the task does not say SENT
 		})
 	}
 }
@@ -526,7 +527,7 @@ func TestNoneChannelTimeoutParksAtOnce(t *testing.T) {
 	res := runOnce(t, d)
 	is.Equal(res.Kind, service.ResultParked) // parked on the first uncertain attempt, budget left or not
 	task := e.task(id)
-	is.True(task.NeedsReview && task.State == service.StateUnknown)
+	is.True(task.NeedsReview && task.State == delivery.StateUnknown)
 	is.Equal(runOnce(t, d).Kind, service.ResultNothing) // never called again automatically
 	is.Equal(e.none.Outbound(e.ref(id)), 1)             // 1 outbound
 }
@@ -546,7 +547,7 @@ func TestUncertainResponsesNeverFail(t *testing.T) {
 			res := runOnce(t, e.dispatcher(dcfg{timeout: clientTimeout}))
 			is.Equal(res.Kind, service.ResultParked) // budget of 1 used up, outcome unknown: parked, never FAILED
 			task := e.task(id[0].TaskID)
-			is.Equal(task.State, service.StateUnknown) // UNKNOWN
+			is.Equal(task.State, delivery.StateUnknown) // UNKNOWN
 			is.True(task.OutcomeUncertain)
 		})
 	}
@@ -570,7 +571,7 @@ func TestConcurrentResolveHasOneWinner(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			state := []service.State{service.StateSent, service.StateFailed}[i%2]
+			state := []delivery.State{delivery.StateSent, delivery.StateFailed}[i%2]
 			changed, err := e.n.ResolveManually(e.ctx, id, state, "checked", "ops")
 			if err != nil {
 				t.Error(err)

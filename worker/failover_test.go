@@ -17,6 +17,7 @@ import (
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 	"github.com/notifierhq/notifier/worker"
 )
@@ -41,7 +42,7 @@ func TestStreamingFinishesSurviveTerminatedConnections(t *testing.T) {
 		user := fmt.Sprintf("u%d", i)
 		_, err := n.SetPreference(ctx, user, "none", user+"@none", true)
 		is.NoErr(err)
-		_, _, created, err := n.Create(ctx, user, "ev", "hello "+user, time.Hour, 3)
+		_, _, created, err := n.Create(ctx, service.CreateRequest{UserID: user, EventKey: "ev", Body: "hello " + user, TTL: time.Hour, MaxAttempts: 3})
 		is.NoErr(err)
 		refs = append(refs, created[0].Ref)
 	}
@@ -56,9 +57,9 @@ func TestStreamingFinishesSurviveTerminatedConnections(t *testing.T) {
 	client, err := httpchannel.New(none.URL(), httpchannel.Options{})
 	is.NoErr(err)
 	var retried, recovered atomic.Int64
-	d, err := service.NewDispatcher(workerPool, service.DispatcherConfig{
-		Worker: "w-under-fire", Routes: map[string]service.Route{"none": {Mode: service.ModeNone, Client: client}},
-		Lease: 10 * time.Second, CallTimeout: time.Second, Backoff: service.Backoff{Base: 50 * time.Millisecond},
+	d, err := service.NewDispatcher(t.Context(), workerPool, service.DispatcherConfig{
+		Worker: "w-under-fire", Routes: map[string]delivery.Route{"none": {Mode: delivery.ModeNone, Client: client}},
+		Lease: 10 * time.Second, CallTimeout: time.Second, Backoff: delivery.Backoff{Base: 50 * time.Millisecond},
 		FinishRetried:  func(int, int, error) { retried.Add(1) },
 		ClaimRecovered: func(int, error) { recovered.Add(1) },
 	})

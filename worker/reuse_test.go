@@ -32,6 +32,7 @@ import (
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 	"github.com/notifierhq/notifier/service/webhook"
 	"github.com/notifierhq/notifier/service/webpush"
@@ -42,12 +43,12 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 // startWorker runs worker.Run with one call in flight at a time (so consecutive calls share a kept-alive
 // connection) until the test ends.
-func startWorker(t *testing.T, pool *pgxpool.Pool, channel string, route service.Route) {
+func startWorker(t *testing.T, pool *pgxpool.Pool, channel string, route delivery.Route) {
 	t.Helper()
-	d, err := service.NewDispatcher(pool, service.DispatcherConfig{
-		Worker: "w-reuse", Routes: map[string]service.Route{channel: route},
+	d, err := service.NewDispatcher(t.Context(), pool, service.DispatcherConfig{
+		Worker: "w-reuse", Routes: map[string]delivery.Route{channel: route},
 		Lease: 20 * time.Second, CallTimeout: 3 * time.Second,
-		Backoff: service.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond},
+		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +123,7 @@ func settle(t *testing.T, pool *pgxpool.Pool, id int64) taskState {
 // createTask submits one event for user u1 on channel and returns its task.
 func createTask(t *testing.T, n *service.Notifier, channel, event string) int64 {
 	t.Helper()
-	_, _, tasks, err := n.Create(context.Background(), "u1", event, "order shipped", time.Hour, 3)
+	_, _, tasks, err := n.Create(context.Background(), service.CreateRequest{UserID: "u1", EventKey: event, Body: "order shipped", TTL: time.Hour, MaxAttempts: 3})
 	if err != nil || len(tasks) != 1 || tasks[0].Channel != channel {
 		t.Fatalf("create %s: %v %+v", event, err, tasks)
 	}
@@ -133,17 +134,17 @@ func createTask(t *testing.T, n *service.Notifier, channel, event string) int64 
 func TestWorkerDropOnReusedConnection(t *testing.T) {
 	cases := []struct {
 		kind     fakes.Kind
-		mode     service.Mode
+		mode     delivery.Mode
 		attempts []attempt
 		state    string
 		parked   bool
 	}{
 		// NONE: the dropped send may have been accepted and nothing can tell: parked, never resent.
-		{fakes.None, service.ModeNone, []attempt{{"SEND", "IO_ERROR"}}, "UNKNOWN", true},
+		{fakes.None, delivery.ModeNone, []attempt{{"SEND", "IO_ERROR"}}, "UNKNOWN", true},
 		// QUERYABLE: asked first, found, SENT.
-		{fakes.SMS, service.ModeQueryable, []attempt{{"SEND", "IO_ERROR"}, {"QUERY", "QUERY_FOUND"}}, "SENT", false},
+		{fakes.SMS, delivery.ModeQueryable, []attempt{{"SEND", "IO_ERROR"}, {"QUERY", "QUERY_FOUND"}}, "SENT", false},
 		// IDEMPOTENT: resent with the same key, recognised, SENT.
-		{fakes.Push, service.ModeIdempotent, []attempt{{"SEND", "IO_ERROR"}, {"SEND", "ACCEPTED_REPLAY"}}, "SENT", false},
+		{fakes.Push, delivery.ModeIdempotent, []attempt{{"SEND", "IO_ERROR"}, {"SEND", "ACCEPTED_REPLAY"}}, "SENT", false},
 	}
 	for _, tc := range cases {
 		t.Run(string(tc.kind), func(t *testing.T) {
@@ -157,7 +158,7 @@ func TestWorkerDropOnReusedConnection(t *testing.T) {
 			is.NoErr(err) // the adapter
 			_, err = n.SetPreference(context.Background(), "u1", string(tc.kind), "+15550100", true)
 			is.NoErr(err) // the user's address on the channel
-			startWorker(t, pool, string(tc.kind), service.Route{Mode: tc.mode, Client: client})
+			startWorker(t, pool, string(tc.kind), delivery.Route{Mode: tc.mode, Client: client})
 
 			first := createTask(t, n, string(tc.kind), "ev-1")
 			is.Equal(settle(t, pool, first).State, "SENT") // delivered normally: the connection stays open
@@ -235,7 +236,7 @@ func TestWorkerWebhookDropOnReusedConnection(t *testing.T) {
 	is.NoErr(err) // the adapter
 	_, err = n.SetPreference(context.Background(), "u1", "hooks", recv.srv.URL+"/hook", true)
 	is.NoErr(err) // the subscriber's URL
-	startWorker(t, pool, "hooks", service.Route{Mode: service.ModeIdempotent, Client: client})
+	startWorker(t, pool, "hooks", delivery.Route{Mode: delivery.ModeIdempotent, Client: client})
 
 	first := createTask(t, n, "hooks", "ev-1")
 	is.Equal(settle(t, pool, first).State, "SENT") // delivered; the connection stays open
@@ -244,7 +245,7 @@ func TestWorkerWebhookDropOnReusedConnection(t *testing.T) {
 	recv.mu.Unlock()
 	second := createTask(t, n, "hooks", "ev-2")
 	got := settle(t, pool, second)
-	requests, deliveries, conns := recv.counts(service.IdempotencyKey(refOf(t, pool, second)))
+	requests, deliveries, conns := recv.counts(delivery.IdempotencyKey(refOf(t, pool, second)))
 	t.Logf("webhook: %+v; receiver: %d requests, %d deliveries, %d connections", got, requests, deliveries, conns)
 
 	is.Equal(requests, got.Calls)                                                 // one request per attempt row
@@ -318,12 +319,12 @@ func (p *pushReceiver) counts() (requests, conns int) {
 func TestWorkerWebPushDropOnReusedConnection(t *testing.T) {
 	cases := []struct {
 		name     string
-		contract service.Contract
+		contract delivery.Contract
 		attempts []attempt
 		state    string
 	}{
-		{"parked", service.Contract{}, []attempt{{"SEND", "IO_ERROR"}}, "UNKNOWN"},
-		{"topic resend", service.Contract{ResendWithTopic: true}, []attempt{{"SEND", "IO_ERROR"}, {"TOPIC_RESEND", "ACCEPTED"}}, "SENT"},
+		{"parked", delivery.Contract{}, []attempt{{"SEND", "IO_ERROR"}}, "UNKNOWN"},
+		{"topic resend", delivery.Contract{ResendWithTopic: true}, []attempt{{"SEND", "IO_ERROR"}, {"TOPIC_RESEND", "ACCEPTED"}}, "SENT"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -338,7 +339,7 @@ func TestWorkerWebPushDropOnReusedConnection(t *testing.T) {
 			is.NoErr(err) // the adapter
 			_, err = n.SetPreference(context.Background(), "u1", "browser", recv.subscription(t), true)
 			is.NoErr(err) // the browser's subscription
-			startWorker(t, pool, "browser", service.Route{Mode: service.ModeNone, Contract: tc.contract, Client: client})
+			startWorker(t, pool, "browser", delivery.Route{Mode: delivery.ModeNone, Contract: tc.contract, Client: client})
 
 			first := createTask(t, n, "browser", "ev-1")
 			is.Equal(settle(t, pool, first).State, "SENT") // delivered; the connection stays open

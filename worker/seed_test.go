@@ -20,6 +20,7 @@ import (
 	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/internal/seedcase"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 	"github.com/notifierhq/notifier/worker"
 )
@@ -43,31 +44,31 @@ func newStreamWorld(t *testing.T) *streamWorld {
 
 // run starts workers streaming loops (each its own dispatcher) with a client timeout of 400 ms, the
 // seed's, and a first retry after 50 ms, until the test ends.
-func (w *streamWorld) run(t *testing.T, workers int, modes map[string]service.Mode) {
+func (w *streamWorld) run(t *testing.T, workers int, modes map[string]delivery.Mode) {
 	t.Helper()
 	w.runWith(t, workers, modes, 50*time.Millisecond)
 }
 
-func (w *streamWorld) runWith(t *testing.T, workers int, modes map[string]service.Mode, backoff time.Duration) {
+func (w *streamWorld) runWith(t *testing.T, workers int, modes map[string]delivery.Mode, backoff time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for i := range workers {
-		routes := map[string]service.Route{}
+		routes := map[string]delivery.Route{}
 		for name, ch := range map[string]*fakes.Channel{"push": w.push, "sms": w.sms, "none": w.none} {
 			client, err := httpchannel.New(ch.URL(), httpchannel.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			mode := map[string]service.Mode{"push": service.ModeIdempotent, "sms": service.ModeQueryable, "none": service.ModeNone}[name]
+			mode := map[string]delivery.Mode{"push": delivery.ModeIdempotent, "sms": delivery.ModeQueryable, "none": delivery.ModeNone}[name]
 			if m, ok := modes[name]; ok {
 				mode = m
 			}
-			routes[name] = service.Route{Mode: mode, Client: client}
+			routes[name] = delivery.Route{Mode: mode, Client: client}
 		}
-		d, err := service.NewDispatcher(w.pool, service.DispatcherConfig{
+		d, err := service.NewDispatcher(t.Context(), w.pool, service.DispatcherConfig{
 			Worker: "w-stream-" + string(rune('a'+i)), Routes: routes, Lease: 10 * time.Second, CallTimeout: 400 * time.Millisecond,
-			Backoff: service.Backoff{Base: backoff, Max: 10 * backoff},
+			Backoff: delivery.Backoff{Base: backoff, Max: 10 * backoff},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -84,7 +85,7 @@ func (w *streamWorld) runWith(t *testing.T, workers int, modes map[string]servic
 
 func (w *streamWorld) create(t *testing.T, user, event string, ttl time.Duration, maxAttempts int) []service.TaskRef {
 	t.Helper()
-	_, _, tasks, err := w.n.Create(context.Background(), user, event, "order shipped", ttl, maxAttempts)
+	_, _, tasks, err := w.n.Create(context.Background(), service.CreateRequest{UserID: user, EventKey: event, Body: "order shipped", TTL: ttl, MaxAttempts: maxAttempts})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +139,7 @@ func TestSeedCasesStreaming(t *testing.T) {
 	w.sms.ScriptSend(refOf(t, w.pool, f1Retry), fakes.Step{Status: 503})
 	w.push.ScriptSend(refOf(t, w.pool, f1Reject), fakes.Step{Status: 400})
 	w.none.ScriptSend(refOf(t, w.pool, nc2), fakes.Step{Delay: 1200 * time.Millisecond})
-	w.run(t, 1, map[string]service.Mode{"none": service.ModeIdempotent}) // NC2: blind resends on none
+	w.run(t, 1, map[string]delivery.Mode{"none": delivery.ModeIdempotent}) // NC2: blind resends on none
 
 	w.checkSeed(t, "T1", push, w.push)
 	w.checkSeed(t, "T2", sms, w.sms)

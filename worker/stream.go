@@ -5,21 +5,22 @@ import (
 	"time"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // Dispatcher is what the loop needs of a *service.Dispatcher: claim, call, finish. The loop's own tests
 // drive it with an in-memory one.
 type Dispatcher interface {
 	ClaimBatch(ctx context.Context, limit int) ([]*service.Attempt, []service.Result, error)
-	Call(ctx context.Context, a *service.Attempt) service.Observation
-	FinishBatch(ctx context.Context, attempts []*service.Attempt, obs []service.Observation) ([]service.Result, error)
-	FinishBatchThenClaim(ctx context.Context, attempts []*service.Attempt, obs []service.Observation, limit int) service.Handoff
+	Call(ctx context.Context, a *service.Attempt) delivery.Observation
+	FinishBatch(ctx context.Context, attempts []*service.Attempt, obs []delivery.Observation) ([]service.Result, error)
+	FinishBatchThenClaim(ctx context.Context, attempts []*service.Attempt, obs []delivery.Observation, limit int) service.Handoff
 }
 
 // answer is one call's observation, waiting to be recorded.
 type answer struct {
 	attempt *service.Attempt
-	obs     service.Observation
+	obs     delivery.Observation
 	took    time.Duration
 }
 
@@ -216,9 +217,9 @@ func (s *stream) report(results []service.Result) {
 	}
 }
 
-func split(group []answer) ([]*service.Attempt, []service.Observation) {
+func split(group []answer) ([]*service.Attempt, []delivery.Observation) {
 	attempts := make([]*service.Attempt, len(group))
-	obs := make([]service.Observation, len(group))
+	obs := make([]delivery.Observation, len(group))
 	for i, a := range group {
 		attempts[i], obs[i] = a.attempt, a.obs
 	}

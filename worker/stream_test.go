@@ -14,6 +14,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // memDispatcher is an in-memory Dispatcher: due tasks are numbers, a call runs the test's answer
@@ -21,7 +22,7 @@ import (
 type memDispatcher struct {
 	mu          sync.Mutex
 	due         []int64
-	answer      func(a *service.Attempt) service.Observation
+	answer      func(a *service.Attempt) delivery.Observation
 	claimErr    error
 	finishErr   error     // every finish fails with it
 	claims      []int     // limits asked for, in order
@@ -38,7 +39,7 @@ type memDispatcher struct {
 	stopped     bool
 }
 
-func newMem(tasks int, answer func(a *service.Attempt) service.Observation) *memDispatcher {
+func newMem(tasks int, answer func(a *service.Attempt) delivery.Observation) *memDispatcher {
 	m := &memDispatcher{answer: answer}
 	for i := range tasks {
 		m.due = append(m.due, int64(i+1))
@@ -57,7 +58,7 @@ func (m *memDispatcher) ClaimBatch(ctx context.Context, limit int) ([]*service.A
 	n := min(limit, len(m.due))
 	var out []*service.Attempt
 	for _, id := range m.due[:n] {
-		out = append(out, &service.Attempt{TaskID: id, Channel: "push", No: 1, Token: "tok", Action: service.ActionSend})
+		out = append(out, &service.Attempt{TaskID: id, Channel: "push", No: 1, Token: "tok", Action: delivery.ActionSend})
 	}
 	m.due = m.due[n:]
 	m.held += n
@@ -65,7 +66,7 @@ func (m *memDispatcher) ClaimBatch(ctx context.Context, limit int) ([]*service.A
 	return out, nil, nil
 }
 
-func (m *memDispatcher) Call(_ context.Context, a *service.Attempt) service.Observation {
+func (m *memDispatcher) Call(_ context.Context, a *service.Attempt) delivery.Observation {
 	m.mu.Lock()
 	m.calling++
 	m.maxCalling = max(m.maxCalling, m.calling)
@@ -77,7 +78,7 @@ func (m *memDispatcher) Call(_ context.Context, a *service.Attempt) service.Obse
 	return obs
 }
 
-func (m *memDispatcher) FinishBatch(_ context.Context, attempts []*service.Attempt, obs []service.Observation) ([]service.Result, error) {
+func (m *memDispatcher) FinishBatch(_ context.Context, attempts []*service.Attempt, obs []delivery.Observation) ([]service.Result, error) {
 	m.mu.Lock()
 	m.finishing++
 	m.maxFinishes = max(m.maxFinishes, m.finishing)
@@ -103,7 +104,7 @@ func (m *memDispatcher) FinishBatch(_ context.Context, attempts []*service.Attem
 	return results, nil
 }
 
-func (m *memDispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*service.Attempt, obs []service.Observation, limit int) service.Handoff {
+func (m *memDispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*service.Attempt, obs []delivery.Observation, limit int) service.Handoff {
 	m.mu.Lock()
 	m.carried++
 	m.mu.Unlock()
@@ -125,8 +126,8 @@ func (m *memDispatcher) finishedIDs() map[int64]int {
 	return seen
 }
 
-func accepted(*service.Attempt) service.Observation {
-	return service.Observation{Outcome: service.OutcomeAccepted}
+func accepted(*service.Attempt) delivery.Observation {
+	return delivery.Observation{Outcome: delivery.OutcomeAccepted}
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -161,9 +162,9 @@ func runUntil(t *testing.T, d Dispatcher, cfg Config, cond func() bool) {
 // delivered exactly once, and a claim never asks for more than the room left.
 func TestRunKeepsTheWindow(t *testing.T) {
 	is := is.New(t)
-	m := newMem(500, func(*service.Attempt) service.Observation {
+	m := newMem(500, func(*service.Attempt) delivery.Observation {
 		time.Sleep(2 * time.Millisecond) // a channel that takes a moment
-		return service.Observation{Outcome: service.OutcomeAccepted}
+		return delivery.Observation{Outcome: delivery.OutcomeAccepted}
 	})
 	runUntil(t, m, Config{MaxInFlight: 16, Batch: 10, Logger: quiet, Poll: time.Millisecond},
 		func() bool { return len(m.finishedIDs()) == 500 })
@@ -184,11 +185,11 @@ func TestRunKeepsTheWindow(t *testing.T) {
 func TestSlowCallDoesNotHoldOtherAnswers(t *testing.T) {
 	is := is.New(t)
 	release := make(chan struct{})
-	m := newMem(100, func(a *service.Attempt) service.Observation {
+	m := newMem(100, func(a *service.Attempt) delivery.Observation {
 		if a.TaskID == 1 {
 			<-release // the first task's channel hangs
 		}
-		return service.Observation{Outcome: service.OutcomeAccepted}
+		return delivery.Observation{Outcome: delivery.OutcomeAccepted}
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -245,13 +246,13 @@ func TestAnswersWaitBrieflyToShareAFinish(t *testing.T) {
 	is := is.New(t)
 	var n sync.Mutex
 	count := 0
-	m := newMem(64, func(*service.Attempt) service.Observation {
+	m := newMem(64, func(*service.Attempt) delivery.Observation {
 		n.Lock()
 		count++
 		d := time.Duration(count%8) * 100 * time.Microsecond // answers spread over under a millisecond
 		n.Unlock()
 		time.Sleep(d)
-		return service.Observation{Outcome: service.OutcomeAccepted}
+		return delivery.Observation{Outcome: delivery.OutcomeAccepted}
 	})
 	runUntil(t, m, Config{MaxInFlight: 64, Batch: 64, FinishDelay: 20 * time.Millisecond, Logger: quiet, Poll: time.Millisecond},
 		func() bool { return len(m.finishedIDs()) == 64 })
@@ -264,10 +265,10 @@ func TestStopRecordsCallsInFlight(t *testing.T) {
 	var once sync.Once
 	calling := make(chan struct{})
 	release := make(chan struct{})
-	m := newMem(100, func(*service.Attempt) service.Observation {
+	m := newMem(100, func(*service.Attempt) delivery.Observation {
 		once.Do(func() { close(calling) })
 		<-release
-		return service.Observation{Outcome: service.OutcomeAccepted}
+		return delivery.Observation{Outcome: delivery.OutcomeAccepted}
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

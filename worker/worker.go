@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // RunOnce performs one cycle on one task and logs its events: CLAIMED, CALLED and RESULT. It claims
@@ -26,7 +27,7 @@ func RunOnce(ctx context.Context, d Dispatcher, log *slog.Logger) (service.Resul
 	logSettled(log, settled)
 	results := settled
 	if len(attempts) > 0 { // a claim of one: one attempt, called here
-		obs := make([]service.Observation, len(attempts))
+		obs := make([]delivery.Observation, len(attempts))
 		elapsed := make([]time.Duration, len(attempts))
 		for i, a := range attempts {
 			logClaimed(log, a)
@@ -62,7 +63,7 @@ func logClaimed(log *slog.Logger, a *service.Attempt) {
 }
 
 // logCalled logs CALLED for an attempt whose call answered obs after took.
-func logCalled(log *slog.Logger, a *service.Attempt, obs service.Observation, took time.Duration) {
+func logCalled(log *slog.Logger, a *service.Attempt, obs delivery.Observation, took time.Duration) {
 	log.Info("CALLED", "task", a.TaskID, "attempt", a.No, "action", a.Action, "outcome", obs.Outcome,
 		"msg", obs.ProviderMsgID, "ms", took.Milliseconds(), "token", prefix(a.Token))
 }
@@ -87,6 +88,11 @@ func logFinished(log *slog.Logger, results []service.Result, elapsed []time.Dura
 		if res.Kind == service.ResultUnrecorded {
 			log.Error("finish failed for this task; it will be recovered after its lease", "task", res.TaskID,
 				"attempt", res.Attempt, "outcome", res.Outcome, "token", prefix(res.Token), "error", res.Detail)
+			continue
+		}
+		if res.PrefDisabled {
+			log.Info("RESULT", "result", res.Kind, "task", res.TaskID, "attempt", res.Attempt, "action", res.Action,
+				"outcome", res.Outcome, "token", prefix(res.Token), "pref_disabled", true, "detail", res.Detail)
 			continue
 		}
 		log.Info("RESULT", "result", res.Kind, "task", res.TaskID, "attempt", res.Attempt, "action", res.Action,

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/notifierhq/notifier/bench/workload"
+	"github.com/notifierhq/notifier/service"
 )
 
 // parallel runs fn for 0..n-1 on workload.Submitters goroutines and returns the first error (the others stop
@@ -81,8 +82,7 @@ func (b *bench) createAll(ctx context.Context, label string, count int, dupShare
 		i := int(ops[k])
 		user := b.users[i%len(b.users)]
 		t0 := time.Now()
-		id, created, tasks, err := b.n.Create(ctx, user, fmt.Sprintf("%s-%s-%d", b.run, label, i),
-			fmt.Sprintf("Hello %s, bench notification %d", user, i), time.Hour, workload.MaxAttempts)
+		id, created, tasks, err := b.n.Create(ctx, service.CreateRequest{UserID: user, EventKey: fmt.Sprintf("%s-%s-%d", b.run, label, i), Body: fmt.Sprintf("Hello %s, bench notification %d", user, i), TTL: time.Hour, MaxAttempts: workload.MaxAttempts})
 		took := time.Since(t0)
 		if err != nil {
 			return err

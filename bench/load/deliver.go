@@ -11,6 +11,7 @@ import (
 	"github.com/notifierhq/notifier/bench/pgbench"
 	"github.com/notifierhq/notifier/internal/cputime"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/worker"
 )
 
@@ -37,7 +38,7 @@ type countingDispatcher struct {
 	claimsAlone bool // the history probes: no claim rides behind a finish
 }
 
-func (c *countingDispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*service.Attempt, obs []service.Observation, limit int) service.Handoff {
+func (c *countingDispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*service.Attempt, obs []delivery.Observation, limit int) service.Handoff {
 	if c.claimsAlone {
 		// Only the finish: the loop reads the empty claim as "nothing due", waits its Poll and claims
 		// alone, so that every claim with tasks is timed by itself.

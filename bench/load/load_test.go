@@ -250,7 +250,7 @@ func TestFinalCheckCatchesFailures(t *testing.T) {
 		_, err := b.n.SetPreference(ctx, user, ch, user+"@"+ch, true)
 		is.NoErr(err)
 	}
-	_, created, tasks, err := b.n.Create(ctx, user, "e1", "hello", time.Hour, 3)
+	_, created, tasks, err := b.n.Create(ctx, service.CreateRequest{UserID: user, EventKey: "e1", Body: "hello", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)
 	is.True(created && len(tasks) == 2) // two tasks, never delivered
 

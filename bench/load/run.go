@@ -22,6 +22,7 @@ import (
 	productdb "github.com/notifierhq/notifier/dbgen"
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
@@ -179,7 +180,7 @@ func (b *bench) start(ctx context.Context, rep *Report) error {
 		if err != nil {
 			return err
 		}
-		if l.d, err = service.NewDispatcher(l.pool, service.DispatcherConfig{
+		if l.d, err = service.NewDispatcher(ctx, l.pool, service.DispatcherConfig{
 			Worker: l.name, Routes: routes, Lease: time.Minute, CallTimeout: workload.CallTimeout,
 			DBTimeout: b.cfg.DBTimeout, Backoff: workload.RetryBackoff, FinishApart: b.cfg.FinishApart,
 		}); err != nil {
@@ -206,11 +207,11 @@ func (b *bench) start(ctx context.Context, rep *Report) error {
 
 // routes are one loop's channels: its own HTTP clients to the fakes (as a process of its own would
 // have), or with --skip-calls a client that answers at once.
-func (b *bench) routes() (map[string]service.Route, error) {
-	modes := map[string]service.Mode{"push": service.ModeIdempotent, "sms": service.ModeQueryable}
-	routes := map[string]service.Route{}
+func (b *bench) routes() (map[string]delivery.Route, error) {
+	modes := map[string]delivery.Mode{"push": delivery.ModeIdempotent, "sms": delivery.ModeQueryable}
+	routes := map[string]delivery.Route{}
 	for name, ch := range map[string]*fakes.Channel{"push": b.push, "sms": b.sms} {
-		var client service.Channel = acceptAtOnce{}
+		var client delivery.Channel = acceptAtOnce{}
 		if !b.cfg.SkipCalls {
 			c, err := httpchannel.New(ch.URL(), httpchannel.Options{})
 			if err != nil {
@@ -218,7 +219,7 @@ func (b *bench) routes() (map[string]service.Route, error) {
 			}
 			client = c
 		}
-		routes[name] = service.Route{Mode: modes[name], Client: client}
+		routes[name] = delivery.Route{Mode: modes[name], Client: client}
 	}
 	return routes, nil
 }
@@ -227,12 +228,12 @@ func (b *bench) routes() (map[string]service.Route, error) {
 // message, at once and without a call, so a run measures the database side alone.
 type acceptAtOnce struct{}
 
-func (acceptAtOnce) Send(_ context.Context, msg service.Message) service.Observation {
-	return service.Observation{Outcome: service.OutcomeAccepted, ProviderMsgID: "bench-" + msg.Ref}
+func (acceptAtOnce) Send(_ context.Context, msg delivery.Message) delivery.Observation {
+	return delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: "bench-" + msg.Ref}
 }
 
-func (acceptAtOnce) Query(_ context.Context, ref string) service.Observation {
-	return service.Observation{Outcome: service.OutcomeQueryFound, ProviderMsgID: "bench-" + ref}
+func (acceptAtOnce) Query(_ context.Context, ref string) delivery.Observation {
+	return delivery.Observation{Outcome: delivery.OutcomeQueryFound, ProviderMsgID: "bench-" + ref}
 }
 
 // checkConnections refuses a run whose pools could open more connections than the server accepts (it

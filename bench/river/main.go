@@ -50,6 +50,7 @@ import (
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/cputime"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
@@ -89,9 +90,9 @@ func (w *DeliveryWorker) Work(ctx context.Context, job *river.Job[DeliveryArgs])
 	ctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
 	ref := "job-" + strconv.FormatInt(job.ID, 10)
-	obs := client.Send(ctx, service.Message{Ref: ref, IdempotencyKey: "ntf-" + ref, To: job.Args.To, Body: job.Args.Body})
+	obs := client.Send(ctx, delivery.Message{Ref: ref, IdempotencyKey: "ntf-" + ref, To: job.Args.To, Body: job.Args.Body})
 	switch obs.Outcome {
-	case service.OutcomeAccepted, service.OutcomeAcceptedReplay:
+	case delivery.OutcomeAccepted, delivery.OutcomeAcceptedReplay:
 		return nil
 	}
 	return fmt.Errorf("%s: %s", obs.Outcome, obs.Detail)

@@ -5,7 +5,7 @@ package workload
 import (
 	"time"
 
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 const (
@@ -26,4 +26,4 @@ var Channels = []string{"push", "sms"}
 // RetryBackoff spaces the retries of a refused send (a 503 of --call-errors) on both sides: 200 ms
 // doubled per attempt. Shorter than a worker's default (2 s) so that a run's tail is the protocol's
 // work, not its waiting.
-var RetryBackoff = service.Backoff{Base: 200 * time.Millisecond, Max: 10 * time.Second}
+var RetryBackoff = delivery.Backoff{Base: 200 * time.Millisecond, Max: 10 * time.Second}

@@ -1,8 +1,10 @@
 // Package channelconfig reads the channels a worker serves from a TOML file and builds their routes:
-// the client (service/httpchannel, webhook, webpush or smtpchannel), the mode and the contract.
+// the client (one adapter package per kind), the mode and the contract. Each kind registers itself
+// from its own file (http.go, webhook.go, webpush.go, smtp.go, ...; see kind.go): its keys, the modes
+// its protocol supports and its client; this file holds what every kind shares.
 //
 //	[channels.push]
-//	kind = "http"                 # http | webhook | webpush | smtp
+//	kind = "http"                 # one of Kinds(): http, webhook, webpush, smtp, ...
 //	mode = "idempotent"           # idempotent | queryable | none
 //	url = "https://push.internal.example"
 //	ca_file = "/etc/notifier/ca.pem"
@@ -35,84 +37,37 @@ import (
 
 	"github.com/BurntSushi/toml"
 
-	"github.com/notifierhq/notifier/service"
-	"github.com/notifierhq/notifier/service/httpchannel"
-	"github.com/notifierhq/notifier/service/smtpchannel"
-	"github.com/notifierhq/notifier/service/webhook"
-	"github.com/notifierhq/notifier/service/webpush"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
-// Kinds of channel.
-const (
-	KindHTTP    = "http"
-	KindWebhook = "webhook"
-	KindWebPush = "webpush"
-	KindSMTP    = "smtp"
-)
-
-// channel is one [channels.NAME] table. Fields a kind does not use are refused (see keysByKind).
+// channel is the part of a [channels.NAME] table every kind reads: the kind, the mode, the contract
+// and the rate limit. The rest of the table is the kind's own (see kind.go), decoded by the kind.
 type channel struct {
 	Kind string `toml:"kind"`
 	Mode string `toml:"mode"`
 
-	URL    string `toml:"url"`
-	CAFile string `toml:"ca_file"`
-
-	IdempotencyWindow     string `toml:"idempotency_window"`
-	QuerySettle           string `toml:"query_settle"`
 	MaxInFlightAge        string `toml:"max_in_flight_age"`
 	ServerErrorsUncertain bool   `toml:"server_errors_uncertain"`
-	ResendWithTopic       bool   `toml:"resend_with_topic"`
 
 	RateLimit string `toml:"rate_limit"`
 	Burst     *int64 `toml:"burst"`
 
-	// smtp
-	Addr            string `toml:"addr"`
-	StartTLS        string `toml:"starttls"`
-	Username        string `toml:"username"`
-	PasswordEnv     string `toml:"password_env"`
-	PasswordFile    string `toml:"password_file"`
-	From            string `toml:"from"`
-	HeloName        string `toml:"helo_name"`
-	MessageIDDomain string `toml:"message_id_domain"`
-	SubjectPrefix   string `toml:"subject_prefix"`
-
-	// webhook
-	SecretEnv  string `toml:"secret_env"`
-	SecretFile string `toml:"secret_file"`
-
-	// webpush
-	VAPIDPrivateKeyEnv  string `toml:"vapid_private_key_env"`
-	VAPIDPrivateKeyFile string `toml:"vapid_private_key_file"`
-	VAPIDSubject        string `toml:"vapid_subject"`
-	Urgency             string `toml:"urgency"`
+	// Contract keys only some kinds accept (kind.contractKeys).
+	IdempotencyWindow  string `toml:"idempotency_window"`
+	QuerySettle        string `toml:"query_settle"`
+	ResendWithTopic    bool   `toml:"resend_with_topic"`
+	ResendWithCollapse bool   `toml:"resend_with_collapse"`
 }
 
 type file struct {
-	Channels map[string]channel `toml:"channels"`
+	Channels map[string]toml.Primitive `toml:"channels"`
 }
 
 // common keys every kind accepts.
 var common = []string{"kind", "mode", "max_in_flight_age", "server_errors_uncertain", "rate_limit", "burst"}
 
-// keysByKind lists the keys each kind accepts besides the common ones.
-var keysByKind = map[string][]string{
-	KindHTTP:    {"url", "ca_file", "idempotency_window", "query_settle"},
-	KindWebhook: {"ca_file", "idempotency_window", "secret_env", "secret_file"},
-	KindWebPush: {"ca_file", "resend_with_topic", "vapid_private_key_env", "vapid_private_key_file", "vapid_subject", "urgency"},
-	KindSMTP: {"addr", "ca_file", "starttls", "username", "password_env", "password_file", "from", "helo_name",
-		"message_id_domain", "subject_prefix"},
-}
-
-// modesByKind lists the modes each kind's protocol supports, the default first. Claiming less than
-// the protocol offers is allowed (a webhook may be run as NONE); claiming more is not.
-var modesByKind = map[string][]service.Mode{
-	KindHTTP:    {service.ModeIdempotent, service.ModeQueryable, service.ModeNone}, // no default: the endpoint decides
-	KindWebhook: {service.ModeIdempotent, service.ModeNone},
-	KindWebPush: {service.ModeNone},
-	KindSMTP:    {service.ModeNone},
-}
+// contractKeys are the keys of channel that a kind accepts only when it lists them.
+var contractKeys = []string{"idempotency_window", "query_settle", "resend_with_topic", "resend_with_collapse"}
 
 // inlineSecrets are keys that would put a secret into the file, and where it must come from instead.
 var inlineSecrets = map[string]string{
@@ -130,7 +85,7 @@ var channelName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
 type Error struct{ msg string }
 
 func (e *Error) Error() string        { return e.msg }
-func (e *Error) Is(target error) bool { return target == service.ErrInvalidInput }
+func (e *Error) Is(target error) bool { return target == delivery.ErrInvalidInput }
 
 func fail(format string, args ...any) error {
 	return &Error{msg: oneLine(fmt.Sprintf(format, args...))}
@@ -138,7 +93,7 @@ func fail(format string, args ...any) error {
 
 // Load reads and checks the file and builds one route per channel. getenv resolves *_env keys
 // (os.Getenv in production). Errors are *Error, one line naming the file, the channel and the key.
-func Load(path string, getenv func(string) string) (map[string]service.Route, error) {
+func Load(path string, getenv func(string) string) (map[string]delivery.Route, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fail("channels file: %v", err)
@@ -148,10 +103,13 @@ func Load(path string, getenv func(string) string) (map[string]service.Route, er
 	if err != nil {
 		return nil, fail("%s: %v", path, err)
 	}
-	if err := checkKeys(md, f); err != nil {
+	if err := checkInlineSecrets(md); err != nil {
 		return nil, fail("%s: %v", path, err)
 	}
 	if len(f.Channels) == 0 {
+		if err := checkUndecoded(md, nil); err != nil {
+			return nil, fail("%s: %v", path, err)
+		}
 		return nil, fail("%s: no [channels.NAME] table", path)
 	}
 	names := make([]string, 0, len(f.Channels))
@@ -159,10 +117,22 @@ func Load(path string, getenv func(string) string) (map[string]service.Route, er
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	l := loader{dir: filepath.Dir(path), getenv: getenv}
-	routes := make(map[string]service.Route, len(names))
+	// Decode every table first, so that a key the file gets wrong is reported before a route is built.
+	tables := make(map[string]table, len(names))
 	for _, name := range names {
-		r, err := l.route(name, f.Channels[name])
+		t, err := decode(md, f.Channels[name])
+		if err != nil {
+			return nil, fail("%s: channel %q: %v", path, name, err)
+		}
+		tables[name] = t
+	}
+	if err := checkUndecoded(md, tables); err != nil {
+		return nil, fail("%s: %v", path, err)
+	}
+	l := loader{dir: filepath.Dir(path), getenv: getenv}
+	routes := make(map[string]delivery.Route, len(names))
+	for _, name := range names {
+		r, err := l.route(name, tables[name])
 		if err != nil {
 			return nil, fail("%s: channel %q: %v", path, name, err)
 		}
@@ -171,8 +141,39 @@ func Load(path string, getenv func(string) string) (map[string]service.Route, er
 	return routes, nil
 }
 
-// checkKeys refuses unknown keys, keys of another kind, and inline secrets.
-func checkKeys(md toml.MetaData, f file) error {
+// table is one decoded [channels.NAME] table: the common part, its kind, and the kind's own part,
+// ready to build a client from.
+type table struct {
+	channel
+	kind   kind
+	keys   []string // the keys the table sets
+	client func(l loader) (delivery.Channel, error)
+}
+
+// decode reads a table's common part, finds its kind and lets the kind decode the rest.
+func decode(md toml.MetaData, p toml.Primitive) (table, error) {
+	var t table
+	if err := md.PrimitiveDecode(p, &t.channel); err != nil {
+		return t, err
+	}
+	k, ok := kinds[t.Kind]
+	if !ok {
+		if t.Kind == "" {
+			return t, fmt.Errorf("kind: required (want %s)", kindList())
+		}
+		return t, fmt.Errorf("kind %q: want %s", t.Kind, kindList())
+	}
+	t.kind = k
+	client, err := k.decode(md, p)
+	if err != nil {
+		return t, err
+	}
+	t.client = client
+	return t, nil
+}
+
+// checkInlineSecrets refuses a key that would put a secret into the file.
+func checkInlineSecrets(md toml.MetaData) error {
 	for _, key := range md.Keys() {
 		if len(key) == 3 && key[0] == "channels" {
 			if hint, ok := inlineSecrets[key[2]]; ok {
@@ -180,23 +181,30 @@ func checkKeys(md toml.MetaData, f file) error {
 			}
 		}
 	}
+	return nil
+}
+
+// checkUndecoded refuses keys no part of the table read: unknown keys, and keys of another kind. A
+// contract key the table's kind does not list is refused too, though the common part decoded it.
+func checkUndecoded(md toml.MetaData, tables map[string]table) error {
 	for _, key := range md.Undecoded() {
 		if len(key) == 3 && key[0] == "channels" {
-			return fmt.Errorf("channel %q: unknown key %q", key[1], key[2])
+			name, k := key[1], key[2]
+			if owner := kindsWithKey(k); owner != "" {
+				return fmt.Errorf("channel %q: %s does not apply to kind %q (it is a key of %s)", name, k, tables[name].Kind, owner)
+			}
+			return fmt.Errorf("channel %q: unknown key %q", name, k)
 		}
 		return fmt.Errorf("unknown key %q", key.String())
 	}
 	for _, key := range md.Keys() {
-		if len(key) != 3 || key[0] != "channels" {
+		if len(key) != 3 || key[0] != "channels" || !slices.Contains(contractKeys, key[2]) {
 			continue
 		}
-		name, k := key[1], key[2]
-		kind := f.Channels[name].Kind
-		allowed, known := keysByKind[kind]
-		if !known || slices.Contains(common, k) || slices.Contains(allowed, k) {
-			continue // an unknown kind is reported with the channel
+		t := tables[key[1]]
+		if !slices.Contains(t.kind.contractKeys, key[2]) {
+			return fmt.Errorf("channel %q: %s does not apply to kind %q", key[1], key[2], t.Kind)
 		}
-		return fmt.Errorf("channel %q: %s does not apply to kind %q", name, k, kind)
 	}
 	return nil
 }
@@ -206,91 +214,76 @@ type loader struct {
 	getenv func(string) string
 }
 
-func (l loader) route(name string, c channel) (service.Route, error) {
+func (l loader) route(name string, t table) (delivery.Route, error) {
 	if !channelName.MatchString(name) {
-		return service.Route{}, errors.New("invalid name: want 1-32 of a-z, 0-9, _ or -, starting with a letter")
+		return delivery.Route{}, errors.New("invalid name: want 1-32 of a-z, 0-9, _ or -, starting with a letter")
 	}
-	modes, ok := modesByKind[c.Kind]
-	if !ok {
-		return service.Route{}, fmt.Errorf("kind %q: want http, webhook, webpush or smtp", c.Kind)
-	}
-	mode, err := l.mode(c, modes)
+	mode, err := l.mode(t)
 	if err != nil {
-		return service.Route{}, err
+		return delivery.Route{}, err
 	}
-	contract, err := l.contract(c, mode)
+	contract, err := l.contract(t.channel, mode)
 	if err != nil {
-		return service.Route{}, err
+		return delivery.Route{}, err
 	}
-	limit, err := rateLimit(c)
+	limit, err := rateLimit(t.channel)
 	if err != nil {
-		return service.Route{}, err
+		return delivery.Route{}, err
 	}
-	client, err := l.client(c)
+	client, err := t.client(l)
 	if err != nil {
-		return service.Route{}, err
+		return delivery.Route{}, err
 	}
-	return service.Route{Mode: mode, Contract: contract, Client: client, RateLimit: limit}, nil
+	return delivery.Route{Mode: mode, Contract: contract, Client: client, RateLimit: limit}, nil
 }
 
 // rateLimit reads rate_limit ("50/s", "3000/min", "20000/h") and burst (a whole number of calls, by
 // default one second's worth and at least one).
-func rateLimit(c channel) (service.RateLimit, error) {
+func rateLimit(c channel) (delivery.RateLimit, error) {
 	if c.RateLimit == "" {
 		if c.Burst != nil {
-			return service.RateLimit{}, errors.New("burst: applies only with rate_limit")
+			return delivery.RateLimit{}, errors.New("burst: applies only with rate_limit")
 		}
-		return service.RateLimit{}, nil
+		return delivery.RateLimit{}, nil
 	}
-	rate, err := service.ParseRate(c.RateLimit)
+	rate, err := delivery.ParseRate(c.RateLimit)
 	if err != nil {
-		var bad *service.InputError
+		var bad *delivery.InputError
 		if errors.As(err, &bad) {
 			err = errors.New("rate_limit " + bad.Reason)
 		}
-		return service.RateLimit{}, err
+		return delivery.RateLimit{}, err
 	}
-	limit := service.RateLimit{PerSecond: rate, Burst: service.DefaultBurst(rate)}
+	limit := delivery.RateLimit{PerSecond: rate, Burst: delivery.DefaultBurst(rate)}
 	if c.Burst != nil {
-		if *c.Burst < 1 || *c.Burst > service.MaxRate {
-			return service.RateLimit{}, fmt.Errorf("burst %d: want a whole number of calls from 1 to %d", *c.Burst, service.MaxRate)
+		if *c.Burst < 1 || *c.Burst > delivery.MaxRate {
+			return delivery.RateLimit{}, fmt.Errorf("burst %d: want a whole number of calls from 1 to %d", *c.Burst, delivery.MaxRate)
 		}
 		limit.Burst = float64(*c.Burst)
 	}
 	return limit, nil
 }
 
-func (l loader) mode(c channel, modes []service.Mode) (service.Mode, error) {
-	if c.Mode == "" {
-		if c.Kind == KindHTTP {
-			return "", errors.New("mode: required for kind http (idempotent, queryable or none: what the endpoint promises)")
+func (l loader) mode(t table) (delivery.Mode, error) {
+	modes := t.kind.modes
+	if t.Mode == "" {
+		if t.kind.modeRequired {
+			return "", fmt.Errorf("mode: required for kind %s (%s)", t.Kind, t.kind.offers)
 		}
 		return modes[0], nil
 	}
-	m, err := service.ParseMode(c.Mode)
+	m, err := delivery.ParseMode(t.Mode)
 	if err != nil {
-		return "", fmt.Errorf("mode %q: want idempotent, queryable or none", c.Mode)
+		return "", fmt.Errorf("mode %q: want idempotent, queryable or none", t.Mode)
 	}
 	if !slices.Contains(modes, m) {
-		return "", fmt.Errorf("mode %q: kind %s %s", c.Mode, c.Kind, offers(c.Kind))
+		return "", fmt.Errorf("mode %q: kind %s %s", t.Mode, t.Kind, t.kind.offers)
 	}
 	return m, nil
 }
 
-func offers(kind string) string {
-	switch kind {
-	case KindWebhook:
-		return "offers no query (Standard Webhooks are idempotent by webhook-id): want idempotent or none"
-	case KindWebPush:
-		return "offers neither idempotency keys nor queries: want none (see resend_with_topic)"
-	case KindSMTP:
-		return "offers neither idempotency keys nor queries: want none"
-	}
-	return ""
-}
-
-func (l loader) contract(c channel, mode service.Mode) (service.Contract, error) {
-	var k service.Contract
+func (l loader) contract(c channel, mode delivery.Mode) (delivery.Contract, error) {
+	var k delivery.Contract
 	var err error
 	if k.IdempotencyWindow, err = duration("idempotency_window", c.IdempotencyWindow); err != nil {
 		return k, err
@@ -301,14 +294,14 @@ func (l loader) contract(c channel, mode service.Mode) (service.Contract, error)
 	if k.MaxInFlightAge, err = duration("max_in_flight_age", c.MaxInFlightAge); err != nil {
 		return k, err
 	}
-	if c.IdempotencyWindow != "" && mode != service.ModeIdempotent {
+	if c.IdempotencyWindow != "" && mode != delivery.ModeIdempotent {
 		return k, fmt.Errorf("idempotency_window applies to mode idempotent only, not %s", strings.ToLower(string(mode)))
 	}
-	if c.QuerySettle != "" && mode != service.ModeQueryable {
+	if c.QuerySettle != "" && mode != delivery.ModeQueryable {
 		return k, fmt.Errorf("query_settle applies to mode queryable only, not %s", strings.ToLower(string(mode)))
 	}
 	k.ServerErrorsUncertain = c.ServerErrorsUncertain
-	k.ResendWithTopic = c.ResendWithTopic
+	k.ResendWithTopic = c.ResendWithTopic || c.ResendWithCollapse
 	return k, nil
 }
 
@@ -321,62 +314,6 @@ func duration(key, s string) (time.Duration, error) {
 		return 0, fmt.Errorf("%s %q: want a positive duration such as \"30s\", \"15m\" or \"24h\"", key, s)
 	}
 	return d, nil
-}
-
-func (l loader) client(c channel) (service.Channel, error) {
-	caFile := l.path(c.CAFile)
-	switch c.Kind {
-	case KindHTTP:
-		if c.URL == "" {
-			return nil, errors.New("url: required for kind http")
-		}
-		client, err := httpchannel.New(c.URL, httpchannel.Options{CAFile: caFile})
-		return client, keyErr("url", err)
-	case KindWebhook:
-		secret, err := l.secret("secret", c.SecretEnv, c.SecretFile)
-		if err != nil {
-			return nil, err
-		}
-		client, err := webhook.New(secret, webhook.Options{CAFile: caFile})
-		return client, keyErr("secret", err)
-	case KindWebPush:
-		pem, err := l.secret("vapid_private_key", c.VAPIDPrivateKeyEnv, c.VAPIDPrivateKeyFile)
-		if err != nil {
-			return nil, err
-		}
-		key, err := webpush.ParseVAPIDKey([]byte(pem))
-		if err != nil {
-			return nil, keyErr("vapid_private_key", err)
-		}
-		if c.VAPIDSubject == "" {
-			return nil, errors.New("vapid_subject: required (mailto:address or an https URL the push service can use to reach you)")
-		}
-		client, err := webpush.New(webpush.Options{VAPIDKey: key, Subject: c.VAPIDSubject, Urgency: webpush.Urgency(c.Urgency), CAFile: caFile})
-		return client, keyErr("webpush", err)
-	case KindSMTP:
-		if c.Addr == "" || c.From == "" {
-			return nil, errors.New("addr and from: required for kind smtp")
-		}
-		var password string
-		if c.Username != "" || c.PasswordEnv != "" || c.PasswordFile != "" {
-			if c.Username == "" {
-				return nil, errors.New("username: required with password_env/password_file")
-			}
-			var err error
-			if password, err = l.secret("password", c.PasswordEnv, c.PasswordFile); err != nil {
-				return nil, err
-			}
-		}
-		mode, err := smtpchannel.ParseTLSMode(c.StartTLS)
-		if err != nil {
-			return nil, keyErr("", err)
-		}
-		client, err := smtpchannel.New(smtpchannel.Options{Addr: c.Addr, StartTLS: mode, CAFile: caFile,
-			Username: c.Username, Password: password, From: c.From, HeloName: c.HeloName,
-			MessageIDDomain: c.MessageIDDomain, SubjectPrefix: c.SubjectPrefix})
-		return client, keyErr("smtp", err)
-	}
-	return nil, fmt.Errorf("kind %q", c.Kind)
 }
 
 // secret reads a secret from exactly one of NAME_env and NAME_file. Errors name the variable or
@@ -417,7 +354,7 @@ func keyErr(key string, err error) error {
 	if err == nil {
 		return nil
 	}
-	msg := strings.TrimPrefix(err.Error(), service.ErrInvalidInput.Error()+": ")
+	msg := strings.TrimPrefix(err.Error(), delivery.ErrInvalidInput.Error()+": ")
 	if key == "" {
 		return errors.New(msg)
 	}

@@ -16,8 +16,8 @@ import (
 
 	"github.com/matryer/is"
 
-	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/channelconfig"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 	"github.com/notifierhq/notifier/service/smtpchannel"
 	"github.com/notifierhq/notifier/service/webhook"
@@ -103,29 +103,29 @@ resend_with_topic = true
 	is.Equal(len(routes), 5) // every channel
 
 	push := routes["push"]
-	is.Equal(push.Mode, service.ModeIdempotent)                                                             // push mode
-	is.Equal(push.Contract, service.Contract{IdempotencyWindow: 24 * time.Hour, MaxInFlightAge: time.Hour}) // push contract
+	is.Equal(push.Mode, delivery.ModeIdempotent)                                                             // push mode
+	is.Equal(push.Contract, delivery.Contract{IdempotencyWindow: 24 * time.Hour, MaxInFlightAge: time.Hour}) // push contract
 	_, ok := push.Client.(*httpchannel.Client)
 	is.True(ok) // push is the generic HTTP protocol
 
 	sms := routes["sms"]
-	is.Equal(sms.Mode, service.ModeQueryable)                                                            // sms mode
-	is.Equal(sms.Contract, service.Contract{QuerySettle: 30 * time.Second, ServerErrorsUncertain: true}) // sms contract
+	is.Equal(sms.Mode, delivery.ModeQueryable)                                                            // sms mode
+	is.Equal(sms.Contract, delivery.Contract{QuerySettle: 30 * time.Second, ServerErrorsUncertain: true}) // sms contract
 
 	email := routes["email"]
-	is.Equal(email.Mode, service.ModeNone) // smtp is NONE
+	is.Equal(email.Mode, delivery.ModeNone) // smtp is NONE
 	c, ok := email.Client.(*smtpchannel.Client)
 	is.True(ok)                                                            // smtp client
 	is.Equal(c.MessageID("ntf-task-1"), "<ntf-task-1@notify.example.com>") // configured domain
 
 	hooks := routes["hooks"]
-	is.Equal(hooks.Mode, service.ModeIdempotent) // webhook defaults to IDEMPOTENT
+	is.Equal(hooks.Mode, delivery.ModeIdempotent) // webhook defaults to IDEMPOTENT
 	_, ok = hooks.Client.(*webhook.Client)
 	is.True(ok) // webhook client
 
 	browser := routes["browser"]
-	is.Equal(browser.Mode, service.ModeNone)                            // webpush is NONE
-	is.Equal(browser.Contract, service.Contract{ResendWithTopic: true}) // with topic resend
+	is.Equal(browser.Mode, delivery.ModeNone)                            // webpush is NONE
+	is.Equal(browser.Contract, delivery.Contract{ResendWithTopic: true}) // with topic resend
 	_, ok = browser.Client.(*webpush.Client)
 	is.True(ok) // webpush client
 }
@@ -165,12 +165,12 @@ mode = "none"
 url = "https://free.internal.example"
 `})
 	routes, err := channelconfig.Load(path, env(map[string]string{"S": webhookSecret}))
-	is.NoErr(err)                                                                    // valid
-	is.Equal(routes["push"].RateLimit, service.RateLimit{PerSecond: 50, Burst: 50})  // one second's worth
-	is.Equal(routes["sms"].RateLimit, service.RateLimit{PerSecond: 2, Burst: 10})    // per minute, with a burst
-	is.Equal(routes["slow"].RateLimit, service.RateLimit{PerSecond: 0.01, Burst: 1}) // per hour: at least one at once
-	is.Equal(routes["hooks"].RateLimit, service.RateLimit{PerSecond: 0.5, Burst: 3}) // any kind
-	is.Equal(routes["free"].RateLimit, service.RateLimit{})                          // none
+	is.NoErr(err)                                                                     // valid
+	is.Equal(routes["push"].RateLimit, delivery.RateLimit{PerSecond: 50, Burst: 50})  // one second's worth
+	is.Equal(routes["sms"].RateLimit, delivery.RateLimit{PerSecond: 2, Burst: 10})    // per minute, with a burst
+	is.Equal(routes["slow"].RateLimit, delivery.RateLimit{PerSecond: 0.01, Burst: 1}) // per hour: at least one at once
+	is.Equal(routes["hooks"].RateLimit, delivery.RateLimit{PerSecond: 0.5, Burst: 3}) // any kind
+	is.Equal(routes["free"].RateLimit, delivery.RateLimit{})                          // none
 }
 
 func TestConfigSecretsFromEnv(t *testing.T) {
@@ -187,8 +187,8 @@ vapid_private_key_env = "VAPID_KEY"
 vapid_subject = "https://example.com/contact"
 `})
 	routes, err := channelconfig.Load(path, env(map[string]string{"HOOK_SECRET": webhookSecret, "VAPID_KEY": key}))
-	is.NoErr(err)                                    // valid
-	is.Equal(routes["hooks"].Mode, service.ModeNone) // a webhook may claim less than it offers
+	is.NoErr(err)                                     // valid
+	is.Equal(routes["hooks"].Mode, delivery.ModeNone) // a webhook may claim less than it offers
 }
 
 func TestConfigInvalid(t *testing.T) {
@@ -214,9 +214,11 @@ func TestConfigInvalid(t *testing.T) {
 		{"webpush claims idempotent", "[channels.b]\nkind = \"webpush\"\nmode = \"idempotent\"\n", nil, []string{`channel "b"`, `mode "idempotent"`}, ""},
 		{"http without mode", "[channels.push]\nkind = \"http\"\nurl = \"https://push.example\"\n", nil, []string{`channel "push"`, "mode: required"}, ""},
 		{"unknown kind", "[channels.sms]\nkind = \"carrier-pigeon\"\n", nil, []string{`channel "sms"`, `kind "carrier-pigeon"`}, ""},
-		{"no kind", "[channels.sms]\nmode = \"none\"\n", nil, []string{`channel "sms"`, `kind ""`}, ""},
+		{"no kind", "[channels.sms]\nmode = \"none\"\n", nil, []string{`channel "sms"`, "kind: required"}, ""},
 		{"key of another kind", httpOK + "addr = \"smtp.example:25\"\n", nil, []string{`channel "push"`, `addr does not apply to kind "http"`}, ""},
 		{"topic resend on http", httpOK + "resend_with_topic = true\n", nil, []string{`resend_with_topic does not apply to kind "http"`}, ""},
+		{"collapse resend on webpush", "[channels.web]\nkind = \"webpush\"\nresend_with_collapse = true\n", nil, []string{`channel "web"`, `resend_with_collapse does not apply to kind "webpush"`}, ""},
+		{"key of another kind names its owner", httpOK + "vapid_subject = \"mailto:a@b.example\"\n", nil, []string{`vapid_subject does not apply to kind "http" (it is a key of webpush)`}, ""},
 		{"window on queryable", "[channels.sms]\nkind = \"http\"\nmode = \"queryable\"\nurl = \"https://sms.example\"\nidempotency_window = \"24h\"\n",
 			nil, []string{`channel "sms"`, "idempotency_window applies to mode idempotent only"}, ""},
 		{"settle on idempotent", httpOK + "query_settle = \"30s\"\n", nil, []string{"query_settle applies to mode queryable only"}, ""},
@@ -262,8 +264,8 @@ func TestConfigInvalid(t *testing.T) {
 			is := is.New(t)
 			path := writeDir(t, map[string]string{"channels.toml": tc.toml})
 			_, err := channelconfig.Load(path, env(tc.env))
-			is.True(err != nil)                              // refused
-			is.True(errors.Is(err, service.ErrInvalidInput)) // as bad input
+			is.True(err != nil)                               // refused
+			is.True(errors.Is(err, delivery.ErrInvalidInput)) // as bad input
 			for _, w := range tc.want {
 				if !strings.Contains(err.Error(), w) {
 					t.Fatalf("error %q does not contain %q", err, w)

@@ -95,6 +95,10 @@ type Observation struct {
 	ProviderMsgID string        // the channel's id for the message, when it told us
 	RetryAfter    time.Duration // the channel's Retry-After, when it sent one
 	Detail        string        // a short description for last_error; never contains secrets
+	// Unregistered, with OutcomeRejected: the provider says the address is gone for good (FCM
+	// UNREGISTERED, APNs 410 Unregistered, an inactive recipient). `work --disable-on-unregistered`
+	// then switches the user's preference on the channel off, as a hard bounce receipt can.
+	Unregistered bool
 }
 
 // Message is what a send carries. Ref and IdempotencyKey are bound to the task, identical on every

@@ -32,7 +32,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // MaxBodyBytes bounds a callback's body: a receipt is small; a larger body is refused (413) unread.
@@ -44,7 +44,7 @@ const DefaultTolerance = 5 * time.Minute
 
 // Recorder records a verified receipt: *service.Notifier.
 type Recorder interface {
-	RecordReceipt(ctx context.Context, r service.Receipt, disableOnBounce bool) (service.ReceiptResult, error)
+	RecordReceipt(ctx context.Context, r delivery.Receipt, disableOnBounce bool) (delivery.ReceiptResult, error)
 }
 
 // Config of the handler. A format without its secret is not served (404).
@@ -130,18 +130,18 @@ func readBody(r *http.Request) ([]byte, error) {
 
 // standardWebhooks verifies and records one Standard Webhooks callback.
 func (h *Handler) standardWebhooks(w http.ResponseWriter, r *http.Request) {
-	h.serve(w, r, service.ReceiptSourceStandardWebhooks, func() (service.Receipt, error) {
+	h.serve(w, r, delivery.ReceiptSourceStandardWebhooks, func() (delivery.Receipt, error) {
 		body, err := readBody(r)
 		if err != nil {
-			return service.Receipt{}, err
+			return delivery.Receipt{}, err
 		}
 		id, ts, err := VerifyStandardWebhook(h.cfg.WebhookKeys, r.Header, body, h.cfg.Now(), h.cfg.Tolerance)
 		if err != nil {
-			return service.Receipt{}, err
+			return delivery.Receipt{}, err
 		}
 		rec, err := ParseStandardWebhook(body)
 		if err != nil {
-			return service.Receipt{}, err
+			return delivery.Receipt{}, err
 		}
 		rec.EventID = id
 		if rec.OccurredAt.IsZero() {
@@ -153,17 +153,17 @@ func (h *Handler) standardWebhooks(w http.ResponseWriter, r *http.Request) {
 
 // twilio verifies and records one Twilio status callback.
 func (h *Handler) twilio(w http.ResponseWriter, r *http.Request) {
-	h.serve(w, r, service.ReceiptSourceTwilio, func() (service.Receipt, error) {
+	h.serve(w, r, delivery.ReceiptSourceTwilio, func() (delivery.Receipt, error) {
 		body, err := readBody(r)
 		if err != nil {
-			return service.Receipt{}, err
+			return delivery.Receipt{}, err
 		}
 		form, err := url.ParseQuery(string(body))
 		if err != nil {
-			return service.Receipt{}, refuse(http.StatusBadRequest, "malformed", "form body: %v", err)
+			return delivery.Receipt{}, refuse(http.StatusBadRequest, "malformed", "form body: %v", err)
 		}
 		if !VerifyTwilio(h.cfg.TwilioAuthToken, h.publicURL(r), form, r.Header.Get("X-Twilio-Signature")) {
-			return service.Receipt{}, refuse(http.StatusUnauthorized, "bad_signature", "X-Twilio-Signature does not match")
+			return delivery.Receipt{}, refuse(http.StatusUnauthorized, "bad_signature", "X-Twilio-Signature does not match")
 		}
 		return ParseTwilio(form, r.URL.Query().Get("ref"))
 	})
@@ -179,10 +179,10 @@ func (h *Handler) publicURL(r *http.Request) string {
 }
 
 // serve runs parse (verification included) and records the receipt, answering and counting the result.
-func (h *Handler) serve(w http.ResponseWriter, r *http.Request, source string, parse func() (service.Receipt, error)) {
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, source string, parse func() (delivery.Receipt, error)) {
 	rec, err := parse()
 	if err == nil {
-		var res service.ReceiptResult
+		var res delivery.ReceiptResult
 		ctx, cancel := context.WithTimeout(r.Context(), h.cfg.RecordTimeout)
 		res, err = h.rec.RecordReceipt(ctx, rec, h.cfg.DisableOnBounce)
 		cancel()
@@ -201,11 +201,11 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, source string, p
 	var ref *refusal
 	switch {
 	case errors.As(err, &ref):
-	case errors.Is(err, service.ErrUnknownReference):
+	case errors.Is(err, delivery.ErrUnknownReference):
 		ref = refuse(http.StatusNotFound, "unknown_reference", "%v", err)
-	case errors.Is(err, service.ErrAmbiguousReference):
+	case errors.Is(err, delivery.ErrAmbiguousReference):
 		ref = refuse(http.StatusConflict, "ambiguous_reference", "%v", err)
-	case errors.Is(err, service.ErrInvalidInput):
+	case errors.Is(err, delivery.ErrInvalidInput):
 		ref = refuse(http.StatusBadRequest, "malformed", "%v", err)
 	default:
 		// The database failed: the provider retries a 5xx, and the receipt is recorded then.
@@ -280,47 +280,47 @@ type standardEvent struct {
 }
 
 // standardKinds maps notifier's event types to receipt kinds.
-var standardKinds = map[string]service.ReceiptKind{
-	"message.accepted":    service.ReceiptAccepted,
-	"message.sent":        service.ReceiptAccepted,
-	"message.delivered":   service.ReceiptDelivered,
-	"message.bounced":     service.ReceiptBounced,
-	"message.complained":  service.ReceiptComplained,
-	"message.undelivered": service.ReceiptUndelivered,
+var standardKinds = map[string]delivery.ReceiptKind{
+	"message.accepted":    delivery.ReceiptAccepted,
+	"message.sent":        delivery.ReceiptAccepted,
+	"message.delivered":   delivery.ReceiptDelivered,
+	"message.bounced":     delivery.ReceiptBounced,
+	"message.complained":  delivery.ReceiptComplained,
+	"message.undelivered": delivery.ReceiptUndelivered,
 }
 
 // ParseStandardWebhook reads a verified Standard Webhooks body: {"type": "message.delivered",
 // "timestamp": RFC 3339, "data": {"ref": "ntf-<ref>", "provider_msg_id": ..., "bounce": "hard"}}.
-func ParseStandardWebhook(body []byte) (service.Receipt, error) {
+func ParseStandardWebhook(body []byte) (delivery.Receipt, error) {
 	var ev standardEvent
 	if err := json.Unmarshal(body, &ev); err != nil {
-		return service.Receipt{}, refuse(http.StatusBadRequest, "malformed", "body is not a JSON event: %v", err)
+		return delivery.Receipt{}, refuse(http.StatusBadRequest, "malformed", "body is not a JSON event: %v", err)
 	}
 	kind, ok := standardKinds[ev.Type]
 	if !ok {
-		return service.Receipt{}, refuse(http.StatusBadRequest, "unknown_type", "event type %q is not a receipt (want message.accepted, .sent, .delivered, .bounced, .complained or .undelivered)", ev.Type)
+		return delivery.Receipt{}, refuse(http.StatusBadRequest, "unknown_type", "event type %q is not a receipt (want message.accepted, .sent, .delivered, .bounced, .complained or .undelivered)", ev.Type)
 	}
-	rec := service.Receipt{Source: service.ReceiptSourceStandardWebhooks, Kind: kind,
+	rec := delivery.Receipt{Source: delivery.ReceiptSourceStandardWebhooks, Kind: kind,
 		ProviderMsgID: ev.Data.ProviderMsgID, Detail: ev.Data.Detail}
 	if ev.Data.Ref != "" {
-		ref, ok := service.ParseRef(ev.Data.Ref)
+		ref, ok := delivery.ParseRef(ev.Data.Ref)
 		if !ok {
-			return service.Receipt{}, refuse(http.StatusBadRequest, "malformed", "data.ref %q is not a reference of ours (the task's ref or ntf-<ref>)", ev.Data.Ref)
+			return delivery.Receipt{}, refuse(http.StatusBadRequest, "malformed", "data.ref %q is not a reference of ours (the task's ref or ntf-<ref>)", ev.Data.Ref)
 		}
 		rec.Ref = ref
 	}
 	switch {
-	case kind != service.ReceiptBounced && ev.Data.Bounce != "":
-		return service.Receipt{}, refuse(http.StatusBadRequest, "malformed", "data.bounce on a %s event", ev.Type)
+	case kind != delivery.ReceiptBounced && ev.Data.Bounce != "":
+		return delivery.Receipt{}, refuse(http.StatusBadRequest, "malformed", "data.bounce on a %s event", ev.Type)
 	case ev.Data.Bounce == "hard":
 		rec.HardBounce = true
 	case ev.Data.Bounce != "" && ev.Data.Bounce != "soft":
-		return service.Receipt{}, refuse(http.StatusBadRequest, "malformed", "data.bounce %q: want hard or soft", ev.Data.Bounce)
+		return delivery.Receipt{}, refuse(http.StatusBadRequest, "malformed", "data.bounce %q: want hard or soft", ev.Data.Bounce)
 	}
 	if ev.Timestamp != "" {
 		at, err := time.Parse(time.RFC3339, ev.Timestamp)
 		if err != nil {
-			return service.Receipt{}, refuse(http.StatusBadRequest, "malformed", "timestamp %q is not RFC 3339", ev.Timestamp)
+			return delivery.Receipt{}, refuse(http.StatusBadRequest, "malformed", "timestamp %q is not RFC 3339", ev.Timestamp)
 		}
 		rec.OccurredAt = at
 	}
@@ -392,32 +392,32 @@ var twilioHardBounces = map[string]bool{"30005": true, "30006": true}
 // or BOUNCED hard for the error codes of a number that does not exist), ErrorCode. ref is the ?ref= of
 // the callback URL, when the bridge that sent the message set it. The event id is the message sid and
 // its status: Twilio repeats a callback it could not deliver, and it is recorded once.
-func ParseTwilio(form url.Values, ref string) (service.Receipt, error) {
+func ParseTwilio(form url.Values, ref string) (delivery.Receipt, error) {
 	sid, status := form.Get("MessageSid"), strings.ToLower(form.Get("MessageStatus"))
 	if sid == "" || status == "" {
-		return service.Receipt{}, refuse(http.StatusBadRequest, "malformed", "missing MessageSid or MessageStatus")
+		return delivery.Receipt{}, refuse(http.StatusBadRequest, "malformed", "missing MessageSid or MessageStatus")
 	}
-	rec := service.Receipt{Source: service.ReceiptSourceTwilio, EventID: sid + ":" + status, ProviderMsgID: sid}
+	rec := delivery.Receipt{Source: delivery.ReceiptSourceTwilio, EventID: sid + ":" + status, ProviderMsgID: sid}
 	switch status {
 	case "queued", "sending", "sent", "accepted", "scheduled":
-		rec.Kind = service.ReceiptAccepted
+		rec.Kind = delivery.ReceiptAccepted
 	case "delivered", "read":
-		rec.Kind = service.ReceiptDelivered
+		rec.Kind = delivery.ReceiptDelivered
 	case "undelivered", "failed", "canceled":
-		rec.Kind = service.ReceiptUndelivered
+		rec.Kind = delivery.ReceiptUndelivered
 		if code := form.Get("ErrorCode"); twilioHardBounces[code] {
-			rec.Kind, rec.HardBounce = service.ReceiptBounced, true
+			rec.Kind, rec.HardBounce = delivery.ReceiptBounced, true
 		}
 	default:
-		return service.Receipt{}, refuse(http.StatusBadRequest, "unknown_type", "MessageStatus %q is not a receipt", status)
+		return delivery.Receipt{}, refuse(http.StatusBadRequest, "unknown_type", "MessageStatus %q is not a receipt", status)
 	}
 	if code := form.Get("ErrorCode"); code != "" {
 		rec.Detail = "Twilio " + status + ", error " + code
 	}
 	if ref != "" {
-		ours, ok := service.ParseRef(ref)
+		ours, ok := delivery.ParseRef(ref)
 		if !ok {
-			return service.Receipt{}, refuse(http.StatusBadRequest, "malformed", "ref %q is not a reference of ours (the task's ref or ntf-<ref>)", ref)
+			return delivery.Receipt{}, refuse(http.StatusBadRequest, "malformed", "ref %q is not a reference of ours (the task's ref or ntf-<ref>)", ref)
 		}
 		rec.Ref = ours
 	}

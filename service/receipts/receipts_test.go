@@ -16,7 +16,7 @@ import (
 
 	"github.com/matryer/is"
 
-	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/receipts"
 	"github.com/notifierhq/notifier/service/webhook"
 )
@@ -126,9 +126,9 @@ func TestTwilioSignatureVector(t *testing.T) {
 
 func TestParseTwilio(t *testing.T) {
 	is := is.New(t)
-	for status, want := range map[string]service.ReceiptKind{
-		"queued": service.ReceiptAccepted, "sent": service.ReceiptAccepted, "delivered": service.ReceiptDelivered,
-		"read": service.ReceiptDelivered, "undelivered": service.ReceiptUndelivered, "failed": service.ReceiptUndelivered,
+	for status, want := range map[string]delivery.ReceiptKind{
+		"queued": delivery.ReceiptAccepted, "sent": delivery.ReceiptAccepted, "delivered": delivery.ReceiptDelivered,
+		"read": delivery.ReceiptDelivered, "undelivered": delivery.ReceiptUndelivered, "failed": delivery.ReceiptUndelivered,
 	} {
 		r, err := receipts.ParseTwilio(url.Values{"MessageSid": {"SM1"}, "MessageStatus": {status}}, "ntf-task-7")
 		is.NoErr(err)
@@ -139,7 +139,7 @@ func TestParseTwilio(t *testing.T) {
 	}
 	r, err := receipts.ParseTwilio(url.Values{"MessageSid": {"SM1"}, "MessageStatus": {"undelivered"}, "ErrorCode": {"30005"}}, "")
 	is.NoErr(err)
-	is.Equal(r.Kind, service.ReceiptBounced) // an unknown handset: a hard bounce
+	is.Equal(r.Kind, delivery.ReceiptBounced) // an unknown handset: a hard bounce
 	is.True(r.HardBounce)
 	_, err = receipts.ParseTwilio(url.Values{"MessageSid": {"SM1"}, "MessageStatus": {"exploded"}}, "")
 	is.True(err != nil) // an unknown status is refused
@@ -150,13 +150,13 @@ func TestParseTwilio(t *testing.T) {
 // fakeRecorder records what the handler passes on and answers what the test says.
 type fakeRecorder struct {
 	mu       sync.Mutex
-	got      []service.Receipt
-	answer   service.ReceiptResult
+	got      []delivery.Receipt
+	answer   delivery.ReceiptResult
 	err      error
 	disabled []bool
 }
 
-func (f *fakeRecorder) RecordReceipt(_ context.Context, r service.Receipt, disable bool) (service.ReceiptResult, error) {
+func (f *fakeRecorder) RecordReceipt(_ context.Context, r delivery.Receipt, disable bool) (delivery.ReceiptResult, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.got = append(f.got, r)
@@ -180,7 +180,7 @@ func TestHandlerRefusesUnverifiedCallbacks(t *testing.T) {
 	is := is.New(t)
 	key := specKey(t)
 	now := time.Unix(1_800_000_000, 0)
-	rec := &fakeRecorder{answer: service.ReceiptResult{TaskID: 42, Effect: service.ReceiptSettled, State: service.StateSent}}
+	rec := &fakeRecorder{answer: delivery.ReceiptResult{TaskID: 42, Effect: delivery.ReceiptSettled, State: delivery.StateSent}}
 	counts := &counted{n: map[string]int{}}
 	h := receipts.NewHandler(rec, receipts.Config{WebhookKeys: [][]byte{key}, TwilioAuthToken: "tok",
 		PublicURL: &url.URL{Scheme: "https", Host: "receipts.example"}, Now: func() time.Time { return now },
@@ -203,8 +203,8 @@ func TestHandlerRefusesUnverifiedCallbacks(t *testing.T) {
 	w := do(signed(body, now))
 	is.Equal(w.Code, http.StatusOK) // a signed receipt is recorded
 	is.Equal(len(rec.got), 1)
-	is.Equal(rec.got[0], service.Receipt{Source: service.ReceiptSourceStandardWebhooks, EventID: "msg_1",
-		Kind: service.ReceiptBounced, HardBounce: true, Ref: "task-42", OccurredAt: time.Date(2027, 1, 15, 8, 0, 0, 0, time.UTC)})
+	is.Equal(rec.got[0], delivery.Receipt{Source: delivery.ReceiptSourceStandardWebhooks, EventID: "msg_1",
+		Kind: delivery.ReceiptBounced, HardBounce: true, Ref: "task-42", OccurredAt: time.Date(2027, 1, 15, 8, 0, 0, 0, time.UTC)})
 	is.True(rec.disabled[0]) // with --disable-on-bounce passed on
 	is.True(strings.Contains(w.Body.String(), `"result":"settled"`))
 
@@ -231,11 +231,11 @@ func TestHandlerRefusesUnverifiedCallbacks(t *testing.T) {
 	}
 	is.Equal(len(rec.got), 1) // no refused callback reached the recorder: nothing written
 
-	rec.err = service.ErrUnknownReference
+	rec.err = delivery.ErrUnknownReference
 	w = do(signed(body, now))
 	is.Equal(w.Code, http.StatusNotFound) // a reference no task has
 	rec.err = nil
-	rec.answer = service.ReceiptResult{TaskID: 42, Duplicate: true}
+	rec.answer = delivery.ReceiptResult{TaskID: 42, Duplicate: true}
 	w = do(signed(body, now))
 	is.Equal(w.Code, http.StatusOK) // a replayed event is answered, and changes nothing
 	is.True(strings.Contains(w.Body.String(), `"result":"duplicate"`))
@@ -252,7 +252,7 @@ func TestHandlerRefusesUnverifiedCallbacks(t *testing.T) {
 // A Twilio callback signed for the public URL the receiver is told (it sits behind a proxy).
 func TestHandlerTwilio(t *testing.T) {
 	is := is.New(t)
-	rec := &fakeRecorder{answer: service.ReceiptResult{TaskID: 9, Effect: service.ReceiptNoted, State: service.StateSending}}
+	rec := &fakeRecorder{answer: delivery.ReceiptResult{TaskID: 9, Effect: delivery.ReceiptNoted, State: delivery.StateSending}}
 	h := receipts.NewHandler(rec, receipts.Config{TwilioAuthToken: "tok", PublicURL: &url.URL{Scheme: "https", Host: "receipts.example"}})
 	form := url.Values{"MessageSid": {"SM9"}, "MessageStatus": {"delivered"}, "AccountSid": {"AC1"}}
 	r := httptest.NewRequest(http.MethodPost, "/receipts/twilio?ref=ntf-task-9", strings.NewReader(form.Encode()))
@@ -262,6 +262,6 @@ func TestHandlerTwilio(t *testing.T) {
 	h.ServeHTTP(w, r)
 	is.Equal(w.Code, http.StatusOK) // verified against the public URL
 	is.Equal(rec.got[0].Ref, "task-9")
-	is.Equal(rec.got[0].Kind, service.ReceiptDelivered)
+	is.Equal(rec.got[0].Kind, delivery.ReceiptDelivered)
 	is.True(strings.Contains(w.Body.String(), `"result":"noted"`))
 }
