@@ -40,6 +40,7 @@ type Run struct {
 	// What each delivery cost the database over the deliver phase (both peers).
 	DBXactsPerDelivery     float64 `json:"db_xacts_per_delivery"`
 	RowsWrittenPerDelivery float64 `json:"db_rows_written_per_delivery"`
+	HOTUpdateShare         float64 `json:"hot_update_share"` // of the updates, those that wrote no index entry
 	// Ours.
 	AvgInFlight float64 `json:"avg_in_flight,omitempty"` // calls in flight on average, of Window
 	MaxInFlight int     `json:"max_in_flight,omitempty"`

@@ -34,6 +34,7 @@ type Medians struct {
 	CPUMSPerDelivery       float64 `json:"cpu_ms_per_delivery"`
 	DBXactsPerDelivery     float64 `json:"db_xacts_per_delivery"`
 	RowsWrittenPerDelivery float64 `json:"db_rows_written_per_delivery"`
+	HOTUpdateShare         float64 `json:"hot_update_share"`
 	AvgInFlight            float64 `json:"avg_in_flight,omitempty"`
 }
 
@@ -80,6 +81,7 @@ func medians(rounds []Round, of func(Round) Run) Medians {
 		CPUMSPerDelivery:       m(func(r Run) float64 { return r.CPUMSPerDelivery }),
 		DBXactsPerDelivery:     m(func(r Run) float64 { return r.DBXactsPerDelivery }),
 		RowsWrittenPerDelivery: m(func(r Run) float64 { return r.RowsWrittenPerDelivery }),
+		HOTUpdateShare:         m(func(r Run) float64 { return r.HOTUpdateShare }),
 		AvgInFlight:            m(func(r Run) float64 { return r.AvgInFlight }),
 	}
 }
@@ -117,6 +119,7 @@ func (res RoundsResult) Print(w io.Writer) error {
 			medians([]Round{x}, func(x Round) Run { return x.River }), fmt.Sprintf("%.2f", x.Ratio))
 	}
 	line("median", res.Ours, res.River, fmt.Sprintf("%.2f", res.MedianRatio))
+	p("HOT updates (no index entry written), median share: ours %.0f%%, River %.0f%%\n", 100*res.Ours.HOTUpdateShare, 100*res.River.HOTUpdateShare)
 	p("ours / River: median %.2f, spread %.2f-%.2f over %d rounds\n", res.MedianRatio, res.MinRatio, res.MaxRatio, len(res.Rounds))
 	_, err := io.WriteString(w, sb.String())
 	return err
