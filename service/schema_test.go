@@ -211,7 +211,7 @@ var schemaViolations = []schemaViolation{
 	{"receipt/unknown task", schemaReceiptInsert("999999999", "'twilio'", "'SM1:sent'", "'ACCEPTED'", "false", "'SETTLED'"), schemaErrForeignKey, "delivery_receipt_task_id_fkey", "", ""},
 	{"receipt/the same event twice", schemaReceiptInsert(schemaBaseTask, "'standard-webhooks'", "'evt-1'", "'ACCEPTED'", "false", "'UNCHANGED'"),
 		schemaErrUnique, "delivery_receipt_event_key", "", schemaReceipt},
-	{"receipt/unknown source", schemaReceiptInsert(schemaBaseTask, "'postmark'", "'evt-9'", "'ACCEPTED'", "false", "'NOTED'"), schemaErrCheck, "delivery_receipt_source_check", "", ""},
+	{"receipt/unknown source", schemaReceiptInsert(schemaBaseTask, "'mailgun'", "'evt-9'", "'ACCEPTED'", "false", "'NOTED'"), schemaErrCheck, "delivery_receipt_source_check", "", ""},
 	{"receipt/empty event id", schemaReceiptInsert(schemaBaseTask, "'twilio'", "''", "'ACCEPTED'", "false", "'NOTED'"), schemaErrCheck, "delivery_receipt_event_id_check", "", ""},
 	{"receipt/event id of 501 chars", schemaReceiptInsert(schemaBaseTask, "'twilio'", "repeat('e', 501)", "'ACCEPTED'", "false", "'NOTED'"), schemaErrCheck, "delivery_receipt_event_id_check", "", ""},
 	{"receipt/unknown kind", schemaReceiptInsert(schemaBaseTask, "'twilio'", "'evt-9'", "'OPENED'", "false", "'NOTED'"), schemaErrCheck, "delivery_receipt_kind_check", "", ""},
