@@ -43,9 +43,13 @@ bench *args: _pgtmp
 bench-river *args: _pgtmp
     "{{ pgtmp }}" -migrate -- bash -c 'cd bench/river && go run . "$@"' _ "$@"
 
-# Run ours (defaults, then $OURS_BEST) and River (MaxWorkers 1000 and MaxWorkers = our window, FetchCooldown 1ms) on one throwaway migrated PostgreSQL with one provider model, and print deliveries/s and the ratios; args: [NOTIFICATIONS] [CALL_LATENCY] [CALL_ERRORS] (bench/vs-river.sh)
+# Run ours (defaults, then $OURS_BEST) and River (MaxWorkers 1000 and MaxWorkers = our window, FetchCooldown 1ms) on one throwaway migrated PostgreSQL with one provider model, and print deliveries/s and the ratios; args: [--rounds N] [--pin] [NOTIFICATIONS] [CALL_LATENCY] [CALL_ERRORS] (bench/vs-river.sh: --rounds interleaves ours-default and River N times, --pin puts PostgreSQL on core 0)
 bench-vs-river *args: _pgtmp
     "{{ pgtmp }}" -migrate -- sh bench/vs-river.sh "$@"
+
+# Bulk create against River's InsertMany with unique jobs, in interleaved rounds, durable commits, on one throwaway migrated PostgreSQL: `notifier create --jsonl` of EVENTS events x push and sms; args: [EVENTS=100000] [BATCH=1000] [ROUNDS=3] (bench/create-jsonl.sh)
+bench-create-jsonl *args: _pgtmp
+    "{{ pgtmp }}" -migrate -- sh bench/create-jsonl.sh "$@"
 
 # Run the failover soak (docs/testing.md#failover-soak): creates and `notifier work` processes on a throwaway pg_auto_failover cluster (installed with apt when missing) whose primary is SIGKILLed -ha.failovers times (5) and rejoined, the invariants checked, then the asynchronous negative controls; args go to `go test`, e.g. `just ha-soak -ha.failovers 10 -ha.control=false`
 ha-soak *args:

@@ -13,8 +13,42 @@
 # Then `bench compare` prints deliveries/s of each and ours / River for every pair. Exit 1 if a run
 # failed or its final check did.
 #
-#   bench/vs-river.sh [NOTIFICATIONS=20000] [CALL_LATENCY=instant] [CALL_ERRORS=0]
+# --rounds N (N >= 2) runs instead ours-default and river-N alternately, N times each (ours, River, ours,
+# River...), so that the machine's drift falls on both alike, and prints every round and the median
+# ratio with its spread (`bench compare --rounds`). $OURS_FLAGS are added to ours-default's flags then
+# (e.g. --finish-apart), to measure one change in the same interleaving.
+#
+# --pin moves the PostgreSQL server (the postmaster and every backend, which inherit it) onto core 0 and
+# runs the peers, with their fakes, on the other cores (taskset): the production shape, where the
+# database is a machine of its own and the workers scale out (docs/benchmarks.md#the-production-shape).
+# The server must run on this machine and be ours to move (a throwaway cluster).
+#
+#   bench/vs-river.sh [--rounds N] [--pin] [NOTIFICATIONS=20000] [CALL_LATENCY=instant] [CALL_ERRORS=0]
 set -eu
+rounds=1
+pin=0
+while [ $# -gt 0 ]; do
+	case $1 in
+	--rounds)
+		rounds=${2:?--rounds wants a count}
+		shift 2
+		;;
+	--pin)
+		pin=1
+		shift
+		;;
+	--*)
+		echo "vs-river: unknown flag $1 (want --rounds N, --pin)" >&2
+		exit 2
+		;;
+	*) break ;;
+	esac
+done
+case $rounds in '' | *[!0-9]*)
+	echo "vs-river: --rounds wants a whole number, got $rounds" >&2
+	exit 2
+	;;
+esac
 notifications=${1:-20000}
 call_latency=${2:-instant}
 call_errors=${3:-0}
@@ -29,6 +63,29 @@ trap 'rm -rf "$tmp"' EXIT
 
 (cd "$root" && go build -o "$tmp/bench" ./bench/cmd/bench)
 (cd "$root/bench/river" && go build -o "$tmp/river" .)
+
+# The peers run under $client (taskset onto cores 1.. with --pin), the server on core 0.
+client=
+if [ "$pin" = 1 ]; then
+	cores=$(nproc)
+	if [ "$cores" -lt 2 ]; then
+		echo "vs-river: --pin needs at least 2 cores, this machine has $cores" >&2
+		exit 2
+	fi
+	# The checkpointer lives as long as the server; its parent is the postmaster.
+	checkpointer=$(psql "$DATABASE_URL" -Atqc "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'")
+	postmaster=$(ps -o ppid= -p "$checkpointer" | tr -d ' ')
+	[ -n "$postmaster" ] || {
+		echo "vs-river: --pin: no PostgreSQL server process found on this machine" >&2
+		exit 1
+	}
+	taskset -a -p -c 0 "$postmaster" >/dev/null
+	for pid in $(pgrep -P "$postmaster"); do
+		taskset -a -p -c 0 "$pid" >/dev/null
+	done
+	client="taskset -c 1-$((cores - 1))"
+	echo "== pinned: PostgreSQL (postmaster $postmaster and its children) on core 0, the peers and the fakes on cores 1-$((cores - 1))" >&2
+fi
 model="--call-latency $call_latency --call-errors $call_errors --seed $seed"
 warmup=$((notifications < 4000 ? notifications : 4000))
 
@@ -44,18 +101,38 @@ run() {
 		failed=1
 	fi
 }
-# shellcheck disable=SC2086 # $model and $ours_best are lists of flags
-run ours-default "$tmp/bench" --json --pgbench=false --notifications "$notifications" --warmup "$warmup" $model
+if [ "$rounds" -ge 2 ]; then
+	reports=
+	round=1
+	while [ "$round" -le "$rounds" ]; do
+		# Every round warms up alike: the first run of the database pays for its cold caches otherwise.
+		# shellcheck disable=SC2086 # $client, $model and $OURS_FLAGS are lists of words
+		run "ours-default.$round" $client "$tmp/bench" --json --pgbench=false --notifications "$notifications" --warmup "$warmup" $model ${OURS_FLAGS:-}
+		# shellcheck disable=SC2086
+		run "river-$river_workers.$round" $client "$tmp/river" --notifications "$notifications" --workers "$river_workers" --fetch-cooldown "$cooldown" $model
+		for name in "ours-default.$round" "river-$river_workers.$round"; do
+			[ -s "$tmp/$name.json" ] && reports="$reports $name=$tmp/$name.json"
+		done
+		round=$((round + 1))
+	done
+	[ "$pin" = 1 ] && echo "pinned: PostgreSQL on core 0, the peers and the fakes on cores 1-$((cores - 1))"
+	# shellcheck disable=SC2086 # one NAME=FILE per word; $tmp has no spaces (mktemp)
+	"$tmp/bench" compare --rounds $reports || failed=1
+	exit "$failed"
+fi
+
+# shellcheck disable=SC2086 # $client, $model and $ours_best are lists of flags
+run ours-default $client "$tmp/bench" --json --pgbench=false --notifications "$notifications" --warmup "$warmup" $model
 # shellcheck disable=SC2086
-run ours-best "$tmp/bench" --json --pgbench=false --notifications "$notifications" --warmup 0 $model $ours_best
+run ours-best $client "$tmp/bench" --json --pgbench=false --notifications "$notifications" --warmup 0 $model $ours_best
 window=$("$tmp/bench" compare --window "$tmp/ours-default.json") || {
 	echo "vs-river: no report from ours-default, so no window for River at equal concurrency" >&2
 	exit 1
 }
 # shellcheck disable=SC2086
-run "river-$river_workers" "$tmp/river" --notifications "$notifications" --workers "$river_workers" --fetch-cooldown "$cooldown" $model
+run "river-$river_workers" $client "$tmp/river" --notifications "$notifications" --workers "$river_workers" --fetch-cooldown "$cooldown" $model
 # shellcheck disable=SC2086
-run "river-$window" "$tmp/river" --notifications "$notifications" --workers "$window" --fetch-cooldown "$cooldown" $model
+run "river-$window" $client "$tmp/river" --notifications "$notifications" --workers "$window" --fetch-cooldown "$cooldown" $model
 
 reports=
 for name in ours-default ours-best "river-$river_workers" "river-$window"; do
@@ -63,6 +140,7 @@ for name in ours-default ours-best "river-$river_workers" "river-$window"; do
 		reports="$reports $name=$tmp/$name.json"
 	fi
 done
+[ "$pin" = 1 ] && echo "pinned: PostgreSQL on core 0, the peers and the fakes on cores 1-$((cores - 1))"
 # shellcheck disable=SC2086 # one NAME=FILE per word; $tmp has no spaces (mktemp)
 "$tmp/bench" compare $reports || failed=1
 exit "$failed"

@@ -37,11 +37,16 @@ type Run struct {
 	// fakes) and the PostgreSQL server's (0 when not measured).
 	CPUMSPerDelivery       float64 `json:"cpu_ms_per_delivery"`
 	ServerCPUMSPerDelivery float64 `json:"server_cpu_ms_per_delivery"`
+	// What each delivery cost the database over the deliver phase (both peers).
+	DBXactsPerDelivery     float64 `json:"db_xacts_per_delivery"`
+	RowsWrittenPerDelivery float64 `json:"db_rows_written_per_delivery"`
+	HOTUpdateShare         float64 `json:"hot_update_share"` // of the updates, those that wrote no index entry
 	// Ours.
-	MaxInFlight int `json:"max_in_flight,omitempty"`
-	Batch       int `json:"batch,omitempty"`
-	Finishers   int `json:"finishers,omitempty"`
-	Window      int `json:"window"` // calls in flight at most (River: MaxWorkers)
+	AvgInFlight float64 `json:"avg_in_flight,omitempty"` // calls in flight on average, of Window
+	MaxInFlight int     `json:"max_in_flight,omitempty"`
+	Batch       int     `json:"batch,omitempty"`
+	Finishers   int     `json:"finishers,omitempty"`
+	Window      int     `json:"window"` // calls in flight at most (River: MaxWorkers)
 	// River.
 	FetchCooldownMS float64 `json:"fetch_cooldown_ms,omitempty"`
 }
@@ -185,9 +190,10 @@ func Main(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(io.Discard) // a bad flag is one line (the caller's), not the whole help
 	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
 	window := fs.Bool("window", false, "print the window (calls in flight at most) of the one report given")
+	rounds := fs.Bool("rounds", false, "the reports are interleaved rounds, ours then River's in each: print every round and the medians")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stderr, "usage: bench compare [--json] NAME=FILE ...   (JSON reports of bench and bench/river)")
+			fmt.Fprintln(stderr, "usage: bench compare [--json] [--rounds] NAME=FILE ...   (JSON reports of bench and bench/river)")
 			fmt.Fprintln(stderr, "       bench compare --window FILE")
 			fs.SetOutput(stderr)
 			fs.PrintDefaults()
@@ -214,7 +220,13 @@ func Main(args []string, stdout, stderr io.Writer) error {
 		_, err := fmt.Fprintln(stdout, runs[0].Window)
 		return err
 	}
-	res, err := Compare(runs)
+	var res interface{ Print(io.Writer) error }
+	var err error
+	if *rounds {
+		res, err = Rounds(runs)
+	} else {
+		res, err = Compare(runs)
+	}
 	if err != nil {
 		return err
 	}

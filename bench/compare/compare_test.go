@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -63,4 +64,28 @@ func TestCompare(t *testing.T) {
 	var usage *UsageError
 	err = Main(nil, &bytes.Buffer{}, &bytes.Buffer{})
 	is.True(err != nil && errors.As(err, &usage)) // no reports: a usage error
+}
+
+func TestRounds(t *testing.T) {
+	is := is.New(t)
+	report := func(peer string, perSec, srv float64) string {
+		return write(t, peer+".json", fmt.Sprintf(`{"peer":%q,"notifications":2000,"duplicates":0.1,"deliveries":4000,"deliveries_per_sec":%g,"workers":1,"window":1024,"server_cpu_ms_per_delivery":%g,"db_xacts_per_delivery":0.02,"avg_in_flight":500,%s,"check":"ok"}`, peer, perSec, srv, model))
+	}
+	args := []string{"--rounds",
+		"ours=" + report("notifier", 3000, 0.2), "river=" + report("river", 2000, 0.1), // 1.50
+		"ours=" + report("notifier", 2000, 0.3), "river=" + report("river", 2500, 0.1), // 0.80
+		"ours=" + report("notifier", 4000, 0.1), "river=" + report("river", 3200, 0.2), // 1.25
+	}
+	var out bytes.Buffer
+	is.NoErr(Main(args, &out, &bytes.Buffer{}))
+	table := out.String()
+	is.True(strings.Contains(table, "median 1.25, spread 0.80-1.50 over 3 rounds")) // the middle ratio, not the mean's 1.18
+	is.True(strings.Contains(table, "0.200/0.100"))                                 // median server CPU per delivery, ours/River
+	is.True(strings.Contains(table, "  500/1024"))                                  // calls in flight against the window
+
+	err := Main(args[:len(args)-1], &out, &bytes.Buffer{}) // an odd count: no pairs
+	var usage *UsageError
+	is.True(errors.As(err, &usage))
+	swapped := []string{"--rounds", args[2], args[1]} // River first
+	is.True(errors.As(Main(swapped, &out, &bytes.Buffer{}), &usage))
 }

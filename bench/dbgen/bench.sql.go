@@ -345,16 +345,35 @@ func (q *Queries) BenchVacuumAnalyze(ctx context.Context) error {
 }
 
 const BenchXactCommit = `-- name: BenchXactCommit :one
-SELECT coalesce(xact_commit, 0)::bigint AS xact_commit
-FROM pg_catalog.pg_stat_database
-WHERE datname = current_database()
+SELECT coalesce(d.xact_commit, 0)::bigint AS xact_commit,
+       (coalesce(d.tup_inserted, 0) + coalesce(d.tup_updated, 0) + coalesce(d.tup_deleted, 0))::bigint AS rows_written,
+       coalesce(t.n_tup_upd, 0)::bigint AS updates,
+       coalesce(t.n_tup_hot_upd, 0)::bigint AS hot_updates
+FROM pg_catalog.pg_stat_database d,
+     LATERAL (SELECT sum(n_tup_upd) AS n_tup_upd, sum(n_tup_hot_upd) AS n_tup_hot_upd
+              FROM pg_catalog.pg_stat_user_tables) t
+WHERE d.datname = current_database()
 `
 
+type BenchXactCommitRow struct {
+	XactCommit  int64
+	RowsWritten int64
+	Updates     int64
+	HotUpdates  int64
+}
+
 // Committed transactions of this database so far (cumulative statistics, flushed by each backend at
-// most about once a second): the delta over a phase divided by its deliveries.
-func (q *Queries) BenchXactCommit(ctx context.Context) (int64, error) {
+// most about once a second): the delta over a phase divided by its deliveries. Beside them the rows
+// written (inserted, updated, deleted) and, of the updates to the product's tables, how many were
+// HOT (no index entry written): what each delivery costs the server besides its statements.
+func (q *Queries) BenchXactCommit(ctx context.Context) (BenchXactCommitRow, error) {
 	row := q.db.QueryRow(ctx, BenchXactCommit)
-	var xact_commit int64
-	err := row.Scan(&xact_commit)
-	return xact_commit, err
+	var i BenchXactCommitRow
+	err := row.Scan(
+		&i.XactCommit,
+		&i.RowsWritten,
+		&i.Updates,
+		&i.HotUpdates,
+	)
+	return i, err
 }

@@ -3,6 +3,7 @@ package load
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -212,6 +213,13 @@ func (st deliverStats) fill(rep *Report) {
 		rep.AnswersPerFinish = pgbench.Round3(float64(st.answers) / float64(st.finishes))
 	}
 	rep.ClaimMS, rep.FinishMS, rep.CallMS = percentiles(st.claimLat), percentiles(st.finishLat), percentiles(st.callLat)
+	if st.seconds > 0 {
+		var busy time.Duration
+		for _, d := range st.callLat {
+			busy += d
+		}
+		rep.AvgInFlight = math.Round(10*busy.Seconds()/st.seconds) / 10
+	}
 	client, server := st.cpuMSPerDelivery()
 	rep.CPUMSPerDelivery, rep.ServerCPUMSPerDelivery = pgbench.Round3(client), pgbench.Round3(server)
 }

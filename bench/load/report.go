@@ -37,7 +37,8 @@ type Report struct {
 	MaxInFlight   int     `json:"max_in_flight"`
 	Batch         int     `json:"batch"`
 	Finishers     int     `json:"finishers"`
-	Window        int     `json:"window"` // calls in flight at most, all loops: workers x max_in_flight
+	FinishApart   bool    `json:"finish_apart,omitempty"` // --finish-apart: no finish carried ahead of a claim
+	Window        int     `json:"window"`                 // calls in flight at most, all loops: workers x max_in_flight
 	Duplicates    float64 `json:"duplicates"`
 	// The provider model of the fakes, and the retry rules a refused send meets.
 	CallLatency     latency.Report `json:"call_latency"`
@@ -77,7 +78,14 @@ type Report struct {
 	CallMS           Latency `json:"call_ms"`   // each call as the worker timed it
 
 	DBXactsPerDelivery float64 `json:"db_xacts_per_delivery"`
-	CPUMSPerDelivery   float64 `json:"cpu_ms_per_delivery"`
+	// Rows the server wrote (inserted, updated, deleted) per delivery, and the share of updates that
+	// were HOT (wrote no index entry), over the deliver phase.
+	RowsWrittenPerDelivery float64 `json:"db_rows_written_per_delivery"`
+	HOTUpdateShare         float64 `json:"hot_update_share"`
+	// Calls in flight on average over the deliver phase (the sum of the calls' durations over the
+	// phase's length), against Window.
+	AvgInFlight      float64 `json:"avg_in_flight"`
+	CPUMSPerDelivery float64 `json:"cpu_ms_per_delivery"`
 	// The PostgreSQL server's CPU (all its processes) over the deliver phase, when it runs here.
 	ServerCPUMSPerDelivery float64         `json:"server_cpu_ms_per_delivery,omitempty"`
 	ServerCPUSkipped       string          `json:"server_cpu_skipped,omitempty"`
@@ -135,6 +143,9 @@ func (r *Report) print(w io.Writer) error {
 	p("%-32s %10.2f %9.2f   (%d, %.1f answers each)\n", "finish", r.FinishMS.P50, r.FinishMS.P99, r.Finishes, r.AnswersPerFinish)
 	p("%-32s %10.2f %9.2f   (as the worker timed each call)\n", "channel call", r.CallMS.P50, r.CallMS.P99)
 	p("\n%-32s %10.3f   (xact_commit delta over the deliver phase / deliveries)\n", "db transactions per delivery", r.DBXactsPerDelivery)
+	p("%-32s %10.3f   (tup_inserted+updated+deleted delta / deliveries; %.0f%% of updates HOT)\n", "db rows written per delivery",
+		r.RowsWrittenPerDelivery, 100*r.HOTUpdateShare)
+	p("%-32s %10.1f   (of a window of %d)\n", "calls in flight on average", r.AvgInFlight, r.Window)
 	p("%-32s %10.3f   (this process: workers, fakes and HTTP on both sides)\n", "client CPU ms per delivery", r.CPUMSPerDelivery)
 	if r.ServerCPUSkipped == "" {
 		p("%-32s %10.3f   (all PostgreSQL processes, from /proc)\n", "server CPU ms per delivery", r.ServerCPUMSPerDelivery)

@@ -67,7 +67,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 	}
 	loopCfg := cfg.loop()
 	rep := &Report{Peer: "notifier", Notifications: cfg.Notifications, Channels: len(workload.Channels),
-		Workers: cfg.Workers, MaxInFlight: loopCfg.MaxInFlight, Batch: loopCfg.Batch, Finishers: loopCfg.Finishers,
+		Workers: cfg.Workers, MaxInFlight: loopCfg.MaxInFlight, Batch: loopCfg.Batch, Finishers: loopCfg.Finishers, FinishApart: cfg.FinishApart,
 		Window: cfg.Workers * loopCfg.MaxInFlight, Duplicates: cfg.Duplicates, SkipCalls: cfg.SkipCalls,
 		CallLatency: cfg.Latency.Report(), RetryBackoffMS: ms(workload.RetryBackoff.Base), MaxAttempts: workload.MaxAttempts,
 		CPUs: runtime.NumCPU(), LoadAvgStart: proc.LoadAvg()}
@@ -182,7 +182,7 @@ func (b *bench) start(ctx context.Context, rep *Report) error {
 		}
 		if l.d, err = service.NewDispatcher(ctx, l.pool, service.DispatcherConfig{
 			Worker: l.name, Routes: routes, Lease: time.Minute, CallTimeout: workload.CallTimeout,
-			DBTimeout: b.cfg.DBTimeout, Backoff: workload.RetryBackoff,
+			DBTimeout: b.cfg.DBTimeout, Backoff: workload.RetryBackoff, FinishApart: b.cfg.FinishApart,
 		}); err != nil {
 			return err
 		}
@@ -326,7 +326,12 @@ func (b *bench) mainRun(ctx context.Context, rep *Report) error {
 	}
 	ds.fill(rep)
 	if ds.sent > 0 {
-		rep.DBXactsPerDelivery = pgbench.Round3(float64(commits1-commits0) / float64(ds.sent))
+		per := func(a, b int64) float64 { return pgbench.Round3(float64(b-a) / float64(ds.sent)) }
+		rep.DBXactsPerDelivery = per(commits0.XactCommit, commits1.XactCommit)
+		rep.RowsWrittenPerDelivery = per(commits0.RowsWritten, commits1.RowsWritten)
+		if upd := commits1.Updates - commits0.Updates; upd > 0 {
+			rep.HOTUpdateShare = pgbench.Round3(float64(commits1.HotUpdates-commits0.HotUpdates) / float64(upd))
+		}
 	}
 	dctx, cancel := context.WithTimeout(ctx, b.cfg.DBTimeout)
 	defer cancel()
@@ -370,7 +375,7 @@ func startCPUProfile(path string) (func() error, error) {
 
 // commits reads xact_commit of this database after closing every pool's connections, so that every
 // transaction so far is counted.
-func (b *bench) commits(ctx context.Context) (int64, error) {
+func (b *bench) commits(ctx context.Context) (dbgen.BenchXactCommitRow, error) {
 	b.pool.Reset()
 	for _, l := range b.loops {
 		l.pool.Reset()
@@ -380,7 +385,7 @@ func (b *bench) commits(ctx context.Context) (int64, error) {
 	defer cancel()
 	n, err := b.q.BenchXactCommit(dctx)
 	if err != nil {
-		return 0, fmt.Errorf("read xact_commit: %w", err)
+		return n, fmt.Errorf("read xact_commit: %w", err)
 	}
 	return n, nil
 }

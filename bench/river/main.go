@@ -50,6 +50,7 @@ import (
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/cputime"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
@@ -89,9 +90,9 @@ func (w *DeliveryWorker) Work(ctx context.Context, job *river.Job[DeliveryArgs])
 	ctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
 	ref := "job-" + strconv.FormatInt(job.ID, 10)
-	obs := client.Send(ctx, service.Message{Ref: ref, IdempotencyKey: "ntf-" + ref, To: job.Args.To, Body: job.Args.Body})
+	obs := client.Send(ctx, delivery.Message{Ref: ref, IdempotencyKey: "ntf-" + ref, To: job.Args.To, Body: job.Args.Body})
 	switch obs.Outcome {
-	case service.OutcomeAccepted, service.OutcomeAcceptedReplay:
+	case delivery.OutcomeAccepted, delivery.OutcomeAcceptedReplay:
 		return nil
 	}
 	return fmt.Errorf("%s: %s", obs.Outcome, obs.Detail)
@@ -113,6 +114,8 @@ type config struct {
 	pollInterval  time.Duration
 	timeout       time.Duration
 	latency       latency.Model
+	insertBatch   int  // events per InsertMany from one inserter; 0: one event per call from workload.Submitters
+	insertOnly    bool // stop after the insert phase (the bulk-create comparison)
 }
 
 // report is the one JSON object printed on stdout.
@@ -133,6 +136,7 @@ type report struct {
 	PoolMaxConns       int            `json:"pool_max_conns"`
 	CPUs               int            `json:"cpus"`
 	MigrateSeconds     float64        `json:"migrate_seconds"`
+	InsertBatch        int            `json:"insert_batch,omitempty"` // events per InsertMany, from one inserter
 	InsertCalls        int            `json:"insert_calls"`
 	Inserted           int            `json:"inserted"`
 	DuplicatesSkipped  int            `json:"duplicates_skipped"`
@@ -144,9 +148,14 @@ type report struct {
 	DeliveriesPerSec   float64        `json:"deliveries_per_sec"`
 	// CPU of the deliver phase per job completed: this process's (River, the HTTP client and the fakes,
 	// as the bench's figure counts ours) and the PostgreSQL server's, from /proc when it runs here.
-	CPUMSPerDelivery       float64        `json:"cpu_ms_per_delivery"`
-	ServerCPUMSPerDelivery float64        `json:"server_cpu_ms_per_delivery,omitempty"`
-	ServerCPUSkipped       string         `json:"server_cpu_skipped,omitempty"`
+	CPUMSPerDelivery       float64 `json:"cpu_ms_per_delivery"`
+	ServerCPUMSPerDelivery float64 `json:"server_cpu_ms_per_delivery,omitempty"`
+	ServerCPUSkipped       string  `json:"server_cpu_skipped,omitempty"`
+	// Committed transactions and rows written (inserted, updated, deleted) per job completed, and the
+	// share of updates that were HOT, over the deliver phase (as the bench reports ours).
+	DBXactsPerDelivery     float64        `json:"db_xacts_per_delivery"`
+	RowsWrittenPerDelivery float64        `json:"db_rows_written_per_delivery"`
+	HOTUpdateShare         float64        `json:"hot_update_share"`
 	PeakRSSMiB             float64        `json:"peak_rss_mib"`
 	TotalSeconds           float64        `json:"total_seconds"`
 	JobStates              map[string]int `json:"job_states"`
@@ -185,6 +194,8 @@ func parseFlags(args []string) (config, error) {
 	fs.Float64Var(&cfg.duplicates, "duplicates", 0.1, "extra submissions of already-submitted events, as a share of --notifications (0-10)")
 	fs.DurationVar(&cfg.fetchCooldown, "fetch-cooldown", river.FetchCooldownDefault, "River FetchCooldown (its default; at least 1ms)")
 	fs.DurationVar(&cfg.pollInterval, "fetch-poll-interval", river.FetchPollIntervalDefault, "River FetchPollInterval (its default)")
+	fs.IntVar(&cfg.insertBatch, "insert-batch", 0, "insert from one goroutine, this many events (2 unique jobs each) per InsertMany (0: one event per InsertMany from several inserters)")
+	fs.BoolVar(&cfg.insertOnly, "insert-only", false, "stop after the insert phase: the bulk-insert figure alone")
 	fs.DurationVar(&cfg.timeout, "timeout", 30*time.Minute, "give up after this long")
 	model := latency.Flags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -210,6 +221,8 @@ func parseFlags(args []string) (config, error) {
 		return cfg, fmt.Errorf("invalid --duplicates %v: want 0 to 10", cfg.duplicates)
 	case cfg.fetchCooldown < river.FetchCooldownMin || cfg.pollInterval < cfg.fetchCooldown:
 		return cfg, fmt.Errorf("invalid --fetch-cooldown %s / --fetch-poll-interval %s", cfg.fetchCooldown, cfg.pollInterval)
+	case cfg.insertBatch < 0 || cfg.insertBatch > 10_000:
+		return cfg, fmt.Errorf("invalid --insert-batch %d: want 0 to 10000", cfg.insertBatch)
 	case cfg.timeout <= 0:
 		return cfg, fmt.Errorf("invalid --timeout %s", cfg.timeout)
 	}
@@ -300,24 +313,29 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		insertErr               error
 		errOnce                 sync.Once
 	)
+	inserters, perCall := workload.Submitters, 1
+	if cfg.insertBatch > 0 {
+		inserters, perCall = 1, cfg.insertBatch
+	}
 	t0 = time.Now()
-	for range workload.Submitters {
+	for range inserters {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				i := int(next.Add(1)) - 1
+				i := int(next.Add(int64(perCall))) - perCall
 				if i >= len(events) || ctx.Err() != nil {
 					return
 				}
-				ev := events[i]
-				user := fmt.Sprintf("%s-u%d", run, ev%workload.Users)
-				key := fmt.Sprintf("%s-ev%d", run, ev)
 				var params []river.InsertManyParams
-				for _, ch := range workload.Channels {
-					params = append(params, river.InsertManyParams{Args: DeliveryArgs{
-						User: user, Event: key, Channel: ch, To: user + "@" + ch, Body: "bench event " + key,
-					}})
+				for _, ev := range events[i:min(i+perCall, len(events))] {
+					user := fmt.Sprintf("%s-u%d", run, ev%workload.Users)
+					key := fmt.Sprintf("%s-ev%d", run, ev)
+					for _, ch := range workload.Channels {
+						params = append(params, river.InsertManyParams{Args: DeliveryArgs{
+							User: user, Event: key, Channel: ch, To: user + "@" + ch, Body: "bench event " + key,
+						}})
+					}
 				}
 				res, err := client.InsertMany(ctx, params)
 				if err != nil {
@@ -339,6 +357,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		return rep, fmt.Errorf("insert: %w", insertErr)
 	}
 	insertTook := time.Since(t0)
+	rep.InsertBatch = cfg.insertBatch
 	rep.InsertCalls, rep.Inserted, rep.DuplicatesSkipped = len(events), int(inserted.Load()), int(skipped.Load())
 	rep.Jobs = rep.Inserted
 	rep.InsertSeconds = insertTook.Seconds()
@@ -346,6 +365,11 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	rep.JobsInsertedPerSec = float64(rep.Inserted) / insertTook.Seconds()
 	if want := len(workload.Channels) * cfg.notifications; rep.Inserted != want {
 		return rep, fmt.Errorf("inserted %d jobs, want %d (unique by user, event, channel)", rep.Inserted, want)
+	}
+	if cfg.insertOnly {
+		rep.TotalSeconds = time.Since(started).Seconds()
+		rep.Check = "ok"
+		return rep, nil
 	}
 
 	// 2. Deliver: start the workers, wait for a completion event per job.
@@ -357,6 +381,10 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	err = pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid)
 	server, notMeasured := proc.Find(pid, err) // the server's processes on this machine, or why not (as the bench)
 	rep.ServerCPUSkipped = notMeasured
+	db0, err := dbCounters(ctx, pool)
+	if err != nil {
+		return rep, err
+	}
 	t0 = time.Now()
 	cpu0, srv0 := cputime.Process(), server.CPUUsed()
 	if err := client.Start(ctx); err != nil {
@@ -380,6 +408,17 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	defer stopCancel()
 	if err := client.Stop(stopCtx); err != nil {
 		return rep, fmt.Errorf("river stop: %w", err)
+	}
+	db1, err := dbCounters(ctx, pool)
+	if err != nil {
+		return rep, err
+	}
+	if completed > 0 {
+		per := func(a, b int64) float64 { return math.Round(1000*float64(b-a)/float64(completed)) / 1000 }
+		rep.DBXactsPerDelivery, rep.RowsWrittenPerDelivery = per(db0.xacts, db1.xacts), per(db0.rows, db1.rows)
+		if upd := db1.updates - db0.updates; upd > 0 {
+			rep.HOTUpdateShare = math.Round(1000*float64(db1.hot-db0.hot)/float64(upd)) / 1000
+		}
 	}
 	rep.Deliveries = completed
 	rep.DeliverSeconds = deliverTook.Seconds()
@@ -444,3 +483,28 @@ func riverVersion() string {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// counters are the database's cumulative statistics the report's per-delivery figures come from.
+type counters struct{ xacts, rows, updates, hot int64 }
+
+// dbCounters reads them after closing the pool's connections, so that every backend has flushed its
+// statistics (an idle one may hold them for seconds); the pool reconnects on its next use. The same
+// query as the bench's BenchXactCommit (bench/queries/bench.sql).
+func dbCounters(ctx context.Context, pool *pgxpool.Pool) (counters, error) {
+	pool.Reset()
+	time.Sleep(300 * time.Millisecond) // the closed backends exit and flush their statistics
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var c counters
+	err := pool.QueryRow(ctx, `SELECT coalesce(d.xact_commit, 0)::bigint,
+       (coalesce(d.tup_inserted, 0) + coalesce(d.tup_updated, 0) + coalesce(d.tup_deleted, 0))::bigint,
+       coalesce(t.n_tup_upd, 0)::bigint, coalesce(t.n_tup_hot_upd, 0)::bigint
+FROM pg_catalog.pg_stat_database d,
+     LATERAL (SELECT sum(n_tup_upd) AS n_tup_upd, sum(n_tup_hot_upd) AS n_tup_hot_upd
+              FROM pg_catalog.pg_stat_user_tables) t
+WHERE d.datname = current_database()`).Scan(&c.xacts, &c.rows, &c.updates, &c.hot)
+	if err != nil {
+		return c, fmt.Errorf("read the database's statistics: %w", err)
+	}
+	return c, nil
+}
