@@ -1,5 +1,10 @@
 package service
 
+// The pipelined handoff: FinishBatchThenClaim carries a finish ahead of the next claim in one round
+// trip (prelude). Measured on 2026-12-03 (docs/benchmarks/2026-12-03-production-shape.md) it does not
+// pay: at work's defaults few claims ride behind a finish, and per task two round trips were faster.
+// It is kept behind this one seam (DispatcherConfig.FinishApart turns it off) until it is removed.
+
 import (
 	"context"
 	"errors"
@@ -9,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/notifierhq/notifier/dbgen"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // prelude is an autocommit statement that travels in the same round trip as a claim's BEGIN and first
@@ -228,3 +235,67 @@ func (r *pipelineResults) sync() error {
 
 // Close reads what is left of the round trip and returns the connection to normal use.
 func (r *pipelineResults) Close() error { return r.p.Close() }
+
+// Handoff is what FinishBatchThenClaim did: one batch finished, the next one claimed.
+type Handoff struct {
+	Finished  []Result   // the finished batch's results, in the order of its attempts (UNRECORDED: see FinishBatch)
+	FinishErr error      // the finish failed: its tasks stay SENDING, recovered after their lease
+	Next      []*Attempt // the next batch: call, then finish
+	Settled   []Result   // tasks of the next claim decided without a call
+	ClaimErr  error
+}
+
+// FinishBatchThenClaim is FinishBatch followed by ClaimBatch with one round trip fewer: TaskFinish
+// travels in the same write as the claim's BEGIN and first statement, in its own implicit transaction
+// ahead of them (prelude). The finish commits before the claim begins; a failed claim does not undo it
+// and a failed finish does not stop the claim. A worker that is stopping calls FinishBatch alone
+// instead. On connections that do not prepare statements (pipelines) it is FinishBatch then
+// ClaimBatch. As in FinishBatch, a 429 on a rate-limited channel first pauses that channel.
+func (d *Dispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*Attempt, obs []delivery.Observation, limit int) Handoff {
+	h := d.finishBatchThenClaim(ctx, attempts, obs, limit)
+	d.disableUnregistered(ctx, h.Finished, obs)
+	return h
+}
+
+func (d *Dispatcher) finishBatchThenClaim(ctx context.Context, attempts []*Attempt, obs []delivery.Observation, limit int) Handoff {
+	d.pauseThrottled(ctx, attempts, obs) // before the claim, so that the claim sees the pause
+	var h Handoff
+	apart := func() Handoff {
+		h.Finished, h.FinishErr = d.finishBatch(ctx, attempts, obs)
+		h.Next, h.Settled, h.ClaimErr = d.ClaimBatch(ctx, limit)
+		return h
+	}
+	if !d.pipelines {
+		return apart()
+	}
+	params, results, err := d.finishParams(attempts, obs)
+	if err != nil {
+		return apart() // FinishBatch reports the same error; the claim goes on
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
+	defer cancel()
+	var (
+		statement recorder
+		rows      []dbgen.TaskFinishRow
+	)
+	_, _ = dbgen.New(&statement).TaskFinish(fctx, params)
+	pre := &prelude{ctx: fctx, sql: statement.sql, args: statement.args, read: func(r pgx.Rows) (err error) {
+		rows, err = dbgen.New(replayed{sql: statement.sql, rows: r}).TaskFinish(fctx, params)
+		return err
+	}}
+	h.Next, h.Settled, h.ClaimErr = d.claimBatch(ctx, limit, pre)
+	if !pre.sent { // the claim failed before its first round trip: the finish goes alone
+		h.Finished, h.FinishErr = d.finishBatch(ctx, attempts, obs)
+		return h
+	}
+	err = pre.err
+	if transient(err) { // it may have committed: send it again (TaskFinish is idempotent)
+		rows, err = d.finish(ctx, attempts, params, err)
+	}
+	if rowFault(err) {
+		h.Finished = d.finishEach(ctx, attempts, params, results)
+		return h
+	}
+	h.Finished, h.FinishErr = finishResults(attempts, results, rows, err)
+	return h
+}
