@@ -1,7 +1,6 @@
 package fakes
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -31,11 +30,9 @@ import (
 // ScriptQuery take Steps; a Status is answered with Postmark's error for it before anything is
 // recorded; Delay, Hang, Malformed and Drop come after.
 type Postmark struct {
-	token     string
-	url       string
-	srv       *http.Server
-	done      chan struct{}
-	closeOnce sync.Once
+	providerServer
+
+	token string
 
 	mu       sync.Mutex
 	sendQ    queues
@@ -47,7 +44,6 @@ type Postmark struct {
 	emails   []postmarkEmail
 	inactive map[string]bool
 	lag      time.Duration
-	conns    ConnCounter
 }
 
 type postmarkEmail struct {
@@ -79,28 +75,10 @@ func StartPostmarkOn(token, addr string) (*Postmark, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fakes: listen %s: %w", addr, err)
 	}
-	f := &Postmark{token: token, url: "http://" + l.Addr().String(), done: make(chan struct{}),
-		sendQ: queues{byRef: map[string][]Step{}}, queryQ: queues{byRef: map[string][]Step{}},
+	f := &Postmark{token: token, sendQ: queues{byRef: map[string][]Step{}}, queryQ: queues{byRef: map[string][]Step{}},
 		sends: map[string]int{}, queries: map[string]int{}, outbound: map[string]int{}, inactive: map[string]bool{}}
-	f.srv = &http.Server{Handler: http.HandlerFunc(f.serveHTTP), ReadHeaderTimeout: 10 * time.Second,
-		ConnState: f.conns.ConnState}
-	go func() { _ = f.srv.Serve(l) }()
+	f.start(l, f.serveHTTP)
 	return f, nil
-}
-
-// URL is the base URL (the channels file's base_url).
-func (f *Postmark) URL() string { return f.url }
-
-// Close stops the server, releasing scripted hangs first. Idempotent.
-func (f *Postmark) Close() {
-	f.closeOnce.Do(func() {
-		close(f.done)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := f.srv.Shutdown(ctx); err != nil {
-			_ = f.srv.Close()
-		}
-	})
 }
 
 // ScriptSend appends steps consumed one per POST /email for ref ("" is the shared queue).
@@ -159,9 +137,6 @@ func (f *Postmark) Messages(ref string) []Message {
 	}
 	return out
 }
-
-// Conns counts the TCP connections accepted.
-func (f *Postmark) Conns() int { return f.conns.Count() }
 
 func (f *Postmark) count(m map[string]int, ref string) int {
 	f.mu.Lock()

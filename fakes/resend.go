@@ -1,7 +1,6 @@
 package fakes
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
@@ -35,11 +34,9 @@ import (
 // Retry-After); Delay, Hang, Malformed and Drop come after the acceptance is recorded, and shape a
 // replay's answer too.
 type Resend struct {
-	key       string
-	url       string
-	srv       *http.Server
-	done      chan struct{}
-	closeOnce sync.Once
+	providerServer
+
+	key string
 
 	mu         sync.Mutex
 	q          queues
@@ -49,7 +46,6 @@ type Resend struct {
 	byKey      map[string]resendSent
 	inProgress map[string]bool // keys whose first request has not been answered yet
 	messages   map[string][]Message
-	conns      ConnCounter
 }
 
 type resendSent struct {
@@ -79,28 +75,10 @@ func StartResendOn(apiKey, addr string) (*Resend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fakes: listen %s: %w", addr, err)
 	}
-	f := &Resend{key: apiKey, url: "http://" + l.Addr().String(), done: make(chan struct{}),
-		q: queues{byRef: map[string][]Step{}}, sends: map[string]int{}, outbound: map[string]int{},
+	f := &Resend{key: apiKey, q: queues{byRef: map[string][]Step{}}, sends: map[string]int{}, outbound: map[string]int{},
 		byKey: map[string]resendSent{}, inProgress: map[string]bool{}, messages: map[string][]Message{}}
-	f.srv = &http.Server{Handler: http.HandlerFunc(f.serveHTTP), ReadHeaderTimeout: 10 * time.Second,
-		ConnState: f.conns.ConnState}
-	go func() { _ = f.srv.Serve(l) }()
+	f.start(l, f.serveHTTP)
 	return f, nil
-}
-
-// URL is the base URL (the channels file's base_url).
-func (f *Resend) URL() string { return f.url }
-
-// Close stops the server, releasing scripted hangs first. Idempotent.
-func (f *Resend) Close() {
-	f.closeOnce.Do(func() {
-		close(f.done)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := f.srv.Shutdown(ctx); err != nil {
-			_ = f.srv.Close()
-		}
-	})
 }
 
 // ScriptSend appends steps consumed one per POST /emails for ref ("" is the shared queue).
@@ -145,9 +123,6 @@ func (f *Resend) Busy() bool {
 	defer f.mu.Unlock()
 	return len(f.inProgress) > 0
 }
-
-// Conns counts the TCP connections accepted.
-func (f *Resend) Conns() int { return f.conns.Count() }
 
 // ResendError is Resend's error body.
 type ResendError struct {

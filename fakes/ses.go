@@ -34,11 +34,9 @@ import (
 // Scriptable like the channel fakes, per ref (the message tag notifier_ref): a Status is answered with
 // SES's error for it before anything is recorded; Delay, Hang, Malformed and Drop come after.
 type SES struct {
+	providerServer
+
 	region, keyID, secret string
-	url                   string
-	srv                   *http.Server
-	done                  chan struct{}
-	closeOnce             sync.Once
 
 	mu       sync.Mutex
 	sendQ    queues
@@ -47,7 +45,6 @@ type SES struct {
 	sends    map[string]int
 	outbound map[string]int
 	emails   []SESEmail
-	conns    ConnCounter
 }
 
 // SESEmail is one email the fake accepted.
@@ -67,27 +64,10 @@ func StartSES(region, keyID, secret, from string) *SES {
 	if err != nil {
 		panic(err)
 	}
-	f := &SES{region: region, keyID: keyID, secret: secret, url: "http://" + l.Addr().String(), done: make(chan struct{}),
-		sendQ: queues{byRef: map[string][]Step{}}, verified: map[string]bool{strings.ToLower(from): true},
+	f := &SES{region: region, keyID: keyID, secret: secret, sendQ: queues{byRef: map[string][]Step{}}, verified: map[string]bool{strings.ToLower(from): true},
 		sends: map[string]int{}, outbound: map[string]int{}}
-	f.srv = &http.Server{Handler: http.HandlerFunc(f.serveHTTP), ReadHeaderTimeout: 10 * time.Second, ConnState: f.conns.ConnState}
-	go func() { _ = f.srv.Serve(l) }()
+	f.start(l, f.serveHTTP)
 	return f
-}
-
-// URL is the endpoint (the channels file's endpoint).
-func (f *SES) URL() string { return f.url }
-
-// Close stops the server, releasing scripted hangs first. Idempotent.
-func (f *SES) Close() {
-	f.closeOnce.Do(func() {
-		close(f.done)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := f.srv.Shutdown(ctx); err != nil {
-			_ = f.srv.Close()
-		}
-	})
 }
 
 // ScriptSend appends steps consumed one per SendEmail for ref ("" is the shared queue).
@@ -123,9 +103,6 @@ func (f *SES) Emails(ref string) []SESEmail {
 	}
 	return out
 }
-
-// Conns counts the TCP connections accepted.
-func (f *SES) Conns() int { return f.conns.Count() }
 
 func sesError(w http.ResponseWriter, status int, name, message string) {
 	w.Header().Set("X-Amzn-ErrorType", name)

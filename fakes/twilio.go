@@ -1,7 +1,6 @@
 package fakes
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -32,12 +31,10 @@ import (
 // Scriptable like the channel fakes, per ref (the ref= of StatusCallback): a Status is answered with
 // Twilio's error for it before anything is recorded; Delay, Hang, Malformed and Drop come after.
 type Twilio struct {
-	account   string
-	creds     map[string]string // username -> password
-	url       string
-	srv       *http.Server
-	done      chan struct{}
-	closeOnce sync.Once
+	providerServer
+
+	account string
+	creds   map[string]string // username -> password
 
 	mu           sync.Mutex
 	sendQ        queues
@@ -46,7 +43,6 @@ type Twilio struct {
 	outbound     map[string]int
 	messages     []TwilioMessage
 	unsubscribed map[string]bool
-	conns        ConnCounter
 }
 
 // TwilioMessage is one SMS the fake queued.
@@ -78,34 +74,17 @@ func StartTwilioOn(account, authToken, addr string) (*Twilio, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fakes: listen %s: %w", addr, err)
 	}
-	f := &Twilio{account: account, creds: map[string]string{account: authToken}, url: "http://" + l.Addr().String(),
-		done: make(chan struct{}), sendQ: queues{byRef: map[string][]Step{}},
+	f := &Twilio{account: account, creds: map[string]string{account: authToken}, sendQ: queues{byRef: map[string][]Step{}},
 		sends: map[string]int{}, outbound: map[string]int{}, unsubscribed: map[string]bool{}}
-	f.srv = &http.Server{Handler: http.HandlerFunc(f.serveHTTP), ReadHeaderTimeout: 10 * time.Second, ConnState: f.conns.ConnState}
-	go func() { _ = f.srv.Serve(l) }()
+	f.start(l, f.serveHTTP)
 	return f, nil
 }
-
-// URL is the base URL (the channels file's base_url).
-func (f *Twilio) URL() string { return f.url }
 
 // AddAPIKey lets an API key (SK...) of the account authenticate with its secret.
 func (f *Twilio) AddAPIKey(sid, secret string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.creds[sid] = secret
-}
-
-// Close stops the server, releasing scripted hangs first. Idempotent.
-func (f *Twilio) Close() {
-	f.closeOnce.Do(func() {
-		close(f.done)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := f.srv.Shutdown(ctx); err != nil {
-			_ = f.srv.Close()
-		}
-	})
 }
 
 // ScriptSend appends steps consumed one per Create Message for ref ("" is the shared queue).
@@ -147,9 +126,6 @@ func (f *Twilio) Messages(ref string) []TwilioMessage {
 	}
 	return out
 }
-
-// Conns counts the TCP connections accepted.
-func (f *Twilio) Conns() int { return f.conns.Count() }
 
 func (f *Twilio) count(m map[string]int, ref string) int {
 	f.mu.Lock()
