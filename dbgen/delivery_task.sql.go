@@ -504,12 +504,16 @@ WHERE (t.id IN (SELECT a.task_id FROM delivery_attempt a
        OR t.receipt_at IS NOT NULL)
   AND t.state IN ('FAILED', 'SUPPRESSED')
   AND t.id > $1
+  AND ($2::text IS NULL OR t.channel = $2::text)
+  AND ($3::text IS NULL OR t.state = $3::text)
 ORDER BY t.id
-LIMIT $2
+LIMIT $4
 `
 
 type TaskListLateAcceptedParams struct {
 	AfterID int64
+	Channel *string
+	State   *string
 	MaxRows int32
 }
 
@@ -533,9 +537,15 @@ type TaskListLateAcceptedRow struct {
 // then wrote it off). The state stays final (R3: the evidence is kept, not applied); notifier review shows
 // these so a human learns that the user may have received the message. Via the partial indexes
 // delivery_attempt_late_accepted_idx, delivery_receipt_contradicts_idx and
-// delivery_task_receipt_contradicted_idx.
+// delivery_task_receipt_contradicted_idx. Only those of @channel and in @state (FAILED or SUPPRESSED)
+// when given: the console's filters, in the statement so that a page is full whenever more tasks match.
 func (q *Queries) TaskListLateAccepted(ctx context.Context, arg TaskListLateAcceptedParams) ([]TaskListLateAcceptedRow, error) {
-	rows, err := q.db.Query(ctx, TaskListLateAccepted, arg.AfterID, arg.MaxRows)
+	rows, err := q.db.Query(ctx, TaskListLateAccepted,
+		arg.AfterID,
+		arg.Channel,
+		arg.State,
+		arg.MaxRows,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -573,12 +583,14 @@ FROM delivery_task t
 JOIN notification n ON n.id = t.notification_id
 WHERE t.needs_review
   AND t.id > $1
+  AND ($2::text IS NULL OR t.channel = $2::text)
 ORDER BY t.id
-LIMIT $2
+LIMIT $3
 `
 
 type TaskListParkedParams struct {
 	AfterID int64
+	Channel *string
 	MaxRows int32
 }
 
@@ -596,9 +608,11 @@ type TaskListParkedRow struct {
 	EventKey       string
 }
 
-// Tasks waiting for a human (notifier review), oldest first, via delivery_task_parked_idx.
+// Tasks waiting for a human (notifier review, the console's list), oldest first, via
+// delivery_task_parked_idx; only those of @channel when it is given (the console's filter: a filter in
+// the statement, not after it, so a page is full whenever more tasks match). Read only.
 func (q *Queries) TaskListParked(ctx context.Context, arg TaskListParkedParams) ([]TaskListParkedRow, error) {
-	rows, err := q.db.Query(ctx, TaskListParked, arg.AfterID, arg.MaxRows)
+	rows, err := q.db.Query(ctx, TaskListParked, arg.AfterID, arg.Channel, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}

@@ -15,7 +15,7 @@ FROM notification
 WHERE id = $1
 `
 
-// One notification, for operators and tests.
+// One notification, for operators (the console's task page shows its user, event key and body) and tests.
 func (q *Queries) NotificationGet(ctx context.Context, id int64) (Notification, error) {
 	row := q.db.QueryRow(ctx, NotificationGet, id)
 	var i Notification
@@ -76,6 +76,40 @@ func (q *Queries) NotificationInsert(ctx context.Context, arg NotificationInsert
 	for rows.Next() {
 		var i NotificationInsertRow
 		if err := rows.Scan(&i.ID, &i.UserID, &i.EventKey); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const NotificationListBodies = `-- name: NotificationListBodies :many
+SELECT id, body
+FROM notification
+WHERE id = ANY ($1::bigint[])
+`
+
+type NotificationListBodiesRow struct {
+	ID   int64
+	Body string
+}
+
+// The bodies of a page of notifications (the console's list shows each listed task's message), in one
+// statement rather than one per task. Read only, by primary key; the operator role may read notification
+// (schema/006).
+func (q *Queries) NotificationListBodies(ctx context.Context, ids []int64) ([]NotificationListBodiesRow, error) {
+	rows, err := q.db.Query(ctx, NotificationListBodies, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []NotificationListBodiesRow{}
+	for rows.Next() {
+		var i NotificationListBodiesRow
+		if err := rows.Scan(&i.ID, &i.Body); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

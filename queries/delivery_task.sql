@@ -299,13 +299,16 @@ FROM delivery_task
 WHERE id = @id;
 
 -- name: TaskListParked :many
--- Tasks waiting for a human (notifier review), oldest first, via delivery_task_parked_idx.
+-- Tasks waiting for a human (notifier review, the console's list), oldest first, via
+-- delivery_task_parked_idx; only those of @channel when it is given (the console's filter: a filter in
+-- the statement, not after it, so a page is full whenever more tasks match). Read only.
 SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.provider_msg_id,
        t.last_error, t.updated_at, n.user_id, n.event_key
 FROM delivery_task t
 JOIN notification n ON n.id = t.notification_id
 WHERE t.needs_review
   AND t.id > @after_id
+  AND (sqlc.narg('channel')::text IS NULL OR t.channel = sqlc.narg('channel')::text)
 ORDER BY t.id
 LIMIT @max_rows;
 
@@ -316,7 +319,8 @@ LIMIT @max_rows;
 -- then wrote it off). The state stays final (R3: the evidence is kept, not applied); notifier review shows
 -- these so a human learns that the user may have received the message. Via the partial indexes
 -- delivery_attempt_late_accepted_idx, delivery_receipt_contradicts_idx and
--- delivery_task_receipt_contradicted_idx.
+-- delivery_task_receipt_contradicted_idx. Only those of @channel and in @state (FAILED or SUPPRESSED)
+-- when given: the console's filters, in the statement so that a page is full whenever more tasks match.
 SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.provider_msg_id,
        t.last_error, t.updated_at, n.user_id, n.event_key
 FROM delivery_task t
@@ -327,6 +331,8 @@ WHERE (t.id IN (SELECT a.task_id FROM delivery_attempt a
        OR t.receipt_at IS NOT NULL)
   AND t.state IN ('FAILED', 'SUPPRESSED')
   AND t.id > @after_id
+  AND (sqlc.narg('channel')::text IS NULL OR t.channel = sqlc.narg('channel')::text)
+  AND (sqlc.narg('state')::text IS NULL OR t.state = sqlc.narg('state')::text)
 ORDER BY t.id
 LIMIT @max_rows;
 

@@ -1,5 +1,5 @@
 -- name: NotificationGet :one
--- One notification, for operators and tests.
+-- One notification, for operators (the console's task page shows its user, event key and body) and tests.
 SELECT id, user_id, event_key, body, created_at, expires_at
 FROM notification
 WHERE id = @id;
@@ -30,3 +30,11 @@ FROM (SELECT DISTINCT unnest(@user_ids::text[]) AS user_id, unnest(@event_keys::
 JOIN notification n ON n.user_id = e.user_id AND n.event_key = e.event_key
 LEFT JOIN delivery_task t ON t.notification_id = n.id
 ORDER BY n.id, t.channel;
+
+-- name: NotificationListBodies :many
+-- The bodies of a page of notifications (the console's list shows each listed task's message), in one
+-- statement rather than one per task. Read only, by primary key; the operator role may read notification
+-- (schema/006).
+SELECT id, body
+FROM notification
+WHERE id = ANY (@ids::bigint[]);

@@ -136,22 +136,55 @@ func (n *Notifier) Review(ctx context.Context, afterID int64, limit int) ([]Park
 }
 
 func (n *Notifier) review(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
-	parked, err := n.parked(ctx, afterID, limit)
-	if err != nil {
-		return nil, err
+	return n.reviewWhere(ctx, ReviewFilter{AfterID: afterID, Limit: limit})
+}
+
+// ReviewFilter narrows Review's list (the console's filters): only tasks of Channel, only tasks in State
+// (UNKNOWN: the parked ones; FAILED or SUPPRESSED: the late-accepted ones in that state); "" is any.
+type ReviewFilter struct {
+	AfterID int64
+	Limit   int
+	Channel string
+	State   delivery.State
+}
+
+// ReviewWhere is Review narrowed by f, paged the same way (by the last id shown). A state that no listed
+// task can be in is an *InputError.
+func (n *Notifier) ReviewWhere(ctx context.Context, f ReviewFilter) ([]ParkedTask, error) {
+	switch f.State {
+	case "", delivery.StateUnknown, delivery.StateFailed, delivery.StateSuppressed:
+	default:
+		return nil, &delivery.InputError{Field: "state", Reason: fmt.Sprintf("%q: listed tasks are UNKNOWN (parked), FAILED or SUPPRESSED", f.State)}
 	}
-	late, err := n.lateAccepted(ctx, afterID, limit)
-	if err != nil {
-		return nil, err
+	tasks, err := n.reviewWhere(ctx, f)
+	return tasks, needsRole("review", RoleOperator, err)
+}
+
+func (n *Notifier) reviewWhere(ctx context.Context, f ReviewFilter) ([]ParkedTask, error) {
+	var parked, late []ParkedTask
+	var err error
+	if f.State == "" || f.State == delivery.StateUnknown {
+		if parked, err = n.parkedOf(ctx, f); err != nil {
+			return nil, err
+		}
+	}
+	if f.State != delivery.StateUnknown {
+		if late, err = n.lateAcceptedOf(ctx, f); err != nil {
+			return nil, err
+		}
 	}
 	all := append(parked, late...)
 	slices.SortFunc(all, func(a, b ParkedTask) int { return cmp.Compare(a.ID, b.ID) })
-	return n.withAttempts(ctx, all[:min(limit, len(all))]) // the history of the tasks shown only
+	return n.withAttempts(ctx, all[:min(f.Limit, len(all))]) // the history of the tasks shown only
 }
 
 // parked is Parked without the tasks' histories.
 func (n *Notifier) parked(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
-	rows, err := n.q.TaskListParked(ctx, dbgen.TaskListParkedParams{AfterID: afterID, MaxRows: int32(limit)})
+	return n.parkedOf(ctx, ReviewFilter{AfterID: afterID, Limit: limit})
+}
+
+func (n *Notifier) parkedOf(ctx context.Context, f ReviewFilter) ([]ParkedTask, error) {
+	rows, err := n.q.TaskListParked(ctx, dbgen.TaskListParkedParams{AfterID: f.AfterID, Channel: optional(f.Channel), MaxRows: int32(f.Limit)})
 	if err != nil {
 		return nil, fmt.Errorf("list parked tasks: %w", err)
 	}
@@ -164,7 +197,12 @@ func (n *Notifier) parked(ctx context.Context, afterID int64, limit int) ([]Park
 
 // lateAccepted is LateAccepted without the tasks' histories.
 func (n *Notifier) lateAccepted(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
-	rows, err := n.q.TaskListLateAccepted(ctx, dbgen.TaskListLateAcceptedParams{AfterID: afterID, MaxRows: int32(limit)})
+	return n.lateAcceptedOf(ctx, ReviewFilter{AfterID: afterID, Limit: limit})
+}
+
+func (n *Notifier) lateAcceptedOf(ctx context.Context, f ReviewFilter) ([]ParkedTask, error) {
+	rows, err := n.q.TaskListLateAccepted(ctx, dbgen.TaskListLateAcceptedParams{AfterID: f.AfterID, Channel: optional(f.Channel),
+		State: optional(string(f.State)), MaxRows: int32(f.Limit)})
 	if err != nil {
 		return nil, fmt.Errorf("list late-accepted tasks: %w", err)
 	}
@@ -294,6 +332,42 @@ func (n *Notifier) status(ctx context.Context) (Status, error) {
 	}
 	s.Database = StandingReport{ServerStanding: standing, Durability: standing.Durability(), Warnings: standing.Warnings()}
 	return s, nil
+}
+
+// Notification is one logical notification as operators read it.
+type Notification struct {
+	ID        int64     `json:"notification_id"`
+	UserID    string    `json:"user_id"`
+	EventKey  string    `json:"event_key"`
+	Body      string    `json:"body"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// Notification reads one notification; ErrNotFound when there is none.
+func (n *Notifier) Notification(ctx context.Context, id int64) (Notification, error) {
+	r, err := n.q.NotificationGet(ctx, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Notification{}, fmt.Errorf("notification %d: %w", id, delivery.ErrNotFound)
+	}
+	if err != nil {
+		return Notification{}, needsRole("read a notification", RoleOperator, fmt.Errorf("read notification %d: %w", id, err))
+	}
+	return Notification{ID: r.ID, UserID: r.UserID, EventKey: r.EventKey, Body: r.Body, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt}, nil
+}
+
+// Bodies reads the bodies of notifications by id, for a page of listed tasks in one statement. An id with
+// no notification has no entry.
+func (n *Notifier) Bodies(ctx context.Context, ids []int64) (map[int64]string, error) {
+	rows, err := n.q.NotificationListBodies(ctx, ids)
+	if err != nil {
+		return nil, needsRole("read bodies", RoleOperator, fmt.Errorf("read the bodies of %d notifications: %w", len(ids), err))
+	}
+	out := make(map[int64]string, len(rows))
+	for _, r := range rows {
+		out[r.ID] = r.Body
+	}
+	return out, nil
 }
 
 func deref(s *string) string {
