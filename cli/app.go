@@ -79,6 +79,7 @@ func newApp(e *env) *cli.App {
 			resolveCommand(e),
 			reviewCommand(e),
 			statusCommand(e),
+			consoleCommand(e),
 			pruneCommand(e),
 			fakeCommand(e),
 			demoCommand(e),

@@ -1,0 +1,270 @@
+package console
+
+import (
+	"bufio"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/crypto/bcrypt"
+)
+
+// Users are the console's accounts: name to bcrypt hash, read from an htpasswd-style file.
+type Users map[string][]byte
+
+// ParseUsers reads "name:$2y$..." lines (htpasswd -B's format; bcrypt only: htpasswd's MD5, SHA1 and
+// crypt hashes are refused, they are cheap to guess). Blank lines and lines starting with # are skipped.
+// Errors name the line, never its hash.
+func ParseUsers(r io.Reader) (Users, error) {
+	users := Users{}
+	sc := bufio.NewScanner(r)
+	for no := 1; sc.Scan(); no++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, hash, ok := strings.Cut(line, ":")
+		switch {
+		case !ok || name == "":
+			return nil, fmt.Errorf("line %d: want name:bcrypt-hash", no)
+		case !validUserName(name):
+			return nil, fmt.Errorf("line %d: user name %q: want 1-64 printable characters without spaces or colons", no, name)
+		case users[name] != nil:
+			return nil, fmt.Errorf("line %d: user %q is listed twice", no, name)
+		}
+		if _, err := bcrypt.Cost([]byte(hash)); err != nil {
+			return nil, fmt.Errorf("line %d: user %q: not a bcrypt hash (create it with htpasswd -B or notifier console --hash-password)", no, name)
+		}
+		users[name] = []byte(hash)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(users) == 0 {
+		return nil, errors.New("no users in it")
+	}
+	return users, nil
+}
+
+func validUserName(name string) bool {
+	if name == "" || utf8.RuneCountInString(name) > 64 || !utf8.ValidString(name) {
+		return false
+	}
+	for _, r := range name {
+		if r <= ' ' || r == ':' || r == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// HashCost is the bcrypt cost of --hash-password (htpasswd -B uses 5 by default; 12 costs an attacker
+// who has the file 128 times more per guess and a login about a quarter of a second).
+const HashCost = 12
+
+// HashPassword is the users-file line's hash of password.
+func HashPassword(password string) (string, error) {
+	if password == "" {
+		return "", errors.New("empty password")
+	}
+	if len(password) > 72 {
+		return "", errors.New("password longer than 72 bytes: bcrypt ignores the rest")
+	}
+	h, err := bcrypt.GenerateFromPassword([]byte(password), HashCost)
+	return string(h), err
+}
+
+// dummyHash is checked against when the user does not exist, so that a login takes as long for an
+// unknown user as for a wrong password (no user enumeration by timing). Made at the first login, not
+// when the binary starts: every other command would pay for it.
+var dummyHash = sync.OnceValue(func() []byte {
+	h, _ := bcrypt.GenerateFromPassword([]byte("no such user"), HashCost)
+	return h
+})
+
+// check reports whether name's password is password.
+func (u Users) check(name, password string) bool {
+	hash, ok := u[name]
+	if !ok {
+		_ = bcrypt.CompareHashAndPassword(dummyHash(), []byte(password))
+		return false
+	}
+	return bcrypt.CompareHashAndPassword(hash, []byte(password)) == nil
+}
+
+// session is a signed-in operator: the cookie holds its id, the server everything else.
+type session struct {
+	id      string
+	user    string
+	csrf    string
+	expires time.Time
+}
+
+// sessions are kept in memory: a restart signs everyone out, which is what an operator expects of a
+// console they reach again in a second.
+type sessions struct {
+	mu  sync.Mutex
+	m   map[string]*session
+	ttl time.Duration
+	now func() time.Time
+}
+
+func newSessions(ttl time.Duration, now func() time.Time) *sessions {
+	return &sessions{m: map[string]*session{}, ttl: ttl, now: now}
+}
+
+// start opens a session for user, dropping the expired ones.
+func (s *sessions) start(user string) *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	for id, old := range s.m {
+		if !now.Before(old.expires) {
+			delete(s.m, id)
+		}
+	}
+	sess := &session{id: randomToken(), user: user, csrf: randomToken(), expires: now.Add(s.ttl)}
+	s.m[sess.id] = sess
+	return sess
+}
+
+// get is the live session with id, or nil.
+func (s *sessions) get(id string) *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess := s.m[id]
+	if sess == nil {
+		return nil
+	}
+	if !s.now().Before(sess.expires) {
+		delete(s.m, id)
+		return nil
+	}
+	return sess
+}
+
+func (s *sessions) end(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, id)
+}
+
+// randomToken is 256 random bits, URL-safe.
+func randomToken() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // never fails (crypto/rand panics rather than returning an error)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// sameToken compares two tokens in constant time.
+func sameToken(a, b string) bool {
+	return a != "" && subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
+}
+
+// Login rate limit: after loginFailures wrong passwords for one user from one address within
+// loginWindow, that pair may not try again until the window has passed. Another address, or another
+// user name, has its own count: an attacker cannot lock an operator out from elsewhere.
+const (
+	loginFailures = 5
+	loginWindow   = 15 * time.Minute
+)
+
+type loginLimiter struct {
+	mu  sync.Mutex
+	m   map[string]*failures
+	now func() time.Time
+}
+
+type failures struct {
+	count int
+	since time.Time
+}
+
+func newLoginLimiter(now func() time.Time) *loginLimiter {
+	return &loginLimiter{m: map[string]*failures{}, now: now}
+}
+
+// wait is how long key must wait before its next attempt (0: it may try now).
+func (l *loginLimiter) wait(key string) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f := l.m[key]
+	if f == nil {
+		return 0
+	}
+	left := f.since.Add(loginWindow).Sub(l.now())
+	if left <= 0 {
+		delete(l.m, key)
+		return 0
+	}
+	if f.count < loginFailures {
+		return 0
+	}
+	return left
+}
+
+// failed counts a wrong password of key, dropping the counts whose window has passed.
+func (l *loginLimiter) failed(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	for k, f := range l.m {
+		if !now.Before(f.since.Add(loginWindow)) {
+			delete(l.m, k)
+		}
+	}
+	if f := l.m[key]; f != nil {
+		f.count++
+		return
+	}
+	l.m[key] = &failures{count: 1, since: now}
+}
+
+func (l *loginLimiter) succeeded(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.m, key)
+}
+
+// remoteIP is the request's peer address: the proxy's, when there is one (a header naming the client is
+// only believed from a trusted proxy, and the console reads no such header).
+func remoteIP(r *http.Request) netip.Addr {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ip.Unmap()
+}
+
+// ParseCIDRs reads --trusted-proxy values: CIDRs, or single addresses.
+func ParseCIDRs(values []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, v := range values {
+		v = strings.TrimSpace(v)
+		if p, err := netip.ParsePrefix(v); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		ip, err := netip.ParseAddr(v)
+		if err != nil {
+			return nil, fmt.Errorf("%q: want a CIDR such as 10.0.0.0/8 or an address", v)
+		}
+		ip = ip.Unmap()
+		out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
+	}
+	return out, nil
+}

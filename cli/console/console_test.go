@@ -1,0 +1,386 @@
+package console
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/matryer/is"
+)
+
+// TestHeadersOnEveryAnswer: the sign-in page, a signed-in page, an error and the stylesheet all carry
+// the strict CSP and the no-sniff, no-frame, no-referrer, no-store headers; no page holds a script.
+func TestHeadersOnEveryAnswer(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	ts := f.serve()
+	c := f.client(ts)
+	c.signIn("alice", alicePassword)
+	for _, path := range []string{"/login", "/", "/status", "/task/999999", "/nowhere", "/static/console.css"} {
+		t.Run(path, func(t *testing.T) {
+			is := is.New(t)
+			p := c.get(path)
+			is.Equal(p.header.Get("Content-Security-Policy"),
+				"default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+			is.Equal(p.header.Get("X-Content-Type-Options"), "nosniff")
+			is.Equal(p.header.Get("X-Frame-Options"), "DENY")
+			is.Equal(p.header.Get("Referrer-Policy"), "no-referrer")
+			is.Equal(p.header.Get("Cache-Control"), "no-store")
+			is.True(!strings.Contains(strings.ToLower(p.body), "<script")) // nothing that would need 'unsafe-inline'
+			is.True(!strings.Contains(strings.ToLower(p.body), " style="))
+		})
+	}
+}
+
+// TestCookieFlags: the session cookie (and the sign-in form's) is HttpOnly, SameSite=Strict, Secure with
+// the __Host- prefix; with SecureCookie off (--insecure-listen) neither Secure nor the prefix.
+func TestCookieFlags(t *testing.T) {
+	t.Parallel()
+	for _, secure := range []bool{true, false} {
+		t.Run("secure="+strconv.FormatBool(secure), func(t *testing.T) {
+			is := is.New(t)
+			f := newFixture(t, func(c *Config) { c.SecureCookie = secure })
+			h := f.srv.Handler()
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest("GET", "/login", nil))
+			login := rec.Result().Cookies()
+			is.Equal(len(login), 1)
+			token := csrfField.FindStringSubmatch(rec.Body.String())[1]
+			form := url.Values{"csrf": {token}, "user": {"alice"}, "password": {alicePassword}}
+			req := httptest.NewRequest("POST", "/login", strings.NewReader(form.Encode()))
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			req.AddCookie(login[0])
+			rec = httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			is.Equal(rec.Code, http.StatusSeeOther)
+			var session *http.Cookie
+			for _, c := range rec.Result().Cookies() {
+				if strings.HasSuffix(c.Name, "notifier_console") {
+					session = c
+				}
+			}
+			is.True(session != nil)
+			for _, c := range []*http.Cookie{login[0], session} {
+				is.True(c.HttpOnly)
+				is.Equal(c.SameSite, http.SameSiteStrictMode)
+				is.Equal(c.Secure, secure)
+				is.Equal(c.Path, "/")
+				is.Equal(strings.HasPrefix(c.Name, "__Host-"), secure)
+			}
+			is.True(len(session.Value) >= 43) // 256 random bits
+		})
+	}
+}
+
+// TestUnauthenticated: pages redirect to the sign-in page, a POST is refused, and nothing changes.
+func TestUnauthenticated(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	f := newFixture(t, nil)
+	id := f.parkedTask("push", "u1", "hello")
+	c := f.client(f.serve())
+	for _, path := range []string{"/", "/status", "/task/" + strconv.FormatInt(id, 10)} {
+		p := c.get(path)
+		is.Equal(p.code, http.StatusSeeOther)
+		is.Equal(p.header.Get("Location"), "/login")
+	}
+	p := c.post("/task/"+strconv.FormatInt(id, 10)+"/resolve", url.Values{"state": {"SENT"}, "note": {"n"}})
+	is.Equal(p.code, http.StatusForbidden)
+	is.Equal(f.task(id).state, "UNKNOWN") // still parked
+	// A made-up session id is no session.
+	jarURL, _ := url.Parse(c.base)
+	c.http.Jar.SetCookies(jarURL, []*http.Cookie{{Name: "__Host-notifier_console", Value: "forged", Path: "/", Secure: true}})
+	is.Equal(c.get("/").code, http.StatusSeeOther)
+}
+
+// TestWrongPasswordRefused: a wrong password or an unknown user gets 401 and no session.
+func TestWrongPasswordRefused(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	f := newFixture(t, nil)
+	c := f.client(f.serve())
+	for _, who := range [][2]string{{"alice", bobPassword}, {"mallory", alicePassword}, {"alice", ""}} {
+		login := c.get("/login")
+		p := c.post("/login", url.Values{"csrf": {login.token(t)}, "user": {who[0]}, "password": {who[1]}})
+		is.Equal(p.code, http.StatusUnauthorized)
+		is.True(strings.Contains(p.body, "Wrong user name or password."))
+		is.Equal(c.get("/").code, http.StatusSeeOther) // still signed out
+	}
+	is.Equal(len(f.log.lines("sign-in refused: wrong user name or password")), 3)
+}
+
+// TestSignInNeedsItsToken: a sign-in post without the form's token (a login CSRF) is refused.
+func TestSignInNeedsItsToken(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	f := newFixture(t, nil)
+	c := f.client(f.serve())
+	c.get("/login") // has the cookie, but posts no token
+	p := c.post("/login", url.Values{"user": {"alice"}, "password": {alicePassword}})
+	is.Equal(p.code, http.StatusForbidden)
+	p = c.post("/login", url.Values{"csrf": {"guessed"}, "user": {"alice"}, "password": {alicePassword}})
+	is.Equal(p.code, http.StatusForbidden)
+	is.Equal(c.get("/").code, http.StatusSeeOther) // not signed in
+}
+
+// TestLoginRateLimited: after five wrong passwords for alice from one address, even the right one is
+// refused (429) from there until the window has passed; bob, and alice from another address, are not
+// affected.
+func TestLoginRateLimited(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	f := newFixture(t, nil)
+	h := f.srv.Handler()
+	try := func(user, password, addr string) int {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/login", nil)
+		req.RemoteAddr = addr
+		h.ServeHTTP(rec, req)
+		token := csrfField.FindStringSubmatch(rec.Body.String())[1]
+		cookie := rec.Result().Cookies()[0]
+		form := url.Values{"csrf": {token}, "user": {user}, "password": {password}}
+		req = httptest.NewRequest("POST", "/login", strings.NewReader(form.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.RemoteAddr = addr
+		req.AddCookie(cookie)
+		rec = httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	const here, there = "192.0.2.1:5000", "192.0.2.2:5000"
+	for range loginFailures {
+		is.Equal(try("alice", "wrong", here), http.StatusUnauthorized)
+	}
+	is.Equal(try("alice", alicePassword, here), http.StatusTooManyRequests) // the right password, refused
+	is.Equal(try("alice", "wrong", here), http.StatusTooManyRequests)
+	is.Equal(try("bob", bobPassword, here), http.StatusSeeOther)     // another user from there
+	is.Equal(try("alice", alicePassword, there), http.StatusSeeOther) // alice from elsewhere
+	f.now.advance(loginWindow + time.Second)
+	is.Equal(try("alice", alicePassword, here), http.StatusSeeOther) // the window has passed
+}
+
+// TestCSRFRefused: a resolve without the session's token, or with another session's, is 403 and
+// changes nothing; with it the task resolves.
+func TestCSRFRefused(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	f := newFixture(t, nil)
+	id := f.parkedTask("push", "u1", "hello")
+	ts := f.serve()
+	alice, bob := f.client(ts), f.client(ts)
+	aliceToken, bobToken := alice.signIn("alice", alicePassword), bob.signIn("bob", bobPassword)
+	path := "/task/" + strconv.FormatInt(id, 10) + "/resolve"
+	for _, token := range []string{"", "x", bobToken} {
+		p := alice.post(path, url.Values{"csrf": {token}, "state": {"SENT"}, "note": {"seen in the console"}})
+		is.Equal(p.code, http.StatusForbidden)
+		is.True(strings.Contains(p.body, "did not carry this session"))
+	}
+	is.Equal(f.task(id), taskRow{state: "UNKNOWN", needsReview: true}) // nothing changed
+	p := alice.post("/logout", url.Values{})
+	is.Equal(p.code, http.StatusForbidden) // sign-out is a change too
+	p = alice.post(path, url.Values{"csrf": {aliceToken}, "state": {"SENT"}, "note": {"seen in the console"}})
+	is.Equal(p.code, http.StatusSeeOther)
+	is.Equal(f.task(id).state, "SENT")
+	// GET never changes anything: the resolve path does not answer it.
+	is.Equal(alice.get(path).code, http.StatusNotFound)
+}
+
+// TestRequestSizeLimited: a form over MaxFormBytes is refused with 413 and changes nothing.
+func TestRequestSizeLimited(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	f := newFixture(t, nil)
+	id := f.parkedTask("push", "u1", "hello")
+	c := f.client(f.serve())
+	token := c.signIn("alice", alicePassword)
+	p := c.post("/task/"+strconv.FormatInt(id, 10)+"/resolve",
+		url.Values{"csrf": {token}, "state": {"SENT"}, "note": {strings.Repeat("n", MaxFormBytes)}})
+	is.Equal(p.code, http.StatusRequestEntityTooLarge)
+	is.Equal(f.task(id).state, "UNKNOWN")
+	p = c.post("/login", url.Values{"csrf": {token}, "user": {strings.Repeat("u", MaxFormBytes)}})
+	is.Equal(p.code, http.StatusRequestEntityTooLarge)
+}
+
+// TestResolveRecordsTheOperator: the signed-in user's name is on the MANUAL attempt with the note, one
+// audit line says who resolved what; a second resolve (by bob) says "already resolved by alice at ..."
+// and changes nothing; a note is required.
+func TestResolveRecordsTheOperator(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	f := newFixture(t, nil)
+	id := f.parkedTask("sms", "u1", "your code is 1234")
+	ts := f.serve()
+	alice, bob := f.client(ts), f.client(ts)
+	aliceToken, bobToken := alice.signIn("alice", alicePassword), bob.signIn("bob", bobPassword)
+	path := "/task/" + strconv.FormatInt(id, 10) + "/resolve"
+
+	p := alice.post(path, url.Values{"csrf": {aliceToken}, "state": {"SENT"}, "note": {"   "}})
+	is.Equal(p.code, http.StatusBadRequest)
+	is.True(strings.Contains(p.body, "A note is required"))
+	p = alice.post(path, url.Values{"csrf": {aliceToken}, "state": {"MAYBE"}, "note": {"n"}})
+	is.Equal(p.code, http.StatusBadRequest)
+	is.Equal(f.task(id).state, "UNKNOWN")
+
+	p = alice.post(path, url.Values{"csrf": {aliceToken}, "state": {"SENT"}, "note": {"Twilio console: delivered <b>"}})
+	is.Equal(p.code, http.StatusSeeOther)
+	is.Equal(p.header.Get("Location"), "/?resolved="+strconv.FormatInt(id, 10)+"&as=SENT")
+	is.Equal(f.task(id), taskRow{state: "SENT", manual: 1, operator: "alice", note: "Twilio console: delivered <b>"})
+	audit := f.log.lines("msg=resolved")
+	is.Equal(len(audit), 1)
+	is.True(strings.Contains(audit[0], "task="+strconv.FormatInt(id, 10)+" state=SENT operator=alice via=console"))
+
+	p = bob.post(path, url.Values{"csrf": {bobToken}, "state": {"FAILED"}, "note": {"not in the console"}})
+	is.Equal(p.code, http.StatusConflict)
+	is.True(strings.Contains(p.body, "already resolved by alice at "))
+	is.Equal(f.task(id), taskRow{state: "SENT", manual: 1, operator: "alice", note: "Twilio console: delivered <b>"}) // unchanged
+	is.Equal(len(f.log.lines("resolve changed nothing")), 1)
+	is.Equal(len(f.log.lines("msg=resolved")), 1)
+
+	// The task page shows the resolution and the note escaped, and no resolve form any more.
+	page := alice.get("/task/" + strconv.FormatInt(id, 10))
+	is.Equal(page.code, http.StatusOK)
+	is.True(strings.Contains(page.body, "resolved by alice at "))
+	is.True(strings.Contains(page.body, "delivered &lt;b&gt;"))
+	is.True(!strings.Contains(page.body, `id="resolve"`))
+}
+
+// TestListFiltersAndPages: the list narrows by channel and state in the query and pages by the last id.
+func TestListFiltersAndPages(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	f := newFixture(t, func(c *Config) { c.PageSize = 2 })
+	push1, sms1, push2, push3 := f.parkedTask("push", "u1", "a"), f.parkedTask("sms", "u2", "b"),
+		f.parkedTask("push", "u3", "c"), f.parkedTask("push", "u4", "d")
+	c := f.client(f.serve())
+	c.signIn("alice", alicePassword)
+	row := func(id int64) string { return `id="task-` + strconv.FormatInt(id, 10) + `"` }
+
+	p := c.get("/?channel=push")
+	is.True(strings.Contains(p.body, row(push1)) && strings.Contains(p.body, row(push2)))
+	is.True(!strings.Contains(p.body, row(sms1)) && !strings.Contains(p.body, row(push3)))
+	is.True(strings.Contains(p.body, `href="/?after=`+strconv.FormatInt(push2, 10)+`&amp;channel=push"`)) // a full page: a next one
+	p = c.get("/?channel=push&after=" + strconv.FormatInt(push2, 10))
+	is.True(strings.Contains(p.body, row(push3)))
+	is.True(!strings.Contains(p.body, row(push1)))
+
+	p = c.get("/?state=FAILED")
+	is.True(strings.Contains(p.body, `id="empty"`)) // parked tasks are UNKNOWN
+	p = c.get("/?state=UNKNOWN&channel=sms")
+	is.True(strings.Contains(p.body, row(sms1)))
+	is.Equal(c.get("/?state=SENT").code, http.StatusBadRequest) // never listed
+	is.Equal(c.get("/?after=x").code, http.StatusBadRequest)
+}
+
+// TestStatusPage: counts by channel and state, the parked count and the rate limits.
+func TestStatusPage(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	f := newFixture(t, nil)
+	f.parkedTask("push", "u1", "a")
+	f.parkedTask("push", "u2", "b")
+	c := f.client(f.serve())
+	c.signIn("alice", alicePassword)
+	p := c.get("/status")
+	is.Equal(p.code, http.StatusOK)
+	is.True(strings.Contains(p.body, `<dd id="parked">2</dd>`))
+	is.True(strings.Contains(p.body, "<td>push</td><td>UNKNOWN (parked)</td><td>2</td>"))
+	is.True(strings.Contains(p.body, "No channel is rate-limited."))
+}
+
+// TestTrustedProxyHeader: with --trust-header the header names the operator only on requests from a
+// trusted proxy; from elsewhere, or without the header, 403. The proxy's user is on the MANUAL attempt.
+func TestTrustedProxyHeader(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	f := newFixture(t, func(c *Config) {
+		c.Users, c.TrustHeader = nil, "X-Forwarded-User"
+		c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	})
+	id := f.parkedTask("push", "u1", "hello")
+	h := f.srv.Handler()
+	do := func(method, path, addr, user string, form url.Values, cookies []*http.Cookie) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(method, path, strings.NewReader(form.Encode()))
+		if method == "POST" {
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		}
+		req.RemoteAddr = addr
+		if user != "" {
+			req.Header.Set("X-Forwarded-User", user)
+		}
+		for _, c := range cookies {
+			req.AddCookie(c)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	is.Equal(do("GET", "/", "192.0.2.9:4000", "carol", nil, nil).Code, http.StatusForbidden) // not the proxy
+	is.Equal(do("GET", "/", "10.1.2.3:4000", "", nil, nil).Code, http.StatusForbidden)       // the proxy, no user
+	is.Equal(do("GET", "/login", "10.1.2.3:4000", "carol", nil, nil).Code, http.StatusSeeOther)
+	rec := do("GET", "/task/"+strconv.FormatInt(id, 10), "10.1.2.3:4000", "carol", nil, nil)
+	is.Equal(rec.Code, http.StatusOK)
+	is.True(strings.Contains(rec.Body.String(), `<strong id="operator">carol</strong>`))
+	token := csrfField.FindStringSubmatch(rec.Body.String())[1]
+	cookies := rec.Result().Cookies()
+	form := url.Values{"csrf": {token}, "state": {"FAILED"}, "note": {"bounced per provider"}}
+	path := "/task/" + strconv.FormatInt(id, 10) + "/resolve"
+	is.Equal(do("POST", path, "192.0.2.9:4000", "carol", form, cookies).Code, http.StatusForbidden) // the cookie alone is not enough
+	is.Equal(do("POST", path, "10.1.2.3:4000", "dave", form, cookies).Code, http.StatusForbidden)   // another user: carol's token is not his
+	is.Equal(f.task(id).state, "UNKNOWN")
+	is.Equal(do("POST", path, "10.1.2.3:4000", "carol", form, cookies).Code, http.StatusSeeOther)
+	is.Equal(f.task(id), taskRow{state: "FAILED", manual: 1, operator: "carol", note: "bounced per provider"})
+}
+
+// TestNewRefusesHalfConfigs: a console needs exactly one way to sign in, and a trusted header needs proxies.
+func TestNewRefusesHalfConfigs(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	f := newFixture(t, nil)
+	base := f.srv.cfg
+	for _, change := range []func(*Config){
+		func(c *Config) { c.Users = nil },
+		func(c *Config) { c.TrustHeader = "X-Forwarded-User" },
+		func(c *Config) { c.Users, c.TrustHeader = nil, "X-Forwarded-User" },
+	} {
+		cfg := base
+		change(&cfg)
+		_, err := New(cfg)
+		is.True(err != nil)
+	}
+}
+
+// TestParseUsers: htpasswd -B lines are read; other hashes, duplicates and malformed lines are refused,
+// naming the line but never the hash.
+func TestParseUsers(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	h := string(mustHash(t, "pw"))
+	users, err := ParseUsers(strings.NewReader("# operators\n\nalice:" + h + "\nbob:" + h + "\n"))
+	is.NoErr(err)
+	is.Equal(len(users), 2)
+	is.True(users.check("alice", "pw"))
+	is.True(!users.check("alice", "PW"))
+	is.True(!users.check("carol", "pw"))
+	for _, bad := range []string{
+		"alice:$apr1$abc$def\n", // htpasswd's MD5
+		"alice:{SHA}W6ph5Mm5Pz8GgiULbPgzG37mj9g=\n",
+		"alice\n",
+		"alice:" + h + "\nalice:" + h + "\n",
+		"al ice:" + h + "\n",
+		"",
+	} {
+		_, err := ParseUsers(strings.NewReader(bad))
+		is.True(err != nil)
+		is.True(!strings.Contains(err.Error(), "$apr1$") && !strings.Contains(err.Error(), h))
+	}
+	hash, err := HashPassword("s3cret")
+	is.NoErr(err)
+	users, err = ParseUsers(strings.NewReader("ops:" + hash))
+	is.NoErr(err)
+	is.True(users.check("ops", "s3cret"))
+}
