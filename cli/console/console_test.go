@@ -158,7 +158,7 @@ func TestLoginRateLimited(t *testing.T) {
 	}
 	is.Equal(try("alice", alicePassword, here), http.StatusTooManyRequests) // the right password, refused
 	is.Equal(try("alice", "wrong", here), http.StatusTooManyRequests)
-	is.Equal(try("bob", bobPassword, here), http.StatusSeeOther)     // another user from there
+	is.Equal(try("bob", bobPassword, here), http.StatusSeeOther)      // another user from there
 	is.Equal(try("alice", alicePassword, there), http.StatusSeeOther) // alice from elsewhere
 	f.now.advance(loginWindow + time.Second)
 	is.Equal(try("alice", alicePassword, here), http.StatusSeeOther) // the window has passed
