@@ -192,7 +192,7 @@ func TestBrowser(t *testing.T) {
 		)
 		is.Equal(get(t, tab, chromedp.Text(chromedp.ID("notice"))), "Task "+strconv.FormatInt(id, 10)+" resolved as SENT.")
 		is.Equal(get(t, tab, chromedp.Evaluate[bool](`document.getElementById("task-`+strconv.FormatInt(id, 10)+`") === null`)), true) // gone
-		do(t, tab, chromedp.WaitVisible(chromedp.ID("task-"+strconv.FormatInt(other, 10))))                                         // the other stays
+		do(t, tab, chromedp.WaitVisible(chromedp.ID("task-"+strconv.FormatInt(other, 10))))                                            // the other stays
 		is.Equal(f.task(id), taskRow{state: "SENT", manual: 1, operator: "alice", note: "Delivered per the FCM console"})
 	})
 
@@ -221,7 +221,7 @@ func TestBrowser(t *testing.T) {
 		is.True(strings.Contains(msg, "Nothing changed: task "+strconv.FormatInt(id, 10)+" was already resolved by alice at "))
 		is.True(strings.Contains(msg, "(MANUAL_SENT)"))
 		is.Equal(get(t, bob, chromedp.Evaluate[bool](`document.getElementById("resolve") === null`)), true) // no form any more
-		is.Equal(f.task(id), taskRow{state: "SENT", manual: 1, operator: "alice", note: "seen delivered"}) // bob changed nothing
+		is.Equal(f.task(id), taskRow{state: "SENT", manual: 1, operator: "alice", note: "seen delivered"})  // bob changed nothing
 	})
 
 	t.Run("a form posted without its CSRF token is refused", func(t *testing.T) {
