@@ -14,9 +14,10 @@ pgtmp := tools / "bin/pgtmp"
 default:
     @"{{ just_executable() }}" --justfile "{{ justfile() }}" --list --unsorted
 
-# Run the Go tests with the race detector (DB tests start their own throwaway PostgreSQL unless TEST_DATABASE_URL is set; the PgBouncer tests need Debian's pgbouncer, installed here when root or sudo -n can, else skipped), then the protocol tests again with batched claims; args go to `go test`, e.g. `just test -run N1 ./service/`
+# Run the Go tests with the race detector (DB tests start their own throwaway PostgreSQL unless TEST_DATABASE_URL is set; the PgBouncer tests need Debian's pgbouncer and the console's browser tests Debian's chromium, installed here when root or sudo -n can, else skipped), then the protocol tests again with batched claims; args go to `go test`, e.g. `just test -run N1 ./service/`
 test *args:
     @sh internal/tools/install-debs pgbouncer || echo "just test: pgbouncer could not be installed: the tests through PgBouncer will skip" >&2
+    @sh internal/tools/install-debs chromium || echo "just test: chromium could not be installed: the console's browser tests will skip" >&2
     @has_pkg=; for a in "$@"; do case $a in .|./*|../*|github.com/*) has_pkg=1 ;; esac; done; \
     if [ -z "$has_pkg" ]; then set -- "$@" ./...; fi; \
     echo "go test -race -count=1 $*" >&2; \
