@@ -261,7 +261,7 @@ func TestBrowser(t *testing.T) {
 		}
 		root, err := pgtest.RepoRoot()
 		is.NoErr(err)
-		is.True(len(png) < 200<<10) // the README shows it: keep it small
+		is.True(len(png) < 200<<10) // small enough to show on the front page
 		is.NoErr(os.WriteFile(filepath.Join(root, "docs", "console.png"), png, 0o644))
 	})
 }
