@@ -33,7 +33,9 @@ Sign-in, exactly one of:
 
 Without --tls-cert/--tls-key it serves plain HTTP on a loopback address only (a proxy on the same
 host terminates TLS), unless --insecure-listen. Cookies are Secure unless --insecure-listen without TLS.
-Runs until SIGTERM or SIGINT. One log line per resolve on stderr.
+Runs until SIGTERM or SIGINT. One log line per resolve on stderr. With --metrics-addr it serves
+notifier_console_resolves_total{state,result}, notifier_console_sign_ins_total{result} and
+notifier_console_refused_total{reason} at http://ADDR/metrics.
 
 With --hash-password it reads a password from the first line of stdin, prints its bcrypt hash for the
 users file and exits (no database).
@@ -45,7 +47,7 @@ func consoleCommand(e *env) *cli.Command {
 		Name:  "console",
 		Usage: "serve the operators' web console: review, resolve and status in a browser",
 		UsageText: "notifier console [--listen 127.0.0.1:8080] {--users-file FILE | --trust-header NAME --trusted-proxy CIDR...}\n" +
-			"   [--tls-cert FILE --tls-key FILE] [--insecure-listen] [--session-ttl 8h]\n" +
+			"   [--tls-cert FILE --tls-key FILE] [--insecure-listen] [--session-ttl 8h] [--metrics-addr ADDR]\n" +
 			"   notifier console --hash-password < password",
 		Description: consoleDescription,
 		Flags: []cli.Flag{
@@ -56,6 +58,7 @@ func consoleCommand(e *env) *cli.Command {
 			&cli.StringFlag{Name: "tls-cert", Usage: "TLS certificate file (PEM), with --tls-key"},
 			&cli.StringFlag{Name: "tls-key", Usage: "TLS private key file (PEM), with --tls-cert"},
 			&cli.BoolFlag{Name: "insecure-listen", Usage: "serve plain HTTP on a non-loopback address (and cookies without Secure)"},
+			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9470; unauthenticated: keep it off the network)"},
 			&cli.DurationFlag{Name: "session-ttl", Value: 8 * time.Hour, Usage: "a session ends this long after sign-in"},
 			&cli.BoolFlag{Name: "hash-password", Usage: "print the bcrypt hash of the password on stdin's first line, and exit"},
 		},
@@ -183,6 +186,13 @@ func serveConsole(c *cli.Context, e *env) error {
 	web, err := console.New(cfg.web)
 	if err != nil {
 		return err
+	}
+	if addr := c.String("metrics-addr"); addr != "" {
+		stop, err := serveRegistry(e, addr, web.Registry())
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	l, err := net.Listen("tcp", cfg.listen)
 	if err != nil {

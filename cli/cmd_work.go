@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
 
@@ -502,12 +503,18 @@ func checkBurstCoversPoll(routes map[string]delivery.Route, poll time.Duration) 
 
 // serveMetrics serves m at http://addr/metrics until the returned stop is called.
 func serveMetrics(e *env, addr string, m *metrics) (stop func(), err error) {
+	return serveRegistry(e, addr, m.registry)
+}
+
+// serveRegistry serves registry at http://addr/metrics until the returned stop is called (work's and
+// console's --metrics-addr).
+func serveRegistry(e *env, addr string, registry *prometheus.Registry) (stop func(), err error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{Registry: m.registry}))
+	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(l) }()
 	e.log.Info("serving metrics", "addr", l.Addr().String(), "url", "http://"+l.Addr().String()+"/metrics")

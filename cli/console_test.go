@@ -148,7 +148,7 @@ func TestConsoleServesOverTLS(t *testing.T) {
 	users := consoleUsers(t, c, "pw-of-alice")
 	cert, key := selfSigned(t)
 	args := []string{"--log-format", "json", "console", "--listen", "127.0.0.1:0", "--users-file", users,
-		"--tls-cert", cert, "--tls-key", key}
+		"--tls-cert", cert, "--tls-key", key, "--metrics-addr", "127.0.0.1:0"}
 
 	r := c.loginAs(pool, service.RoleWorker).run("", args...)
 	is.Equal(r.code, 1) // the wrong role: refused at start, not at the first resolve
@@ -188,6 +188,16 @@ func TestConsoleServesOverTLS(t *testing.T) {
 	is.NoErr(pool.QueryRow(context.Background(), `SELECT t.state, a.worker, a.note FROM delivery_task t
 		JOIN delivery_attempt a ON a.task_id = t.id AND a.action = 'MANUAL' WHERE t.id = $1`, id).Scan(&state, &worker, &note))
 	is.Equal([]string{state, worker, note}, []string{"FAILED", "alice", "provider says rejected"})
+
+	metrics := scrape(t, "http://"+metricsAddr(t, p)+"/metrics")
+	for _, want := range []string{
+		`notifier_console_resolves_total{result="resolved",state="FAILED"} 1`,
+		`notifier_console_resolves_total{result="unchanged",state="SENT"} 0`,
+		`notifier_console_sign_ins_total{result="ok"} 1`,
+		`notifier_console_refused_total{reason="csrf"} 0`,
+	} {
+		is.True(strings.Contains(metrics, want)) // the console's counters
+	}
 
 	is.Equal(p.stop(syscall.SIGTERM), 0)
 	var audit []map[string]any

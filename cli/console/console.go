@@ -63,6 +63,7 @@ type Server struct {
 	pages    map[string]*template.Template
 	sessions *sessions
 	limiter  *loginLimiter
+	metrics  *metrics
 	handler  http.Handler
 }
 
@@ -93,7 +94,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, pages: pages, sessions: newSessions(cfg.SessionTTL, cfg.Now), limiter: newLoginLimiter(cfg.Now)}
+	s := &Server{cfg: cfg, pages: pages, sessions: newSessions(cfg.SessionTTL, cfg.Now), limiter: newLoginLimiter(cfg.Now), metrics: newMetrics()}
 	static, _ := fs.Sub(staticFS, "static")
 	mux := http.NewServeMux()
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/matryer/is"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestHeadersOnEveryAnswer: the sign-in page, a signed-in page, an error and the stylesheet all carry
@@ -180,7 +181,8 @@ func TestCSRFRefused(t *testing.T) {
 		is.Equal(p.code, http.StatusForbidden)
 		is.True(strings.Contains(p.body, "did not carry this session"))
 	}
-	is.Equal(f.task(id), taskRow{state: "UNKNOWN", needsReview: true}) // nothing changed
+	is.Equal(f.task(id), taskRow{state: "UNKNOWN", needsReview: true})               // nothing changed
+	is.Equal(testutil.ToFloat64(f.srv.metrics.refused.WithLabelValues("csrf")), 3.0) // each refusal counted
 	p := alice.post("/logout", url.Values{})
 	is.Equal(p.code, http.StatusForbidden) // sign-out is a change too
 	p = alice.post(path, url.Values{"csrf": {aliceToken}, "state": {"SENT"}, "note": {"seen in the console"}})

@@ -102,6 +102,7 @@ func (s *Server) signedIn(next func(http.ResponseWriter, *http.Request, *session
 				return
 			}
 			if !sameToken(r.PostFormValue("csrf"), sess.csrf) {
+				s.metrics.refused.WithLabelValues("csrf").Inc()
 				s.cfg.Log.Warn("console: form refused without its CSRF token", "path", r.URL.Path, "operator", sess.user, "remote", remoteIP(r))
 				s.fail(w, r, sess, http.StatusForbidden, "This form is refused: it did not carry this session's token. Reload the page and try again.")
 				return
@@ -135,6 +136,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (*session,
 	}
 	user := r.Header.Get(s.cfg.TrustHeader)
 	if !trusted || !validUserName(user) {
+		s.metrics.refused.WithLabelValues("untrusted_proxy").Inc()
 		s.cfg.Log.Warn("console: request refused: not from a trusted proxy, or without its user header", "remote", ip, "trusted", trusted)
 		s.fail(w, r, nil, http.StatusForbidden, "The console is reached through its authenticating proxy only.")
 		return nil, false
@@ -153,6 +155,7 @@ func (s *Server) parseForm(w http.ResponseWriter, r *http.Request, sess *session
 	if err := r.ParseForm(); err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
+			s.metrics.refused.WithLabelValues("too_large").Inc()
 			s.fail(w, r, sess, http.StatusRequestEntityTooLarge, fmt.Sprintf("The form is larger than %d KiB.", MaxFormBytes>>10))
 		} else {
 			s.fail(w, r, sess, http.StatusBadRequest, "The form could not be read.")
@@ -197,6 +200,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	user, password, ip := r.PostFormValue("user"), r.PostFormValue("password"), remoteIP(r)
 	key := user + "\x00" + ip.String()
 	if wait := s.limiter.wait(key); wait > 0 {
+		s.metrics.signIns.WithLabelValues("rate_limited").Inc()
 		s.cfg.Log.Warn("console: sign-in refused: too many failures", "user", user, "remote", ip)
 		s.renderLogin(w, r, http.StatusTooManyRequests,
 			fmt.Sprintf("Too many failed sign-ins for this user from your address: try again in %s.", wait.Round(time.Minute)+time.Minute))
@@ -204,11 +208,13 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	}
 	if !s.cfg.Users.check(user, password) {
 		s.limiter.failed(key)
+		s.metrics.signIns.WithLabelValues("wrong_password").Inc()
 		s.cfg.Log.Warn("console: sign-in refused: wrong user name or password", "user", user, "remote", ip)
 		s.renderLogin(w, r, http.StatusUnauthorized, "Wrong user name or password.")
 		return
 	}
 	s.limiter.succeeded(key)
+	s.metrics.signIns.WithLabelValues("ok").Inc()
 	sess := s.sessions.start(user) // a new id at sign-in: a planted cookie cannot become a session
 	s.setCookie(w, sessionCookie, sess.id, s.cfg.SessionTTL)
 	s.clearCookie(w, loginCookie)
@@ -362,10 +368,12 @@ func (s *Server) resolve(w http.ResponseWriter, r *http.Request, sess *session) 
 	final := delivery.State(r.PostFormValue("state"))
 	note := strings.TrimSpace(r.PostFormValue("note"))
 	if final != delivery.StateSent && final != delivery.StateFailed {
+		s.metrics.resolves.WithLabelValues("other", "invalid").Inc()
 		s.renderTask(w, r, sess, id, http.StatusBadRequest, "Choose Resolve SENT or Resolve FAILED.")
 		return
 	}
 	if note == "" {
+		s.metrics.resolves.WithLabelValues(string(final), "invalid").Inc()
 		s.renderTask(w, r, sess, id, http.StatusBadRequest, "A note is required: say what the provider's console or support showed.")
 		return
 	}
@@ -374,21 +382,25 @@ func (s *Server) resolve(w http.ResponseWriter, r *http.Request, sess *session) 
 	defer cancel()
 	changed, err := s.cfg.Notifier.ResolveManually(ctx, id, final, note, sess.user)
 	if errors.Is(err, delivery.ErrInvalidInput) {
+		s.metrics.resolves.WithLabelValues(string(final), "invalid").Inc()
 		s.cfg.Log.Info("console: resolve refused", "task", id, "state", final, "operator", sess.user, "remote", ip, "error", err)
 		s.renderTask(w, r, sess, id, http.StatusBadRequest, err.Error())
 		return
 	}
 	if err != nil {
+		s.metrics.resolves.WithLabelValues(string(final), "error").Inc()
 		s.cfg.Log.Error("console: resolve failed", "task", id, "state", final, "operator", sess.user, "remote", ip, "error", err)
 		s.fail(w, r, sess, http.StatusInternalServerError, "The resolve failed in the database; nothing was changed. See the console's log.")
 		return
 	}
 	if changed {
+		s.metrics.resolves.WithLabelValues(string(final), "resolved").Inc()
 		s.cfg.Log.Info("resolved", "task", id, "state", final, "operator", sess.user, "via", "console", "remote", ip)
 		http.Redirect(w, r, fmt.Sprintf("/?resolved=%d&as=%s", id, final), http.StatusSeeOther)
 		return
 	}
 	why := s.whyUnchanged(ctx, id)
+	s.metrics.resolves.WithLabelValues(string(final), "unchanged").Inc()
 	s.cfg.Log.Info("resolve changed nothing", "task", id, "state", final, "operator", sess.user, "via", "console", "remote", ip, "reason", why)
 	s.renderTask(w, r, sess, id, http.StatusConflict, why)
 }
