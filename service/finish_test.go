@@ -244,4 +244,25 @@ func TestLateAcceptanceOfAFailedTaskIsShown(t *testing.T) {
 	is.NoErr(err)
 	is.Equal(len(list), 1)   // the limit holds across both kinds
 	is.Equal(list[0].ID, id) // oldest first
+
+	// The console's filters, in the statements (ReviewWhere): by state and channel.
+	ids := func(f service.ReviewFilter) []int64 {
+		f.Limit = 10
+		list, err := e.n.ReviewWhere(e.ctx, f)
+		is.NoErr(err)
+		var out []int64
+		for _, p := range list {
+			out = append(out, p.ID)
+		}
+		return out
+	}
+	channel := e.task(id).Channel
+	is.Equal(ids(service.ReviewFilter{State: delivery.StateFailed}), []int64{id})                   // the late-accepted FAILED one
+	is.Equal(ids(service.ReviewFilter{State: delivery.StateUnknown}), []int64{parked})              // the parked one
+	is.Equal(ids(service.ReviewFilter{State: delivery.StateSuppressed}), []int64(nil))              // none SUPPRESSED
+	is.Equal(ids(service.ReviewFilter{Channel: channel, State: delivery.StateFailed}), []int64{id}) // its channel
+	is.Equal(ids(service.ReviewFilter{Channel: "no-such-channel"}), []int64(nil))                   // another channel
+	is.Equal(ids(service.ReviewFilter{AfterID: id, State: delivery.StateFailed}), []int64(nil))     // paged past it
+	_, err = e.n.ReviewWhere(e.ctx, service.ReviewFilter{State: delivery.StateSent, Limit: 10})
+	is.True(errors.Is(err, delivery.ErrInvalidInput)) // a state no listed task is in
 }
