@@ -33,6 +33,7 @@ type Config struct {
 	MaxInFlight int
 	Batch       int
 	Finishers   int
+	FinishDelay time.Duration // worker.Config.FinishDelay: how long an answer waits for others to share its finish
 	SkipCalls   bool
 	Latency     latency.Model
 	History     int
@@ -54,7 +55,7 @@ const (
 
 // loop is the worker.Config of each loop (Logger, OnResult and Hooks are set per phase).
 func (c Config) loop() worker.Config {
-	return worker.Config{MaxInFlight: c.MaxInFlight, Batch: c.Batch, Finishers: c.Finishers}.WithDefaults()
+	return worker.Config{MaxInFlight: c.MaxInFlight, Batch: c.Batch, Finishers: c.Finishers, FinishDelay: c.FinishDelay}.WithDefaults()
 }
 
 // UsageError is a command line the bench refuses (exit 2).
@@ -118,6 +119,7 @@ func Parse(args []string, getenv func(string) string, stderr io.Writer) (Config,
 	fs.IntVar(&cfg.Workers, "workers", 1, fmt.Sprintf("worker loops (worker.Run), each with its own dispatcher, channel clients and pool, like separate notifier work processes (1-%d)", maxWorkers))
 	fs.IntVar(&cfg.MaxInFlight, "max-in-flight", worker.DefaultMaxInFlight, fmt.Sprintf("calls in flight per loop, as notifier work --max-in-flight (1-%d)", maxInFlight))
 	fs.IntVar(&cfg.Batch, "batch", worker.DefaultBatch, fmt.Sprintf("most tasks one claim takes, as notifier work --batch (1-%d)", service.MaxBatch))
+	fs.DurationVar(&cfg.FinishDelay, "finish-delay", worker.DefaultFinishDelay, "how long an answer may wait for others to share its finish while calls are in flight, as the worker's FinishDelay (1ms-1s); to measure finish grouping")
 	fs.IntVar(&cfg.Finishers, "finishers", worker.DefaultFinishers, fmt.Sprintf("finish statements at once per loop, as notifier work --finishers (1-%d)", maxFinishers))
 	fs.BoolVar(&cfg.SkipCalls, "skip-calls", false, "do not call the fakes: a channel client answers ACCEPTED at once (the database side alone)")
 	model := latency.Flags(fs)
@@ -173,6 +175,8 @@ func (c *Config) validate() error {
 		return usagef("invalid --max-in-flight %d: want 1 to %d", c.MaxInFlight, maxInFlight)
 	case c.Batch < 1 || c.Batch > service.MaxBatch:
 		return usagef("invalid --batch %d: want 1 to %d", c.Batch, service.MaxBatch)
+	case c.FinishDelay < time.Millisecond || c.FinishDelay > time.Second:
+		return usagef("invalid --finish-delay %s: want 1ms to 1s", c.FinishDelay)
 	case c.Finishers < 1 || c.Finishers > maxFinishers:
 		return usagef("invalid --finishers %d: want 1 to %d", c.Finishers, maxFinishers)
 	case c.SkipCalls && (!c.Latency.Instant() || c.Latency.Errors > 0):

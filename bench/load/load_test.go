@@ -178,6 +178,9 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 		{"--max-in-flight", "0"},
 		{"--batch", "0"},
 		{"--finishers", "0"},
+		{"--finish-delay", "0s"},
+		{"--finish-delay", "2s"},
+		{"--finish-apart"}, // gone with the finish carried ahead of the claim
 		{"--duplicates", "-1"},
 		{"--notifications", "0"},
 		{"--warmup", "-1"},
