@@ -324,5 +324,8 @@ func wait(r *http.Request, step Step) {
 	select {
 	case <-expired:
 	case <-r.Context().Done():
+		// The client gave up: no answer at all, never the success the caller would write next (nor
+		// net/http's implicit 200).
+		panic(http.ErrAbortHandler)
 	}
 }

@@ -127,7 +127,7 @@ func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 		select {
 		case <-time.After(delay):
 		case <-req.Context().Done():
-			return
+			panic(http.ErrAbortHandler) // the client gave up: no answer, not net/http's implicit 200
 		}
 	}
 	if status == 0 {

@@ -166,7 +166,9 @@ func (p *pushService) serve(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-time.After(st.delay):
 		case <-r.Context().Done():
-			return
+			// The client gave up: no answer at all. Returning would make net/http send an implicit
+			// 200, which a client still reading could take for an acceptance.
+			panic(http.ErrAbortHandler)
 		}
 	}
 	w.Header().Set("Location", p.srv.URL+"/m/"+msg)
