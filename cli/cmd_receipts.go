@@ -60,7 +60,8 @@ Answers: 200 {"result":"settled|noted|unchanged|contradicts|duplicate","task_id"
 (SNS's confirmations: {"result":"subscription_confirmed|unsubscribed"});
 401 bad signature, stale timestamp or a SigningCertURL off SNS; 403 an SNS topic not configured;
 413 body over 64 KiB (1 MiB for SNS); 400 malformed body or unknown type; 503 SNS's certificate or
-confirmation could not be fetched (SNS retries); 404 no task matches; 409 a message id of two tasks; 500 the database failed (the provider retries).
+confirmation could not be fetched (SNS retries); 404 no task matches; 409 a message id of two
+tasks; 500 the database failed (the provider retries).
 A refused callback writes nothing.
 
 Secrets come only from the environment or files (--webhook-secret-env/-file: "whsec_" + base64,
