@@ -57,8 +57,9 @@ const maxCachedCerts = 64
 // snsHost is the host a SigningCertURL and a SubscribeURL must have.
 var snsHost = regexp.MustCompile(`^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$`)
 
-// snsTopicARN is the shape of a topic's ARN: arn:PARTITION:sns:REGION:ACCOUNT:NAME.
-var snsTopicARN = regexp.MustCompile(`^arn:aws[a-z-]*:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_.-]{1,256}$`)
+// snsTopicARN is the shape of a topic's ARN, arn:PARTITION:sns:REGION:ACCOUNT:NAME (SES's own pattern,
+// https://docs.aws.amazon.com/ses/latest/APIReference/API_SNSDestination.html, with the name's characters).
+var snsTopicARN = regexp.MustCompile(`^arn:aws[a-z0-9-]*:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_.-]{1,256}$`)
 
 // ValidTopicARN reports whether arn is an SNS topic's ARN.
 func ValidTopicARN(arn string) bool { return snsTopicARN.MatchString(arn) }
