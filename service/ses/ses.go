@@ -17,10 +17,15 @@
 // https://docs.aws.amazon.com/ses/latest/APIReference-V2/CommonErrors.html): 200 -> ACCEPTED with the
 // MessageId; a 2xx that cannot be read -> MALFORMED_RESPONSE (uncertain); MessageRejected,
 // MailFromDomainNotVerifiedException, AccountSuspendedException, SendingPausedException,
-// BadRequestException, NotFoundException, LimitExceededException -> REJECTED; the credential errors
-// (UnrecognizedClientException, InvalidSignatureException, AccessDeniedException, ExpiredToken...) ->
-// REJECTED naming the credential; TooManyRequestsException, ThrottlingException and 429 -> THROTTLED;
-// 5xx -> HTTP_5XX (uncertain: the kind sets ServerErrorsUncertain); no connection -> CONNECT_FAILED;
+// BadRequestException, NotFoundException -> REJECTED; the credential errors (UnrecognizedClientException,
+// InvalidSignatureException, AccessDeniedException, ExpiredToken...) -> REJECTED naming the credential;
+// TooManyRequestsException, ThrottlingException, LimitExceededException and 429 -> THROTTLED with
+// Retry-After, a refusal: past its sending rate or quota "Amazon SES drops the message and doesn't
+// attempt to redeliver it" and the sender should wait and "retry the send request"
+// (https://docs.aws.amazon.com/ses/latest/dg/manage-sending-quotas-errors.html), so the kind sets
+// ThrottleRefuses and a throttled send is retried, never parked (LimitExceededException, a 400 SendEmail
+// documents as "too many instances of the specified resource type", a limit of the account's, is
+// retried too: nothing was sent, and a limit passes where a failed task stays failed); 5xx -> HTTP_5XX (uncertain: the kind sets ServerErrorsUncertain); no connection -> CONNECT_FAILED;
 // a timeout once connected -> TIMEOUT; a broken connection -> IO_ERROR.
 package ses
 
@@ -206,7 +211,7 @@ var credentialErrors = map[string]bool{
 }
 
 var throttleErrors = map[string]bool{
-	"TooManyRequestsException": true, "ThrottlingException": true, "Throttling": true,
+	"TooManyRequestsException": true, "ThrottlingException": true, "Throttling": true, "LimitExceededException": true,
 }
 
 // classify maps a failed SendEmail: no status (the transport's failure, as Do's trace saw it), a 2xx
