@@ -44,17 +44,30 @@ Endpoints, each served only when its secret is given:
                                     --postmark-password-env/-file) and/or give the webhook a secret header
                                     (--postmark-header NAME, --postmark-header-value-env/-file); every one
                                     configured must match. Matched by Metadata.notifier_ref or MessageID
+  POST /receipts/ses                Amazon SES events through an Amazon SNS topic's HTTPS subscription
+                                    (raw message delivery off), served with --ses-topic-arn (repeatable):
+                                    SNS's signature (SignatureVersion 1 or 2) by the certificate at
+                                    SigningCertURL, fetched only from https://sns.<region>.amazonaws.com
+                                    (within --sns-fetch-timeout, cached); a message of any other topic is
+                                    refused (403); a SubscriptionConfirmation of a configured topic is
+                                    confirmed by GETting its SubscribeURL. Send, DeliveryDelay: accepted;
+                                    Delivery; Bounce (bounceType Permanent: hard, Transient: soft);
+                                    Complaint; Reject. Matched by mail.tags.notifier_ref (service/ses
+                                    sets it) or mail.messageId
   GET  /metrics                     notifier_receipts_total{source,result}, notifier_receipts_swept_total
 
-Answers: 200 {"result":"settled|noted|unchanged|contradicts|duplicate","task_id":N,"state":...};
-401 bad signature or stale timestamp; 413 body over 64 KiB; 400 malformed body or unknown type;
-404 no task matches; 409 a message id of two tasks; 500 the database failed (the provider retries).
+Answers: 200 {"result":"settled|noted|unchanged|contradicts|duplicate","task_id":N,"state":...}
+(SNS's confirmations: {"result":"subscription_confirmed|unsubscribed"});
+401 bad signature, stale timestamp or a SigningCertURL off SNS; 403 an SNS topic not configured;
+413 body over 64 KiB (1 MiB for SNS); 400 malformed body or unknown type; 503 SNS's certificate or
+confirmation could not be fetched (SNS retries); 404 no task matches; 409 a message id of two
+tasks; 500 the database failed (the provider retries).
 A refused callback writes nothing.
 
 Secrets come only from the environment or files (--webhook-secret-env/-file: "whsec_" + base64,
 several for a rotation; --twilio-token-env/-file; --postmark-password-env/-file,
---postmark-header-value-env/-file). Runs until SIGTERM or SIGINT. Needs the
-notifier_receiver role.
+--postmark-header-value-env/-file); SNS needs none (its signature is checked against Amazon's
+certificate). Runs until SIGTERM or SIGINT. Needs the notifier_receiver role.
 
 ` + exitCodesHelp
 
@@ -64,7 +77,8 @@ func receiptsCommand(e *env) *cli.Command {
 		Usage: "receive signed delivery callbacks from providers; receipts settle unknown outcomes as SENT",
 		UsageText: "notifier receipts --listen ADDR {--webhook-secret-env NAME | --webhook-secret-file F ... |\n" +
 			"   --twilio-token-env NAME | --twilio-token-file F --public-url URL |\n" +
-			"   --postmark-user U --postmark-password-env NAME | --postmark-header H --postmark-header-value-env NAME}\n" +
+			"   --postmark-user U --postmark-password-env NAME | --postmark-header H --postmark-header-value-env NAME |\n" +
+			"   --ses-topic-arn ARN ...}\n" +
 			"   [--disable-on-bounce] [--sweep 5s] [--tolerance 5m]",
 		Description: receiptsDescription,
 		Flags: []cli.Flag{
@@ -79,6 +93,10 @@ func receiptsCommand(e *env) *cli.Command {
 			&cli.StringFlag{Name: "postmark-header", Usage: "name of a custom header Postmark's webhooks carry, e.g. X-Receipt-Token"},
 			&cli.StringFlag{Name: "postmark-header-value-env", Usage: "environment variable holding that header's secret value"},
 			&cli.StringFlag{Name: "postmark-header-value-file", Usage: "file holding that header's secret value"},
+			&cli.StringSliceFlag{Name: "ses-topic-arn", Usage: "an SNS topic SES publishes events to, e.g. arn:aws:sns:eu-west-1:123456789012:ses-events (repeatable): serves /receipts/ses"},
+			&cli.DurationFlag{Name: "sns-fetch-timeout", Value: receipts.DefaultFetchTimeout, Usage: "bound on fetching an SNS signing certificate or confirming a subscription"},
+			&cli.StringFlag{Name: "sns-ca-file", Usage: "extra PEM roots for SNS's HTTPS (a fake SNS in tests); verification stays on"},
+			&cli.StringFlag{Name: "sns-connect-to", Usage: "loopback host:port to dial for sns.<region>.amazonaws.com (a fake SNS in tests; TLS still verifies the SNS name)"},
 			&cli.StringFlag{Name: "public-url", Usage: "the scheme and host providers call, e.g. https://receipts.example.com (required with Twilio)"},
 			&cli.BoolFlag{Name: "disable-on-bounce", Usage: "a hard bounce switches the user's preference on that channel off"},
 			&cli.DurationFlag{Name: "sweep", Value: 5 * time.Second, Usage: "how often to settle tasks whose receipt came while they were held"},
@@ -148,6 +166,9 @@ func parseReceipts(c *cli.Context, e *env) (receiptsConfig, error) {
 	if err := parsePostmarkAuth(c, e, &cfg.h.Postmark); err != nil {
 		return cfg, err
 	}
+	if err := parseSES(c, &cfg.h.SES); err != nil {
+		return cfg, err
+	}
 	if raw := c.String("public-url"); raw != "" {
 		u, err := url.Parse(raw)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" {
@@ -156,8 +177,8 @@ func parseReceipts(c *cli.Context, e *env) (receiptsConfig, error) {
 		cfg.h.PublicURL = u
 	}
 	switch {
-	case len(cfg.h.WebhookKeys) == 0 && cfg.h.TwilioAuthToken == "" && !cfg.h.Postmark.Enabled():
-		return cfg, usagef("receipts: no secret given: --webhook-secret-env/-file for Standard Webhooks, --twilio-token-env/-file for Twilio, --postmark-password-env/-file or --postmark-header-value-env/-file for Postmark")
+	case len(cfg.h.WebhookKeys) == 0 && cfg.h.TwilioAuthToken == "" && !cfg.h.Postmark.Enabled() && !cfg.h.SES.Enabled():
+		return cfg, usagef("receipts: no secret given: --webhook-secret-env/-file for Standard Webhooks, --twilio-token-env/-file for Twilio, --postmark-password-env/-file or --postmark-header-value-env/-file for Postmark, --ses-topic-arn for SES through SNS")
 	case cfg.h.TwilioAuthToken != "" && cfg.h.PublicURL == nil:
 		return cfg, usagef("receipts: --public-url is required with Twilio (its signature covers the URL it called)")
 	}
@@ -183,6 +204,31 @@ func parsePostmarkAuth(c *cli.Context, e *env, a *receipts.PostmarkAuth) error {
 	case a.Header != "" && strings.ContainsAny(a.Header, " :\r\n"):
 		return usagef("invalid --postmark-header %q: want a header name such as X-Receipt-Token", a.Header)
 	}
+	return nil
+}
+
+// parseSES reads the SNS topics SES publishes to and how SNS's certificates are fetched.
+func parseSES(c *cli.Context, s *receipts.SESConfig) error {
+	for _, arn := range c.StringSlice("ses-topic-arn") {
+		if !receipts.ValidTopicARN(arn) {
+			return usagef("invalid --ses-topic-arn %q: want arn:aws:sns:REGION:ACCOUNT:TOPIC", arn)
+		}
+		s.TopicARNs = append(s.TopicARNs, arn)
+	}
+	opt := receipts.FetchOptions{CAFile: c.String("sns-ca-file"), ConnectTo: c.String("sns-connect-to")}
+	switch s.FetchTimeout = c.Duration("sns-fetch-timeout"); {
+	case s.FetchTimeout <= 0:
+		return usagef("--sns-fetch-timeout must be more than 0")
+	case !s.Enabled() && (opt.CAFile != "" || opt.ConnectTo != ""):
+		return usagef("--sns-ca-file and --sns-connect-to apply to --ses-topic-arn only")
+	case !s.Enabled():
+		return nil
+	}
+	fetch, err := receipts.HTTPFetch(opt)
+	if err != nil {
+		return usagef("invalid SNS fetch options: %v", err)
+	}
+	s.Fetch = fetch
 	return nil
 }
 
@@ -239,7 +285,7 @@ func serveReceipts(c *cli.Context, e *env) error {
 	registry := prometheus.NewRegistry()
 	results := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "notifier_receipts_total",
-		Help: "Provider callbacks by source and result: settled, noted, unchanged, contradicts, duplicate, or why refused (bad_signature, stale, too_large, malformed, unknown_type, unknown_reference, ambiguous_reference), or error.",
+		Help: "Provider callbacks by source and result: settled, noted, unchanged, contradicts, duplicate, or why refused (bad_signature, stale, too_large, malformed, unknown_type, unknown_reference, ambiguous_reference, bad_cert_url, foreign_topic, cert_unavailable, confirm_failed), or error; SNS's subscription_confirmed and unsubscribed.",
 	}, []string{"source", "result"})
 	swept := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "notifier_receipts_swept_total",
@@ -262,7 +308,7 @@ func serveReceipts(c *cli.Context, e *env) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
 	e.log.Info("serving receipts", "addr", l.Addr().String(), "standard_webhooks", len(cfg.h.WebhookKeys) > 0,
-		"twilio", cfg.h.TwilioAuthToken != "", "postmark", cfg.h.Postmark.Enabled(), "disable_on_bounce", cfg.h.DisableOnBounce)
+		"twilio", cfg.h.TwilioAuthToken != "", "postmark", cfg.h.Postmark.Enabled(), "ses_topics", cfg.h.SES.TopicARNs, "disable_on_bounce", cfg.h.DisableOnBounce)
 
 	tick := time.NewTicker(cfg.sweep)
 	defer tick.Stop()

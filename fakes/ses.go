@@ -45,6 +45,7 @@ type SES struct {
 	sends    map[string]int
 	outbound map[string]int
 	emails   []SESEmail
+	named    map[int][2]string // a scripted status's error name and message, instead of the default
 }
 
 // SESEmail is one email the fake accepted.
@@ -75,6 +76,17 @@ func (f *SES) ScriptSend(ref string, steps ...Step) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.sendQ.push(ref, steps)
+}
+
+// NameError makes a scripted Status answer SES's error name with message (say 400
+// LimitExceededException instead of the default MessageRejected).
+func (f *SES) NameError(status int, name, message string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.named == nil {
+		f.named = map[int][2]string{}
+	}
+	f.named[status] = [2]string{name, message}
 }
 
 // Requests counts every request received, refused ones included.
@@ -116,8 +128,8 @@ func newRequestID() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
 }
 
-// sesScripted answers a scripted status with the error SES documents for it.
-func sesScripted(w http.ResponseWriter, step Step) {
+// sesScripted answers a scripted status with the error SES documents for it, or the one NameError gave.
+func sesScripted(w http.ResponseWriter, step Step, named map[int][2]string) {
 	name, message := "InternalFailure", "The request processing has failed because of an unknown error."
 	switch step.Status {
 	case http.StatusBadRequest:
@@ -128,6 +140,9 @@ func sesScripted(w http.ResponseWriter, step Step) {
 		name, message = "TooManyRequestsException", "Maximum sending rate exceeded."
 	case http.StatusServiceUnavailable:
 		name, message = "ServiceUnavailable", "The request has failed due to a temporary failure of the server."
+	}
+	if n, ok := named[step.Status]; ok {
+		name, message = n[0], n[1]
 	}
 	if step.RetryAfter != "" {
 		w.Header().Set("Retry-After", step.RetryAfter)
@@ -235,8 +250,9 @@ func (f *SES) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	f.sends[ref]++
 	step := f.sendQ.pop(ref)
 	if step.Status != 0 {
+		named := f.named
 		f.mu.Unlock()
-		sesScripted(w, step)
+		sesScripted(w, step, named)
 		return
 	}
 	if !f.verified[strings.ToLower(req.FromEmailAddress)] {

@@ -139,19 +139,28 @@ func TestTwilioProviderServerErrorParks(t *testing.T) {
 	is.Equal(f.Requests(), len(e.attempts(id)))
 }
 
-// A 429 parks too: the channels contract makes 429 and 5xx uncertain together (ServerErrorsUncertain),
-// and Twilio promises neither comes before it queued the message; rate_limit keeps a worker under
-// Twilio's limit so that 429s stay rare.
-func TestTwilioProviderThrottledParks(t *testing.T) {
+// A 429 (error 20429) is not uncertain: Twilio documents that a throttled request was not processed
+// (https://www.twilio.com/docs/api/errors/20429), so the kind sets ThrottleRefuses and the task waits
+// for Retry-After, then is sent, once, instead of being parked as its 5xx would be.
+func TestTwilioProviderThrottledRetriesAfterRetryAfter(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	f := startTwilio(t)
 	id, ref := e.twilioTask(3)
 	f.ScriptSend(ref, fakes.Step{Status: 429, RetryAfter: "1"})
-	res := runOnce(t, e.twilioDispatcher(f))
+	d := e.twilioDispatcher(f)
+	res := runOnce(t, d)
 	is.Equal(res.Outcome, delivery.OutcomeThrottled)
-	is.Equal(res.Kind, service.ResultParked)
-	is.Equal(f.Requests(), len(e.attempts(id)))
+	is.Equal(res.Kind, service.ResultPending) // certainly not accepted: retried, not parked
+	task := e.task(id)
+	is.Equal(task.State, delivery.StatePending)
+	is.True(!task.OutcomeUncertain)
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE id = $1 AND next_attempt_at >= updated_at + interval '1 second'`, id), int64(1)) // after Retry-After
+	res = runNext(t, d)
+	is.Equal(res.Outcome, delivery.OutcomeAccepted) // then sent
+	is.Equal(e.task(id).State, delivery.StateSent)
+	is.Equal(f.Outbound(ref), 1)                // once
+	is.Equal(f.Requests(), len(e.attempts(id))) // requests received == attempt rows
 }
 
 // The recipient's STOP (21610) fails the task at once, and an invalid number (21211) too.

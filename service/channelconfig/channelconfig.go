@@ -334,6 +334,7 @@ func withDefaults(k delivery.Contract, mode delivery.Mode, kd kind) (delivery.Co
 		}
 	}
 	k.ServerErrorsUncertain = k.ServerErrorsUncertain || d.ServerErrorsUncertain
+	k.ThrottleRefuses = d.ThrottleRefuses
 	return k, nil
 }
 

@@ -31,7 +31,8 @@ type kind struct {
 	// query_settle or max_in_flight_age (mode queryable), the table leaves unset takes its value; a
 	// longer idempotency_window or max_in_flight_age is refused (the provider forgets keys, or drops
 	// messages from its search, sooner); and ServerErrorsUncertain cannot be turned off (the provider
-	// does not promise that a 5xx or 429 comes before it accepted).
+	// does not promise that a 5xx or 429 comes before it accepted); ThrottleRefuses is the kind's alone
+	// (its provider documents a 429 as not processed: a retry after Retry-After, never uncertain).
 	defaults delivery.Contract
 	// keys the kind's own part reads (from its config struct's toml tags).
 	keys []string

@@ -33,8 +33,11 @@ func init() {
 		name:   KindSES,
 		modes:  []delivery.Mode{delivery.ModeNone},
 		offers: "offers neither idempotency keys nor a lookup by our reference: want none (SES events through SNS settle parked tasks)",
-		// SES does not promise that a 5xx or a throttling error comes before it accepted the email.
-		defaults: delivery.Contract{ServerErrorsUncertain: true},
+		// SES does not promise that a 5xx comes before it accepted the email. A throttling error it
+		// does: past the sending rate or quota "Amazon SES drops the message and doesn't attempt to
+		// redeliver it", and the sender should "wait ... and then retry the send request"
+		// (https://docs.aws.amazon.com/ses/latest/dg/manage-sending-quotas-errors.html).
+		defaults: delivery.Contract{ServerErrorsUncertain: true, ThrottleRefuses: true},
 	}, func(l loader, c *sesConfig) (delivery.Channel, error) {
 		if c.Region == "" {
 			return nil, errors.New("region: required (the SES region of the sending identity, e.g. eu-west-1)")

@@ -27,6 +27,7 @@ func TestSESKindDefaults(t *testing.T) {
 	is.NoErr(err)
 	is.Equal(routes["email"].Mode, delivery.ModeNone)       // the only mode
 	is.True(routes["email"].Contract.ServerErrorsUncertain) // SES's 5xx may follow acceptance
+	is.True(routes["email"].Contract.ThrottleRefuses)       // its throttling errors do not
 	noKeys := strings.Replace(strings.Replace(sesTable, "access_key_id_env = \"AWS_ACCESS_KEY_ID\"\n", "", 1),
 		"secret_access_key_env = \"AWS_SECRET_ACCESS_KEY\"\n", "", 1)
 	_, err = loadSES(t, noKeys)

@@ -29,8 +29,10 @@ func init() {
 		name:   KindTwilio,
 		modes:  []delivery.Mode{delivery.ModeNone},
 		offers: "offers neither idempotency keys nor a lookup by our reference: want none (status callbacks settle parked tasks)",
-		// Twilio does not promise that a 5xx or 429 comes before it queued the message.
-		defaults: delivery.Contract{ServerErrorsUncertain: true},
+		// Twilio does not promise that a 5xx comes before it queued the message; its 429 (error 20429)
+		// it does: "Requests that receive 429 responses aren't processed and are safe to retry after
+		// backing off" (https://www.twilio.com/docs/api/errors/20429).
+		defaults: delivery.Contract{ServerErrorsUncertain: true, ThrottleRefuses: true},
 	}, func(l loader, c *twilioConfig) (delivery.Channel, error) {
 		if c.AccountSID == "" {
 			return nil, errors.New("account_sid: required (AC..., the account the messages are sent from)")

@@ -29,6 +29,7 @@ func TestTwilioKindDefaults(t *testing.T) {
 	r := routes["sms"]
 	is.Equal(r.Mode, delivery.ModeNone)       // the only mode
 	is.True(r.Contract.ServerErrorsUncertain) // Twilio's 5xx may follow acceptance
+	is.True(r.Contract.ThrottleRefuses)       // its 429 does not
 }
 
 // A file that claims more than Twilio offers, or misses what it needs, is refused naming the key; the

@@ -204,6 +204,11 @@ type Contract struct {
 	// have been accepted", for providers that do not promise to refuse before accepting. A gateway's
 	// answer (GATEWAY_ERROR: 502, 504, a 5xx through a forward proxy) is uncertain either way.
 	ServerErrorsUncertain bool
+	// ThrottleRefuses keeps a 429 (THROTTLED) a refusal, retried after its Retry-After, where
+	// ServerErrorsUncertain makes the provider's 5xx uncertain: for providers whose documentation says a
+	// throttled request was not processed (Twilio's 20429, SES's throttling errors). A channels file
+	// cannot set it: the kind does, from its provider's documentation.
+	ThrottleRefuses bool
 	// ResendWithTopic lets a NONE channel that supports replacement of undelivered messages (Web Push
 	// Topic, RFC 8030 section 5.4) resend after an uncertain attempt (action TOPIC_RESEND) instead of
 	// parking. It replaces the first message only if that one was not delivered yet.

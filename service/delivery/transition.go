@@ -51,7 +51,8 @@ func Next(f Facts) Transition {
 		return Transition{State: StateFailed}
 
 	case OutcomeHTTP5xx, OutcomeThrottled:
-		if f.Contract.ServerErrorsUncertain { // the provider may refuse after accepting
+		// The provider may refuse after accepting, unless it documents its 429 as "not processed".
+		if f.Contract.ServerErrorsUncertain && !(f.Outcome == OutcomeThrottled && f.Contract.ThrottleRefuses) {
 			return uncertain(f)
 		}
 		fallthrough

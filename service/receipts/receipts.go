@@ -10,6 +10,9 @@
 //	POST /receipts/postmark           Postmark's Delivery, Bounce and SpamComplaint webhooks, which are not
 //	                                  signed: basic authentication and/or a secret custom header instead
 //	                                  (postmark.go); Metadata.notifier_ref = our reference
+//	POST /receipts/ses                Amazon SES events through Amazon SNS (ses.go): SNS's RSA signature
+//	                                  (SignatureVersion 1 or 2) by a certificate fetched from an SNS host,
+//	                                  a configured TopicArn; mail.tags.notifier_ref = our reference
 //
 // A bad signature, a stale timestamp, an oversized or malformed body, an unknown event type or a reference
 // no task has is answered 4xx and nothing is written. What verification proves and what it cannot is in
@@ -59,6 +62,8 @@ type Config struct {
 	TwilioAuthToken string
 	// Postmark are the credentials Postmark's webhooks must present (Postmark signs nothing).
 	Postmark PostmarkAuth
+	// SES enables Amazon SES events through SNS (its topics).
+	SES SESConfig
 	// PublicURL is the scheme and host Twilio calls (behind a proxy the receiver does not see them):
 	// the signature covers the full URL.
 	PublicURL *url.URL
@@ -77,9 +82,10 @@ type Config struct {
 
 // Handler serves the receipt endpoints.
 type Handler struct {
-	rec Recorder
-	cfg Config
-	mux *http.ServeMux
+	rec   Recorder
+	cfg   Config
+	mux   *http.ServeMux
+	certs certCache // SNS signing certificates by URL
 }
 
 // NewHandler builds the handler.
@@ -96,6 +102,12 @@ func NewHandler(rec Recorder, cfg Config) *Handler {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.SES.FetchTimeout <= 0 {
+		cfg.SES.FetchTimeout = DefaultFetchTimeout
+	}
+	if cfg.SES.Fetch == nil {
+		cfg.SES.Fetch, _ = HTTPFetch(FetchOptions{}) // fails only on a CA file, and there is none
+	}
 	h := &Handler{rec: rec, cfg: cfg, mux: http.NewServeMux()}
 	if len(cfg.WebhookKeys) > 0 {
 		h.mux.HandleFunc("POST /receipts/standard-webhooks", h.standardWebhooks)
@@ -105,6 +117,9 @@ func NewHandler(rec Recorder, cfg Config) *Handler {
 	}
 	if cfg.Postmark.Enabled() {
 		h.mux.HandleFunc("POST /receipts/postmark", h.postmark)
+	}
+	if cfg.SES.Enabled() {
+		h.mux.HandleFunc("POST /receipts/ses", h.ses)
 	}
 	return h
 }
@@ -125,13 +140,16 @@ func refuse(status int, result, format string, args ...any) *refusal {
 }
 
 // readBody reads at most MaxBodyBytes; more is a refusal.
-func readBody(r *http.Request) ([]byte, error) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
+func readBody(r *http.Request) ([]byte, error) { return readBodyLimit(r, MaxBodyBytes) }
+
+// readBodyLimit reads at most limit bytes; more is a refusal.
+func readBodyLimit(r *http.Request, limit int64) ([]byte, error) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
 		return nil, refuse(http.StatusBadRequest, "malformed", "read body: %v", err)
 	}
-	if len(body) > MaxBodyBytes {
-		return nil, refuse(http.StatusRequestEntityTooLarge, "too_large", "body over %d bytes", MaxBodyBytes)
+	if int64(len(body)) > limit {
+		return nil, refuse(http.StatusRequestEntityTooLarge, "too_large", "body over %d bytes", limit)
 	}
 	return body, nil
 }
@@ -206,6 +224,11 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, source string, p
 			return
 		}
 	}
+	h.fail(w, source, err)
+}
+
+// fail answers and counts a callback that was refused or could not be recorded.
+func (h *Handler) fail(w http.ResponseWriter, source string, err error) {
 	var ref *refusal
 	switch {
 	case errors.As(err, &ref):

@@ -114,6 +114,7 @@ func TestSESDocumentedErrors(t *testing.T) {
 	for name, tc := range map[string]struct {
 		mod    func(*ses.Options)
 		step   fakes.Step
+		named  string // the error SES names for step.Status, when not the fake's default
 		want   delivery.Outcome
 		detail string
 	}{
@@ -124,12 +125,17 @@ func TestSESDocumentedErrors(t *testing.T) {
 		"access denied":   {step: fakes.Step{Status: 403}, want: delivery.OutcomeRejected, detail: "AccessDeniedException"},
 		"400":             {step: fakes.Step{Status: 400}, want: delivery.OutcomeRejected, detail: "MessageRejected"},
 		"429":             {step: fakes.Step{Status: 429, RetryAfter: "3"}, want: delivery.OutcomeThrottled, detail: "TooManyRequestsException"},
+		"limit exceeded":  {step: fakes.Step{Status: 400, RetryAfter: "3"}, named: "LimitExceededException", want: delivery.OutcomeThrottled, detail: "LimitExceededException"},
+		"throttling 400":  {step: fakes.Step{Status: 400, RetryAfter: "3"}, named: "ThrottlingException", want: delivery.OutcomeThrottled, detail: "ThrottlingException"},
 		"500":             {step: fakes.Step{Status: 500}, want: delivery.OutcomeHTTP5xx, detail: "500"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			is := is.New(t)
 			f := start(t)
 			f.ScriptSend(ref, tc.step)
+			if tc.named != "" {
+				f.NameError(tc.step.Status, tc.named, "Daily message quota exceeded.")
+			}
 			opt := options(f)
 			if tc.mod != nil {
 				tc.mod(&opt)

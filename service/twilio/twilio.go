@@ -18,9 +18,11 @@
 // 2xx -> ACCEPTED with the message "sid" (a 2xx whose body cannot be read is MALFORMED_RESPONSE,
 // uncertain); 401 or error 20003 -> REJECTED naming the credential; 400 21610 (the recipient replied
 // STOP) -> REJECTED and Unregistered; other 4xx (21211 invalid To, 21614 not a mobile number, 21408
-// region not enabled, ...) -> REJECTED with Twilio's code; 429 or 20429 -> THROTTLED with Retry-After;
-// 5xx -> uncertain (the channels kind sets ServerErrorsUncertain: Twilio does not promise a 5xx comes
-// before it queued the message). Each attempt puts at most one request on the wire (service/httpkit).
+// region not enabled, ...) -> REJECTED with Twilio's code; 429 or 20429 -> THROTTLED with Retry-After,
+// a refusal ("Requests that receive 429 responses aren't processed and are safe to retry after backing
+// off", https://www.twilio.com/docs/api/errors/20429: the kind sets ThrottleRefuses, so a 429 is retried
+// and never parks); 5xx -> uncertain (the kind sets ServerErrorsUncertain: Twilio does not promise a 5xx
+// comes before it queued the message). Each attempt puts at most one request on the wire (service/httpkit).
 package twilio
 
 import (
