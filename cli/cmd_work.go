@@ -327,6 +327,8 @@ func work(c *cli.Context, e *env) error {
 			cfg.dispatcher.Routes[name] = r
 		}
 		cfg.loop.OnResult = m.onResult
+		cfg.loop.Hooks.Claimed = m.onClaim
+		m.serving(slices.Sorted(maps.Keys(cfg.dispatcher.Routes)))
 		cfg.dispatcher.RateLimited = func(channel string) { m.rateLimited.WithLabelValues(channel).Inc() }
 	}
 	log := e.log.With("worker", cfg.dispatcher.Worker)
@@ -393,6 +395,7 @@ func work(c *cli.Context, e *env) error {
 	}
 	watchStanding(c.Context, e, n, standing, log, m)
 	if m != nil {
+		watchAlertGauges(c.Context, e, n, log, m)
 		stop, err := serveMetrics(e, cfg.metrics, m)
 		if err != nil {
 			return err
@@ -476,6 +479,42 @@ func watchStanding(ctx context.Context, e *env, n *service.Notifier, s service.S
 			if err == nil && !sameStanding(now, last) {
 				report(now)
 				last = now
+			}
+		}
+	}()
+}
+
+// gaugesEvery is how often a worker with --metrics-addr reads the fleet-wide gauges (service.
+// AlertGauges): fresh enough for alerts that wait minutes, and two cheap statements per interval per
+// worker.
+const gaugesEvery = 15 * time.Second
+
+// watchAlertGauges reads the fleet-wide gauges now and every gaugesEvery until ctx ends. A failed read
+// keeps the previous values and is logged; notifier_fleet_gauges_refreshed_timestamp_seconds then shows
+// how old they are.
+func watchAlertGauges(ctx context.Context, e *env, n *service.Notifier, log *slog.Logger, m *metrics) {
+	read := func() {
+		rctx, cancel := e.dbContext(ctx)
+		g, err := n.AlertGauges(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Warn("could not read the fleet-wide gauges; the metrics keep their previous values", "error", redact.Error(err))
+			}
+			return
+		}
+		m.onAlertGauges(g, time.Now())
+	}
+	read()
+	go func() {
+		t := time.NewTicker(gaugesEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				read()
 			}
 		}
 	}()
