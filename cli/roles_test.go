@@ -57,15 +57,22 @@ func newLogin(t *testing.T, pool *pgxpool.Pool, group string) (name, password st
 // claimed, timed out, parked) and returns its id.
 func parkedTask(t *testing.T, pool *pgxpool.Pool) int64 {
 	t.Helper()
+	return parkedTaskSince(t, pool, 0)
+}
+
+// parkedTaskSince is parkedTask with the task last changed (parked) ago.
+func parkedTaskSince(t *testing.T, pool *pgxpool.Pool, ago time.Duration) int64 {
+	t.Helper()
 	ctx := context.Background()
 	var id int64
 	err := pool.QueryRow(ctx, `
 		WITH n AS (INSERT INTO notification (user_id, event_key, body, expires_at)
 		           VALUES ('u1', 'parked-' || gen_random_uuid(), 'b', now() + interval '1 hour') RETURNING id)
 		INSERT INTO delivery_task (notification_id, channel, state, attempt_count, max_attempts, next_attempt_at,
-		                           attempt_token, lease_owner, lease_until)
-		SELECT id, 'push', 'SENDING', 1, 3, NULL, gen_random_uuid(), 'w-test', now() + interval '1 hour' FROM n
-		RETURNING id`).Scan(&id)
+		                           attempt_token, lease_owner, lease_until, updated_at)
+		SELECT id, 'push', 'SENDING', 1, 3, NULL, gen_random_uuid(), 'w-test', now() + interval '1 hour',
+		       now() - make_interval(secs => $1) FROM n
+		RETURNING id`, ago.Seconds()).Scan(&id)
 	if err != nil {
 		t.Fatal(err)
 	}
