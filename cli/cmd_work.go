@@ -97,7 +97,9 @@ during a call: the worker needs 1 + --finishers connections, whatever the window
 when that is more than a quarter of the server's max_connections. On the signal it stops claiming,
 lets calls in flight finish (each bounded by --timeout) and record their outcome, then exits 0.
 Events CLAIMED, CALLED and RESULT are logged on stderr. With --metrics-addr it serves Prometheus
-metrics at /metrics (port 0 picks a free port; the address is logged as "serving metrics").
+metrics at /metrics (port 0 picks a free port; the address is logged as "serving metrics"), among them
+fleet-wide gauges it reads every 15s (parked tasks, the oldest due task, late acceptances, rate-limit
+pauses) for the alert rules in deploy/prometheus (see docs/operations.md#alerts-and-dashboard).
 
 When to tune (the defaults suit channels answering in 50-500 ms and channels answering at once):
   --max-in-flight  calls in flight needed ~ deliveries/s x call latency: 1024 allows ~10,000/s at a
