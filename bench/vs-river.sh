@@ -16,7 +16,7 @@
 # --rounds N (N >= 2) runs instead ours-default and river-N alternately, N times each (ours, River, ours,
 # River...), so that the machine's drift falls on both alike, and prints every round and the median
 # ratio with its spread (`bench compare --rounds`). $OURS_FLAGS are added to ours-default's flags then
-# (e.g. --finish-apart), to measure one change in the same interleaving.
+# (e.g. --finishers 4), to measure one change in the same interleaving.
 #
 # --pin moves the PostgreSQL server (the postmaster and every backend, which inherit it) onto core 0 and
 # runs the peers, with their fakes, on the other cores (taskset): the production shape, where the

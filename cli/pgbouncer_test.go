@@ -360,10 +360,8 @@ func TestThroughPgBouncerTransactionMode(t *testing.T) {
 
 // TestThroughPgBouncerSessionMode: in session mode a client keeps its server connection, and with it
 // its prepared statements: the default URL works, with only ignore_startup_parameters and the role's
-// plan_cache_mode, and the worker's finish travels ahead of its next claim in one round trip (the
-// prelude: two implicit transactions, two Syncs, in one write) through PgBouncer. With a window of one
-// call, every answer comes when nothing else is in flight and no claim runs, so each finish takes that
-// route (counted once with a probe in FinishBatchThenClaim: 24 preludes sent and read for 24 tasks).
+// plan_cache_mode, and the worker's claim (BEGIN and COMMIT in the batches of its two statements) and
+// finish go through PgBouncer, one call at a time.
 func TestThroughPgBouncerSessionMode(t *testing.T) {
 	requirePgBouncer(t)
 	t.Parallel()

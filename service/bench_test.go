@@ -11,7 +11,6 @@ package service_test
 //	go test -run '^$' -bench . -benchtime=2000x ./service/
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"testing"
@@ -162,14 +161,10 @@ func BenchmarkDeliverBatch8(b *testing.B) {
 	}
 }
 
-// BenchmarkDeliver: one task per iteration through a worker's cycle, the finish carrying the next claim
-// (FinishBatchThenClaim: 2 round trips per delivery); BenchmarkDeliverSeparately claims and finishes on
-// their own (3). One worker, so the difference is the round trip, not contention. cpu-us/op includes
-// the HTTP call, both ends (the fake push channel runs in this process).
-func BenchmarkDeliver(b *testing.B)           { benchmarkDeliver(b, true) }
-func BenchmarkDeliverSeparately(b *testing.B) { benchmarkDeliver(b, false) }
-
-func benchmarkDeliver(b *testing.B, pipeline bool) {
+// BenchmarkDeliver: one task per iteration through a worker's cycle: claim (2 round trips when a task
+// is started), call, finish (1). One worker, so the figure is the round trips, not contention.
+// cpu-us/op includes the HTTP call, both ends (the fake push channel runs in this process).
+func BenchmarkDeliver(b *testing.B) {
 	e := newEnv(b)
 	e.dueTasks(b.N)
 	d := e.dispatcher(dcfg{})
@@ -186,13 +181,8 @@ func benchmarkDeliver(b *testing.B, pipeline bool) {
 		}
 		obs := d.CallAll(ctx, attempts)
 		var results []service.Result
-		if pipeline && i < b.N-1 {
-			h := d.FinishBatchThenClaim(ctx, attempts, obs, 1)
-			results, attempts, err = h.Finished, h.Next, cmp.Or(h.FinishErr, h.ClaimErr)
-		} else {
-			if results, err = d.FinishBatch(ctx, attempts, obs); err == nil && i < b.N-1 {
-				attempts, _, err = d.ClaimBatch(ctx, 1)
-			}
+		if results, err = d.FinishBatch(ctx, attempts, obs); err == nil && i < b.N-1 {
+			attempts, _, err = d.ClaimBatch(ctx, 1)
 		}
 		if err == nil && results[0].Kind != service.ResultSent {
 			b.Fatalf("delivery %d: %+v", i, results[0])

@@ -3,7 +3,7 @@ package service
 // The claim, the first correctness check, in one place: ClaimBatch locks due tasks with FOR UPDATE SKIP
 // LOCKED, settles those that need no call (suppressed, expired, parked) and hands out the rest with a
 // lease and a fresh attempt token (claimOnce, on claimTx: a transaction with no round trip of its own
-// for BEGIN or COMMIT); a claim whose commit's answer was lost is recovered by its tokens
+// for BEGIN or COMMIT, two pgx batches); a claim whose commit's answer was lost is recovered by its tokens
 // (recoverClaim); a claim the server refused for one row's sake is retried task by task (claimEach),
 // so one bad row costs only itself.
 
@@ -28,16 +28,12 @@ import (
 // holds each returned Attempt's only valid token until its lease ends. Tasks settled without a call
 // come back as Results. Two round trips when tasks are started: BEGIN with TaskClaim, then
 // TaskStartAttempts with COMMIT (claimTx).
+//
+// When the server refuses the claim for what one locked task's rows hold, nothing of it was written; the
+// tasks are then claimed one at a time so that only the one at fault is set aside (claimEach).
 func (d *Dispatcher) ClaimBatch(ctx context.Context, limit int) ([]*Attempt, []Result, error) {
-	return d.claimBatch(ctx, limit, nil)
-}
-
-// claimBatch is ClaimBatch with an optional prelude carried by its first round trip. When the server
-// refuses the claim for what one locked task's rows hold, nothing of it was written; the tasks are then
-// claimed one at a time so that only the one at fault is set aside (claimEach).
-func (d *Dispatcher) claimBatch(ctx context.Context, limit int, pre *prelude) ([]*Attempt, []Result, error) {
 	limit = min(MaxBatch, max(1, limit))
-	attempts, settled, locked, err := d.claimOnce(ctx, limit, pre)
+	attempts, settled, locked, err := d.claimOnce(ctx, limit)
 	if err != nil && refusedForRow(err) && len(locked) > 0 {
 		return d.claimEach(ctx, limit, locked, err)
 	}
@@ -61,7 +57,7 @@ func (d *Dispatcher) failed(op string, err error) error {
 
 // claimOnce runs one claim transaction for up to limit tasks. locked lists the rows TaskClaim locked,
 // also when a later statement of the transaction failed.
-func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (attempts []*Attempt, settled []Result, locked []dbgen.TaskClaimRow, err error) {
+func (d *Dispatcher) claimOnce(ctx context.Context, limit int) (attempts []*Attempt, settled []Result, locked []dbgen.TaskClaimRow, err error) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.DBTimeout)
 	defer cancel()
 	var committing *claimRecovery // set once the COMMIT is on its way
@@ -70,7 +66,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int, pre *prelude) (at
 			attempts, settled, err = d.recoverClaim(ctx, committing, err)
 		}
 	}()
-	err = inClaimTx(ctx, d.pool, pre, func(q *dbgen.Queries, tx *claimTx) error {
+	err = inClaimTx(ctx, d.pool, func(q *dbgen.Queries, tx *claimTx) error {
 		allowance, err := d.peekTokens(ctx, q)
 		if err != nil {
 			return err
@@ -314,32 +310,22 @@ func newToken() string {
 //
 // In a pipeline the server skips every message after a failed one, so a COMMIT behind a failed
 // statement never runs; inClaimTx then rolls the transaction back.
-//
-// A prelude (an earlier batch's finish) may ride ahead of the BEGIN in its own implicit transaction.
 type claimTx struct {
 	conn       *pgx.Conn
-	prelude    *prelude // sent ahead of the first statement's BEGIN, under the prelude's context
-	begun      bool     // TxBegin was sent
-	commitNext bool     // the next statement carries TxCommit
-	committed  bool     // TxCommit succeeded
+	begun      bool // TxBegin was sent
+	commitNext bool // the next statement carries TxCommit
+	committed  bool // TxCommit succeeded
 }
 
 // inClaimTx runs fn in a claimTx on a connection of pool. If fn returns nil and did not commit with its
 // last statement, the transaction is committed on its own; if anything fails it is rolled back.
-//
-// With a prelude, the first statement's round trip carries it ahead of BEGIN; the connection is then
-// acquired, and that round trip bounded, under the prelude's context (a finish is not cancelled).
-func inClaimTx(ctx context.Context, pool *pgxpool.Pool, pre *prelude, fn func(q *dbgen.Queries, tx *claimTx) error) error {
-	acquireCtx := ctx
-	if pre != nil {
-		acquireCtx = pre.ctx
-	}
-	conn, err := pool.Acquire(acquireCtx)
+func inClaimTx(ctx context.Context, pool *pgxpool.Pool, fn func(q *dbgen.Queries, tx *claimTx) error) error {
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release() // the pool destroys a connection left inside a transaction
-	tx := &claimTx{conn: conn.Conn(), prelude: pre}
+	tx := &claimTx{conn: conn.Conn()}
 	q := dbgen.New(tx)
 	err = fn(q, tx)
 	if err == nil && !tx.committed && tx.begun {
@@ -375,35 +361,11 @@ const rollbackTimeout = 5 * time.Second
 // pipelined reports whether the next statement needs a batch: a BEGIN before it or a COMMIT after it.
 func (tx *claimTx) pipelined() bool { return !tx.begun || tx.commitNext }
 
-// roundTrip is the rest of a round trip in flight: the next result, then what was queued behind it.
-// pgx.BatchResults is one; pipelineResults (a prelude's round trip) another.
-type roundTrip interface {
-	Exec() (pgconn.CommandTag, error)
-	Query() (pgx.Rows, error)
-	Close() error
-}
-
-// send sends [prelude Sync] [TxBegin] sql [TxCommit] in one round trip and reads what precedes sql.
-func (tx *claimTx) send(ctx context.Context, sql string, args []any) (roundTrip, error) {
+// send sends [TxBegin] sql [TxCommit] in one round trip (one pgx batch) and reads TxBegin's result.
+func (tx *claimTx) send(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
 	if tx.committed {
 		return nil, errors.New("claim transaction: statement after COMMIT")
 	}
-	if tx.prelude != nil {
-		pre, begin, commit := tx.prelude, "", ""
-		tx.prelude = nil
-		if !tx.begun {
-			begin, tx.begun = dbgen.TxBegin, true
-		}
-		if tx.commitNext {
-			commit = dbgen.TxCommit
-		}
-		return tx.sendAfter(pre, sql, args, begin, commit)
-	}
-	return tx.sendBatch(ctx, sql, args)
-}
-
-// sendBatch sends [TxBegin] sql [TxCommit] in one round trip (one pgx batch) and reads TxBegin's result.
-func (tx *claimTx) sendBatch(ctx context.Context, sql string, args []any) (roundTrip, error) {
 	b := &pgx.Batch{}
 	begin := !tx.begun
 	if begin {
@@ -425,7 +387,7 @@ func (tx *claimTx) sendBatch(ctx context.Context, sql string, args []any) (round
 }
 
 // finish reads the COMMIT's result if the round trip carries one, and closes it.
-func (tx *claimTx) finish(br roundTrip, err error) error {
+func (tx *claimTx) finish(br pgx.BatchResults, err error) error {
 	if err == nil && tx.commitNext {
 		tx.commitNext = false
 		if _, err = br.Exec(); err != nil {
@@ -483,7 +445,7 @@ func (tx *claimTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 type batchRows struct {
 	pgx.Rows
 	tx   *claimTx
-	br   roundTrip
+	br   pgx.BatchResults
 	done bool
 	err  error
 }
@@ -563,7 +525,7 @@ func (d *Dispatcher) claimEach(ctx context.Context, limit int, locked []dbgen.Ta
 	}
 	// Every task of the refused claim, and limit tasks besides, may need its own claim.
 	for tries := 0; len(attempts)+len(settled) < limit && tries < limit+len(locked); tries++ {
-		a, s, one, err := d.claimOnce(ctx, 1, nil)
+		a, s, one, err := d.claimOnce(ctx, 1)
 		switch {
 		case err == nil && len(a)+len(s) == 0:
 			return attempts, settled, nil // nothing due any more

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/matryer/is"
 
@@ -24,7 +23,7 @@ func TestClaimTxWritesNothingWhenTheStatementBeforeCommitFails(t *testing.T) {
 	is := is.New(t)
 	ctx, n, pool, tasks := twoTasks(t)
 
-	err := inClaimTx(ctx, pool, nil, func(q *dbgen.Queries, tx *claimTx) error {
+	err := inClaimTx(ctx, pool, func(q *dbgen.Queries, tx *claimTx) error {
 		rows, err := claimChannels(ctx, q, 2, "push", "sms")
 		is.NoErr(err)          // claim
 		is.Equal(len(rows), 2) // both tasks are locked
@@ -53,7 +52,7 @@ func TestClaimTxWritesNothingWhenTheStatementBeforeCommitFails(t *testing.T) {
 	}
 
 	// The locks went with the transaction: the next claim (on whatever connection) takes the task.
-	err = inClaimTx(ctx, pool, nil, func(q *dbgen.Queries, tx *claimTx) error {
+	err = inClaimTx(ctx, pool, func(q *dbgen.Queries, tx *claimTx) error {
 		rows, err := claimChannels(ctx, q, 2, "push", "sms")
 		is.NoErr(err)          // claim again
 		is.Equal(len(rows), 2) // both tasks are free
@@ -91,78 +90,6 @@ func twoTasks(t *testing.T) (context.Context, *Notifier, *pgxpool.Pool, []int64)
 	return ctx, n, pool, []int64{tasks[0].TaskID, tasks[1].TaskID}
 }
 
-// recordedPrelude queues a generated query as a prelude: run records it, read replays its rows.
-func recordedPrelude(ctx context.Context, run func(q *dbgen.Queries) error) *prelude {
-	var statement recorder
-	_ = run(dbgen.New(&statement))
-	return &prelude{ctx: ctx, sql: statement.sql, args: statement.args, read: func(rows pgx.Rows) error {
-		return run(dbgen.New(replayed{sql: statement.sql, rows: rows}))
-	}}
-}
-
-// A prelude (a finish, in FinishBatchThenClaim) commits on its own before the claim begins: a claim
-// that then fails and rolls back leaves it written.
-func TestPreludeCommitsAloneWhenTheClaimFails(t *testing.T) {
-	is := is.New(t)
-	ctx, n, pool, ids := twoTasks(t)
-	park := recordedPrelude(ctx, func(q *dbgen.Queries) error {
-		_, err := q.TaskPark(ctx, dbgen.TaskParkParams{ID: ids[1], LastError: "parked by the prelude"})
-		return err
-	})
-	err := inClaimTx(ctx, pool, park, func(q *dbgen.Queries, tx *claimTx) error {
-		rows, err := q.TaskClaim(ctx, dbgen.TaskClaimParams{Channel: "push", MaxTasks: 1})
-		is.NoErr(err)          // claim, in the prelude's round trip
-		is.Equal(len(rows), 1) // the push task is locked
-		tx.commitWithNext()
-		_, err = q.TaskStartAttempts(ctx, dbgen.TaskStartAttemptsParams{
-			IDs: []int64{rows[0].ID}, AttemptTokens: []string{newToken()}, OutcomeUncertain: []bool{false}, Actions: []string{"NOT-AN-ACTION"},
-			Worker: "w-test", LeaseSeconds: 30,
-		})
-		return err
-	})
-	is.True(err != nil) // the claim failed
-	is.True(park.sent)  // the prelude went
-	is.NoErr(park.err)  // and succeeded
-	sms, err := n.Task(ctx, ids[1])
-	is.NoErr(err)
-	is.True(sms.NeedsReview)                         // the prelude's write stayed
-	is.Equal(sms.LastError, "parked by the prelude") // its own
-	push, err := n.Task(ctx, ids[0])
-	is.NoErr(err)
-	is.Equal(push.State, delivery.StatePending) // the failed claim left nothing
-	is.Equal(push.AttemptCount, 0)              // no attempt counted
-}
-
-// A prelude that fails rolls back alone: the claim behind it runs and commits.
-func TestFailedPreludeDoesNotStopTheClaim(t *testing.T) {
-	is := is.New(t)
-	ctx, n, pool, ids := twoTasks(t)
-	bad := recordedPrelude(ctx, func(q *dbgen.Queries) error {
-		_, err := q.TaskStartAttempts(ctx, dbgen.TaskStartAttemptsParams{
-			IDs: []int64{ids[0]}, AttemptTokens: []string{newToken()}, OutcomeUncertain: []bool{false}, Actions: []string{"NOT-AN-ACTION"},
-			Worker: "w-test", LeaseSeconds: 30,
-		})
-		return err
-	})
-	err := inClaimTx(ctx, pool, bad, func(q *dbgen.Queries, tx *claimTx) error {
-		rows, err := claimChannels(ctx, q, 2, "push", "sms")
-		is.NoErr(err)          // claim, behind the failed prelude
-		is.Equal(len(rows), 2) // both tasks are locked: the prelude's attempt did not happen
-		_, err = q.TaskPark(ctx, dbgen.TaskParkParams{ID: ids[1], LastError: "parked by the claim"})
-		return err
-	})
-	is.NoErr(err)                                                  // the claim committed
-	is.True(bad.sent)                                              // the prelude went
-	is.True(bad.err != nil)                                        // and failed
-	is.True(strings.Contains(bad.err.Error(), "delivery_attempt")) // on the constraint that refused it
-	sms, err := n.Task(ctx, ids[1])
-	is.NoErr(err)
-	is.Equal(sms.LastError, "parked by the claim") // the claim's write
-	push, err := n.Task(ctx, ids[0])
-	is.NoErr(err)
-	is.Equal(push.AttemptCount, 0) // the prelude's write was rolled back
-}
-
 // TaskPark and TaskSettleWithoutCall guard on the row's state, not on the caller's care: a task this
 // claim may not settle (here one held under a live lease) matches 0 rows, and settle reports that as an
 // error naming the task instead of writing it.
@@ -178,7 +105,7 @@ func TestSettleGuardsOnTheRowsState(t *testing.T) {
 		{Kind: delivery.ClaimPark, Uncertain: true, Reason: "parked by mistake"},
 		{Kind: delivery.ClaimSettle, State: delivery.StateSuppressed, Outcome: delivery.OutcomePrefDisabled, Reason: "suppressed by mistake"},
 	} {
-		err = inClaimTx(ctx, pool, nil, func(q *dbgen.Queries, tx *claimTx) error {
+		err = inClaimTx(ctx, pool, func(q *dbgen.Queries, tx *claimTx) error {
 			_, err := d.settle(ctx, q, dbgen.TaskClaimRow{ID: held.TaskID, Channel: "push"}, dec)
 			return err
 		})

@@ -35,10 +35,6 @@ type DispatcherConfig struct {
 	// ClaimRecovered, when set, is told when a claim whose commit's answer was lost (err) turned out to
 	// have committed, and its attempts were recovered by their tokens.
 	ClaimRecovered func(attempts int, err error)
-	// FinishApart, when set, sends FinishBatchThenClaim's finish and claim as two round trips even on
-	// connections that could carry the finish ahead of the claim (the prelude): the bench measures one
-	// against the other (docs/benchmarks.md#the-finish-carried-ahead-of-the-claim).
-	FinishApart bool
 	// DisableUnregistered switches a user's preference on a channel off when its provider rejected a
 	// message because the address is gone for good (Observation.Unregistered), so later notifications
 	// are suppressed instead of sent to a dead address (Result.PrefDisabled).
@@ -57,11 +53,10 @@ const (
 // Dispatcher runs the delivery protocol for one worker: claim (first correctness check), call outside
 // any transaction, finish (second correctness check).
 type Dispatcher struct {
-	pool      *pgxpool.Pool
-	cfg       DispatcherConfig
-	channels  []string
-	turn      atomic.Uint32 // which channel the next claim starts with
-	pipelines bool          // the pool's connections can carry a finish ahead of a claim (FinishBatchThenClaim)
+	pool     *pgxpool.Pool
+	cfg      DispatcherConfig
+	channels []string
+	turn     atomic.Uint32 // which channel the next claim starts with
 	// The channels whose rate-limit bucket the claims consult, set once by NewDispatcher before the
 	// dispatcher is shared: few, so a list.
 	limited []string
@@ -76,7 +71,7 @@ func NewDispatcher(ctx context.Context, pool *pgxpool.Pool, cfg DispatcherConfig
 	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
-	d := &Dispatcher{pool: pool, cfg: cfg, pipelines: !cfg.FinishApart && pipelines(pool.Config().ConnConfig)}
+	d := &Dispatcher{pool: pool, cfg: cfg}
 	for name := range cfg.Routes {
 		d.channels = append(d.channels, name)
 	}

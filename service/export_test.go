@@ -1,7 +1,7 @@
 package service
 
 // Cycles of the dispatcher that only the tests run: production drives ClaimBatch, Call, FinishBatch
-// and FinishBatchThenClaim from the worker's loop (package worker). Compiled into this package's tests
+// from the worker's loop (package worker). Compiled into this package's tests
 // only, so service_test sees them and the binary does not.
 
 import (

@@ -61,7 +61,7 @@ func (d *Dispatcher) finishBatch(ctx context.Context, attempts []*Attempt, obs [
 	if err != nil {
 		return nil, err
 	}
-	rows, err := d.finish(ctx, attempts, params, nil)
+	rows, err := d.finish(ctx, attempts, params)
 	if rowFault(err) {
 		return d.finishEach(ctx, attempts, params, results), nil
 	}
@@ -73,15 +73,12 @@ func (d *Dispatcher) finishBatch(ctx context.Context, attempts []*Attempt, obs [
 // over: transient) may or may not have committed; TaskFinish is idempotent, so it is sent again, with
 // backoff, for as long as the attempts' leases leave time for it (finishDeadline). Only then are the
 // tasks left to lease expiry, as uncertain: without the retry a NONE-channel task whose call was
-// accepted would be parked for a human because the database blinked. A first failure that came from a
-// finish sent ahead of a claim (first) is retried the same way. The retries are not cancelled with ctx:
-// a stopping worker still records its answers.
-func (d *Dispatcher) finish(ctx context.Context, attempts []*Attempt, params dbgen.TaskFinishParams, err error) ([]dbgen.TaskFinishRow, error) {
+// accepted would be parked for a human because the database blinked. The retries are not cancelled
+// with ctx: a stopping worker still records its answers.
+func (d *Dispatcher) finish(ctx context.Context, attempts []*Attempt, params dbgen.TaskFinishParams) ([]dbgen.TaskFinishRow, error) {
 	deadline := finishDeadline(attempts, d.cfg.Lease)
-	var rows []dbgen.TaskFinishRow
-	if err == nil { // the first try goes whatever the lease: a superseded holder's finish keeps its late outcome
-		rows, err = d.finishTry(ctx, params, time.Now().Add(d.cfg.DBTimeout))
-	}
+	// The first try goes whatever the lease: a superseded holder's finish keeps its late outcome.
+	rows, err := d.finishTry(ctx, params, time.Now().Add(d.cfg.DBTimeout))
 	for try := 0; transient(err); try++ {
 		if sqlState(err) == sqlStateReadOnly {
 			d.pool.Reset() // a standby now: reconnect, to the new primary

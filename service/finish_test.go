@@ -110,7 +110,7 @@ func refusingBatch(t *testing.T, errcode string) (*env, *dispatcher, []*service.
 	is := is.New(t)
 	is.Helper()
 	e := newEnv(t)
-	e.dueTasks(4)
+	e.dueTasks(3)
 	d := e.dispatcher(dcfg{})
 	attempts, _, err := d.ClaimBatch(e.ctx, 3)
 	is.NoErr(err)              // claim
@@ -133,8 +133,7 @@ func refusingBatch(t *testing.T, errcode string) (*env, *dispatcher, []*service.
 
 // A row the server refuses costs its own observation only: the batch's finish is refused whole, then
 // each attempt is finished alone. The refused one is UNRECORDED: still SENDING with an open attempt,
-// recovered after its lease like a crashed holder's; the others are SENT. Both finishes do it: alone,
-// and carried by the next claim (which still claims). It holds for each SQLSTATE class that
+// recovered after its lease like a crashed holder's; the others are SENT. It holds for each SQLSTATE class that
 // docs/reliability.md#a-bad-row-costs-only-itself names: 22, 23, P0, and 40 (a deadlock or a
 // serialization failure rolled the statement back: nothing of it was written either).
 func TestRefusedRowCostsOnlyItsOwnObservation(t *testing.T) {
@@ -146,35 +145,23 @@ func TestRefusedRowCostsOnlyItsOwnObservation(t *testing.T) {
 		{"serialization_failure", "40001"},
 	} {
 		errcode := refusal.errcode
-		for _, carried := range []bool{false, true} {
-			t.Run(errcode+"/"+map[bool]string{false: "FinishBatch", true: "FinishBatchThenClaim"}[carried], func(t *testing.T) {
-				is := is.New(t)
-				e, d, attempts, obs := refusingBatch(t, errcode)
-				var results []service.Result
-				if carried {
-					h := d.FinishBatchThenClaim(e.ctx, attempts, obs, 1)
-					is.NoErr(h.FinishErr)    // the rows not at fault are recorded
-					is.NoErr(h.ClaimErr)     // and the claim went on
-					is.Equal(len(h.Next), 1) // the fourth task
-					results = h.Finished
-				} else {
-					var err error
-					results, err = d.FinishBatch(e.ctx, attempts, obs)
-					is.NoErr(err) // the rows not at fault are recorded
-				}
-				kinds := []service.ResultKind{results[0].Kind, results[1].Kind, results[2].Kind}
-				is.Equal(kinds, []service.ResultKind{service.ResultSent, service.ResultUnrecorded, service.ResultSent})
-				is.True(strings.Contains(results[1].Detail, "refused by the test")) // the server's reason
-				var pgErr *pgconn.PgError
-				is.True(errors.As(results[1].Err, &pgErr)) // the refusal stays a value, not only its text
-				is.Equal(pgErr.Code, refusal.sqlstate)     // the server's own
-				is.Equal(e.task(attempts[0].TaskID).State, delivery.StateSent)
-				is.Equal(e.task(attempts[2].TaskID).State, delivery.StateSent)
-				is.Equal(e.task(attempts[1].TaskID).State, delivery.StateSending)            // left to lease expiry
-				is.Equal(e.outcomes(attempts[1].TaskID), []delivery.Outcome{""})             // its attempt still open
-				is.Equal(e.outcomes(attempts[0].TaskID), outcomes(delivery.OutcomeAccepted)) // the others' recorded
-			})
-		}
+		t.Run(errcode, func(t *testing.T) {
+			is := is.New(t)
+			e, d, attempts, obs := refusingBatch(t, errcode)
+			results, err := d.FinishBatch(e.ctx, attempts, obs)
+			is.NoErr(err) // the rows not at fault are recorded
+			kinds := []service.ResultKind{results[0].Kind, results[1].Kind, results[2].Kind}
+			is.Equal(kinds, []service.ResultKind{service.ResultSent, service.ResultUnrecorded, service.ResultSent})
+			is.True(strings.Contains(results[1].Detail, "refused by the test")) // the server's reason
+			var pgErr *pgconn.PgError
+			is.True(errors.As(results[1].Err, &pgErr)) // the refusal stays a value, not only its text
+			is.Equal(pgErr.Code, refusal.sqlstate)     // the server's own
+			is.Equal(e.task(attempts[0].TaskID).State, delivery.StateSent)
+			is.Equal(e.task(attempts[2].TaskID).State, delivery.StateSent)
+			is.Equal(e.task(attempts[1].TaskID).State, delivery.StateSending)            // left to lease expiry
+			is.Equal(e.outcomes(attempts[1].TaskID), []delivery.Outcome{""})             // its attempt still open
+			is.Equal(e.outcomes(attempts[0].TaskID), outcomes(delivery.OutcomeAccepted)) // the others' recorded
+		})
 	}
 }
 

@@ -53,10 +53,6 @@ func (d *onceDispatcher) FinishBatch(_ context.Context, attempts []*service.Atte
 	return out, nil
 }
 
-func (d *onceDispatcher) FinishBatchThenClaim(context.Context, []*service.Attempt, []delivery.Observation, int) service.Handoff {
-	panic("RunOnce never carries a claim")
-}
-
 // RunOnce claims one task, calls it and records its answer, and tells every way that can end apart:
 // the result it returns, the error beside it, and the lines it logs.
 func TestRunOnce(t *testing.T) {

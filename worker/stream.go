@@ -14,7 +14,6 @@ type Dispatcher interface {
 	ClaimBatch(ctx context.Context, limit int) ([]*service.Attempt, []service.Result, error)
 	Call(ctx context.Context, a *service.Attempt) delivery.Observation
 	FinishBatch(ctx context.Context, attempts []*service.Attempt, obs []delivery.Observation) ([]service.Result, error)
-	FinishBatchThenClaim(ctx context.Context, attempts []*service.Attempt, obs []delivery.Observation, limit int) service.Handoff
 }
 
 // answer is one call's observation, waiting to be recorded.
@@ -30,7 +29,7 @@ type claimDone struct {
 	settled  []service.Result
 	err      error
 	took     time.Duration
-	finish   *finishDone // set when a finish rode ahead of the claim
+	finish   *finishDone // set when the claim went behind a finish
 }
 
 // finishDone is what one finish recorded.
@@ -44,9 +43,9 @@ type finishDone struct {
 // Run delivers until ctx ends, streaming: calls in flight are a window (MaxInFlight) refilled by
 // claims as room opens, and answers are recorded as they come, in groups (FinishBatch, FinishDelay), by
 // up to Finishers finishes at once, so a slow call never holds another task's answer or lease hostage.
-// When a group is ready and a claim is due, the finish carries the claim in its round trip
-// (service.Dispatcher.FinishBatchThenClaim): one worker with a window of one runs the per-task cycle
-// in two round trips. After an empty claim the loop waits Poll; while the
+// When a group is ready and a claim is due, the claim goes right behind that finish on the same
+// goroutine, so that it sees what the finish released and paused (a 429). After an empty claim the
+// loop waits Poll; while the
 // database fails it backs off up to MaxBackoff and logs once when that starts and once when it ends.
 //
 // On cancellation no new task is claimed; calls in flight end (bounded by the client timeout) and are
@@ -83,7 +82,7 @@ func (s *stream) run(ctx context.Context) error {
 		now := time.Now()
 		limit, claimDue := w.claimDue(now)
 		for _, group := range w.takeGroups(now) {
-			if claimDue { // one round trip: the finish, then the claim
+			if claimDue { // the finish, then the claim
 				claimDue = false
 				w.claimStarted()
 				go s.finishThenClaim(ctx, group, limit)
@@ -182,13 +181,15 @@ func (s *stream) finish(ctx context.Context, group []answer) {
 	s.finishes <- finishDone{answers: group, results: results, err: err, took: time.Since(started)}
 }
 
+// finishThenClaim records group, then claims; each is timed on its own.
 func (s *stream) finishThenClaim(ctx context.Context, group []answer, limit int) {
 	attempts, obs := split(group)
 	started := time.Now()
-	h := s.d.FinishBatchThenClaim(ctx, attempts, obs, limit)
-	took := time.Since(started)
-	s.claims <- claimDone{attempts: h.Next, settled: h.Settled, err: h.ClaimErr, took: took,
-		finish: &finishDone{answers: group, results: h.Finished, err: h.FinishErr, took: took}}
+	results, ferr := s.d.FinishBatch(ctx, attempts, obs)
+	finished := time.Now()
+	next, settled, err := s.d.ClaimBatch(ctx, limit)
+	s.claims <- claimDone{attempts: next, settled: settled, err: err, took: time.Since(finished),
+		finish: &finishDone{answers: group, results: results, err: ferr, took: finished.Sub(started)}}
 }
 
 // recorded logs and reports a finish (one that failed: once, as the database failing).

@@ -36,7 +36,6 @@ type memDispatcher struct {
 	held        int // claimed and not yet finished
 	maxHeld     int
 	calledAfter []bool // per claim: was it made after the stop?
-	carried     int    // finishes that carried the next claim
 	stopped     bool
 }
 
@@ -103,16 +102,6 @@ func (m *memDispatcher) FinishBatch(_ context.Context, attempts []*service.Attem
 		return nil, m.finishErr
 	}
 	return results, nil
-}
-
-func (m *memDispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*service.Attempt, obs []delivery.Observation, limit int) service.Handoff {
-	m.mu.Lock()
-	m.carried++
-	m.mu.Unlock()
-	var h service.Handoff
-	h.Finished, h.FinishErr = m.FinishBatch(ctx, attempts, obs)
-	h.Next, h.Settled, h.ClaimErr = m.ClaimBatch(ctx, limit)
-	return h
 }
 
 func (m *memDispatcher) finishedIDs() map[int64]int {
@@ -235,16 +224,15 @@ func TestAnswersAreRecordedInGroups(t *testing.T) {
 	})
 }
 
-// One worker with a window of one runs the per-task cycle in two round trips: every finish but the
-// last carries the next claim (the bench found none did when the window was full).
-func TestWindowOfOneCarriesTheClaimWithTheFinish(t *testing.T) {
+// One worker with a window of one runs the per-task cycle: one call at a time, each answer recorded by
+// a finish of its own.
+func TestWindowOfOneRunsTheCyclePerTask(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		is := is.New(t)
 		m := newMem(20, accepted)
 		runUntil(t, m, Config{MaxInFlight: 1, Batch: 1, Finishers: 1, Logger: quiet, Poll: time.Millisecond},
 			func() bool { return len(m.finishedIDs()) == 20 })
 		is.Equal(m.maxCalling, 1)     // one call at a time
-		is.True(m.carried >= 19)      // each finish brought the next claim with it
 		is.Equal(len(m.finishes), 20) // one finish per task: nothing to group with
 	})
 }
@@ -423,7 +411,7 @@ func (s *syncBuf) String() string {
 }
 
 // busyClock is a memDispatcher that notes when each claim that found tasks was made, whether alone or
-// carried by a finish.
+// behind a finish.
 type busyClock struct {
 	*memDispatcher
 	at []time.Time
@@ -443,14 +431,8 @@ func (c *busyClock) ClaimBatch(ctx context.Context, limit int) ([]*service.Attem
 	return attempts, settled, err
 }
 
-func (c *busyClock) FinishBatchThenClaim(ctx context.Context, attempts []*service.Attempt, obs []delivery.Observation, limit int) service.Handoff {
-	h := c.memDispatcher.FinishBatchThenClaim(ctx, attempts, obs, limit)
-	c.note(len(h.Next))
-	return h
-}
-
 // While work is due and nothing fails, claims wait only for room in the window, never a backoff or a
-// poll: a finish that succeeded, alone or carrying a claim, does not slow the claims down. On the
+// poll: a finish that succeeded, alone or with a claim behind it, does not slow the claims down. On the
 // bubble's clock, calls take 1-5 ms and Poll is 100 ms, so any wait of Poll shows.
 func TestSucceedingFinishesDoNotBackOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

@@ -113,7 +113,7 @@ func (w *window) done() bool {
 	return w.stopping && w.calling == 0 && len(w.waiting) == 0 && !w.claiming && w.finishing == 0
 }
 
-// claimStarted notes a claim going out (alone, or carried by the first of groups).
+// claimStarted notes a claim going out (alone, or behind the first of groups).
 func (w *window) claimStarted() { w.claiming = true }
 
 // answered notes an answer of a call in flight.

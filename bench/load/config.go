@@ -34,7 +34,6 @@ type Config struct {
 	Batch       int
 	Finishers   int
 	SkipCalls   bool
-	FinishApart bool // service.DispatcherConfig.FinishApart: no finish carried ahead of a claim
 	Latency     latency.Model
 	History     int
 	Probe       int
@@ -120,7 +119,6 @@ func Parse(args []string, getenv func(string) string, stderr io.Writer) (Config,
 	fs.IntVar(&cfg.MaxInFlight, "max-in-flight", worker.DefaultMaxInFlight, fmt.Sprintf("calls in flight per loop, as notifier work --max-in-flight (1-%d)", maxInFlight))
 	fs.IntVar(&cfg.Batch, "batch", worker.DefaultBatch, fmt.Sprintf("most tasks one claim takes, as notifier work --batch (1-%d)", service.MaxBatch))
 	fs.IntVar(&cfg.Finishers, "finishers", worker.DefaultFinishers, fmt.Sprintf("finish statements at once per loop, as notifier work --finishers (1-%d)", maxFinishers))
-	fs.BoolVar(&cfg.FinishApart, "finish-apart", false, "send each finish and the claim after it as two round trips instead of carrying the finish ahead of the claim (the prelude); to measure what it earns")
 	fs.BoolVar(&cfg.SkipCalls, "skip-calls", false, "do not call the fakes: a channel client answers ACCEPTED at once (the database side alone)")
 	model := latency.Flags(fs)
 	fs.IntVar(&cfg.History, "history", 0, "measure claim latency before and after adding this many finished tasks")

@@ -11,7 +11,6 @@ import (
 	"github.com/notifierhq/notifier/bench/pgbench"
 	"github.com/notifierhq/notifier/internal/cputime"
 	"github.com/notifierhq/notifier/service"
-	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/worker"
 )
 
@@ -25,35 +24,14 @@ type loopStats struct {
 	claimTasks  int
 	finishes    int
 	answers     int             // answers the finishes recorded
-	claimLat    []time.Duration // claims that brought tasks, alone or behind a finish
+	claimLat    []time.Duration // claims that brought tasks, alone or behind a finish (each timed alone)
 	finishLat   []time.Duration
 	callLat     []time.Duration // each recorded call, from the worker's own timing (Result.CallDuration)
-}
-
-// countingDispatcher is the dispatcher as the loop sees it, counting the finishes that carried the
-// next claim in their round trip (the loop's hooks time both without telling them apart).
-type countingDispatcher struct {
-	*service.Dispatcher
-	handoffs    atomic.Int64
-	claimsAlone bool // the history probes: no claim rides behind a finish
-}
-
-func (c *countingDispatcher) FinishBatchThenClaim(ctx context.Context, attempts []*service.Attempt, obs []delivery.Observation, limit int) service.Handoff {
-	if c.claimsAlone {
-		// Only the finish: the loop reads the empty claim as "nothing due", waits its Poll and claims
-		// alone, so that every claim with tasks is timed by itself.
-		var h service.Handoff
-		h.Finished, h.FinishErr = c.Dispatcher.FinishBatch(ctx, attempts, obs)
-		return h
-	}
-	c.handoffs.Add(1)
-	return c.Dispatcher.FinishBatchThenClaim(ctx, attempts, obs, limit)
 }
 
 // deliverStats is what a deliver phase did, all loops together.
 type deliverStats struct {
 	loopStats
-	claimsWithFinish     int
 	seconds              float64
 	clientCPU, serverCPU time.Duration // this process's and the server's (0: not measured)
 }
@@ -62,7 +40,7 @@ type deliverStats struct {
 // or finally not sent), then stops them; a stopping loop records its calls in flight before it
 // returns. The phase's time ends when the last task is settled. A claim or finish that fails stops the
 // phase with its error: a figure taken while the database fails would measure the failure.
-func (b *bench) deliver(ctx context.Context, label string, target int, shape worker.Config, claimsAlone bool) (deliverStats, error) {
+func (b *bench) deliver(ctx context.Context, label string, target int, shape worker.Config) (deliverStats, error) {
 	// Open every loop's connections first: connecting is not part of the figures.
 	for _, l := range b.loops {
 		if err := warmPool(ctx, l, shape.Connections()); err != nil {
@@ -89,13 +67,10 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 	}
 	bar := startProgress(b.bar, label, target)
 	per := make([]*loopStats, len(b.loops))
-	dispatchers := make([]*countingDispatcher, len(b.loops))
 	started, cpu0, srv0 := time.Now(), cputime.Process(), b.server.CPUUsed()
 	for i, l := range b.loops {
 		st := &loopStats{other: map[string]int{}}
 		per[i] = st
-		d := &countingDispatcher{Dispatcher: l.d, claimsAlone: claimsAlone}
-		dispatchers[i] = d
 		cfg := shape
 		cfg.Logger = b.log.With("worker", l.name)
 		cfg.OnResult = func(r service.Result) {
@@ -128,7 +103,7 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			worker.Run(ctx, d, cfg)
+			worker.Run(ctx, l.d, cfg)
 		}()
 	}
 	var err error
@@ -145,9 +120,8 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 	bar.Done()
 
 	st := deliverStats{loopStats: loopStats{other: map[string]int{}}, seconds: took.Seconds(), clientCPU: cpu, serverCPU: srv}
-	for i, p := range per {
+	for _, p := range per {
 		st.add(p)
-		st.claimsWithFinish += int(dispatchers[i].handoffs.Load())
 	}
 	b.delivered += st.sent
 	if err != nil {
@@ -205,7 +179,7 @@ func (st deliverStats) fill(rep *Report) {
 	rep.Deliveries, rep.DeliverSeconds = st.sent, pgbench.Round3(st.seconds)
 	rep.DeliveriesPerSec = pgbench.Round3(float64(st.sent) / st.seconds)
 	rep.OtherResults = st.other
-	rep.Claims, rep.EmptyClaims, rep.ClaimsWithFinish, rep.Finishes = st.claims, st.emptyClaims, st.claimsWithFinish, st.finishes
+	rep.Claims, rep.EmptyClaims, rep.Finishes = st.claims, st.emptyClaims, st.finishes
 	if st.claims > 0 {
 		rep.TasksPerClaim = pgbench.Round3(float64(st.claimTasks) / float64(st.claims))
 	}

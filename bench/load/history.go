@@ -17,15 +17,13 @@ import (
 
 // probeReport is one claim-latency probe: a fresh set of due tasks drained by the workers.
 type probeReport struct {
-	FinishedTasks int64 `json:"finished_tasks"` // history in the table when the probe ran
-	// Claims that rode behind a finish (FinishBatchThenClaim): 0 per task, so ClaimMS is claims alone.
-	ClaimsWithFinish int       `json:"claims_with_finish"`
-	LoadAvg          []float64 `json:"load_avg"` // at the end of the probe: the machine is shared
-	Tasks            int       `json:"tasks"`
-	ClaimMS          Latency   `json:"claim_ms"`
-	SeedClaimMS      Latency   `json:"seed_claim_ms"`
-	SeedRuns         int       `json:"seed_runs"`
-	SeedFound        int       `json:"seed_found"` // seed runs that found a due task (all of them, normally)
+	FinishedTasks int64     `json:"finished_tasks"` // history in the table when the probe ran
+	LoadAvg       []float64 `json:"load_avg"`       // at the end of the probe: the machine is shared
+	Tasks         int       `json:"tasks"`
+	ClaimMS       Latency   `json:"claim_ms"`
+	SeedClaimMS   Latency   `json:"seed_claim_ms"`
+	SeedRuns      int       `json:"seed_runs"`
+	SeedFound     int       `json:"seed_found"` // seed runs that found a due task (all of them, normally)
 	// The seed's claim planned without bitmap scans: as on the seed's schema (no partial claim index).
 	SeedClaimSeedIndexesMS Latency `json:"seed_claim_seed_indexes_ms"`
 	SeedSeedIndexesFound   int     `json:"seed_seed_indexes_found"`
@@ -43,9 +41,9 @@ type historyReport struct {
 	SeedClaimSeedIndexesP50Ratio float64 `json:"seed_claim_seed_indexes_p50_ratio"`
 }
 
-// perTask is the loop of the probes: one task in flight, one per claim, and (deliver's claimsAlone) no
-// claim carried by a finish, so that each claim times one task's claim alone. Its short Poll is the
-// pause after each finish-only round trip, which the loop reads as an empty claim.
+// perTask is the loop of the probes: one task in flight, one per claim, so that each claim times one
+// task's claim (the worker times a claim behind a finish apart from the finish). Its short Poll keeps
+// an empty claim from pausing the probe.
 var perTask = worker.Config{MaxInFlight: 1, Batch: 1, Finishers: 1, Poll: 100 * time.Microsecond}
 
 // seedRuns is how many times each probe times the seed's claim query.
@@ -76,11 +74,11 @@ func (b *bench) probe(ctx context.Context, label string) (*probeReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	ds, err := b.deliver(ctx, label+" deliver", cs.tasks, perTask, true)
+	ds, err := b.deliver(ctx, label+" deliver", cs.tasks, perTask)
 	if err != nil {
 		return nil, err
 	}
-	p := &probeReport{LoadAvg: proc.LoadAvg(), FinishedTasks: finished, Tasks: cs.tasks, ClaimMS: percentiles(ds.claimLat), ClaimsWithFinish: ds.claimsWithFinish,
+	p := &probeReport{LoadAvg: proc.LoadAvg(), FinishedTasks: finished, Tasks: cs.tasks, ClaimMS: percentiles(ds.claimLat),
 		SeedClaimMS: percentiles(seed), SeedRuns: len(seed), SeedFound: found,
 		SeedClaimSeedIndexesMS: percentiles(seedOld), SeedSeedIndexesFound: foundOld}
 	b.notef("probe %s: %d finished tasks in the table; claim p50 %.3f ms; seed claim p50 %.3f ms, on the seed's indexes %.3f ms",

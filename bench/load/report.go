@@ -37,8 +37,7 @@ type Report struct {
 	MaxInFlight   int     `json:"max_in_flight"`
 	Batch         int     `json:"batch"`
 	Finishers     int     `json:"finishers"`
-	FinishApart   bool    `json:"finish_apart,omitempty"` // --finish-apart: no finish carried ahead of a claim
-	Window        int     `json:"window"`                 // calls in flight at most, all loops: workers x max_in_flight
+	Window        int     `json:"window"` // calls in flight at most, all loops: workers x max_in_flight
 	Duplicates    float64 `json:"duplicates"`
 	// The provider model of the fakes, and the retry rules a refused send meets.
 	CallLatency     latency.Report `json:"call_latency"`
@@ -68,7 +67,6 @@ type Report struct {
 	// finishes, and how full they were.
 	Claims           int     `json:"claims"`
 	EmptyClaims      int     `json:"empty_claims"`
-	ClaimsWithFinish int     `json:"claims_with_finish"` // claims carried in a finish's round trip
 	TasksPerClaim    float64 `json:"tasks_per_claim"`
 	Finishes         int     `json:"finishes"`
 	AnswersPerFinish float64 `json:"answers_per_finish"`
@@ -138,8 +136,8 @@ func (r *Report) print(w io.Writer) error {
 	p("\n%-32s %10s %9s\n", "latency (ms)", "p50", "p99")
 	p("%-32s %10.2f %9.2f\n", "create -> SENT", r.CreateToSentMS.P50, r.CreateToSentMS.P99)
 	p("%-32s %10.2f %9.2f\n", "create call", r.CreateCallMS.P50, r.CreateCallMS.P99)
-	p("%-32s %10.2f %9.2f   (%d with tasks, %.1f tasks each; %d behind a finish; %d empty)\n", "claim", r.ClaimMS.P50, r.ClaimMS.P99,
-		r.Claims, r.TasksPerClaim, r.ClaimsWithFinish, r.EmptyClaims)
+	p("%-32s %10.2f %9.2f   (%d with tasks, %.1f tasks each; %d empty)\n", "claim", r.ClaimMS.P50, r.ClaimMS.P99,
+		r.Claims, r.TasksPerClaim, r.EmptyClaims)
 	p("%-32s %10.2f %9.2f   (%d, %.1f answers each)\n", "finish", r.FinishMS.P50, r.FinishMS.P99, r.Finishes, r.AnswersPerFinish)
 	p("%-32s %10.2f %9.2f   (as the worker timed each call)\n", "channel call", r.CallMS.P50, r.CallMS.P99)
 	p("\n%-32s %10.3f   (xact_commit delta over the deliver phase / deliveries)\n", "db transactions per delivery", r.DBXactsPerDelivery)

@@ -67,7 +67,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 	}
 	loopCfg := cfg.loop()
 	rep := &Report{Peer: "notifier", Notifications: cfg.Notifications, Channels: len(workload.Channels),
-		Workers: cfg.Workers, MaxInFlight: loopCfg.MaxInFlight, Batch: loopCfg.Batch, Finishers: loopCfg.Finishers, FinishApart: cfg.FinishApart,
+		Workers: cfg.Workers, MaxInFlight: loopCfg.MaxInFlight, Batch: loopCfg.Batch, Finishers: loopCfg.Finishers,
 		Window: cfg.Workers * loopCfg.MaxInFlight, Duplicates: cfg.Duplicates, SkipCalls: cfg.SkipCalls,
 		CallLatency: cfg.Latency.Report(), RetryBackoffMS: ms(workload.RetryBackoff.Base), MaxAttempts: workload.MaxAttempts,
 		CPUs: runtime.NumCPU(), LoadAvgStart: proc.LoadAvg()}
@@ -182,7 +182,7 @@ func (b *bench) start(ctx context.Context, rep *Report) error {
 		}
 		if l.d, err = service.NewDispatcher(ctx, l.pool, service.DispatcherConfig{
 			Worker: l.name, Routes: routes, Lease: time.Minute, CallTimeout: workload.CallTimeout,
-			DBTimeout: b.cfg.DBTimeout, Backoff: workload.RetryBackoff, FinishApart: b.cfg.FinishApart,
+			DBTimeout: b.cfg.DBTimeout, Backoff: workload.RetryBackoff,
 		}); err != nil {
 			return err
 		}
@@ -282,7 +282,7 @@ func (b *bench) warmupRun(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	ds, err := b.deliver(ctx, "warmup", cs.tasks, b.cfg.loop(), false)
+	ds, err := b.deliver(ctx, "warmup", cs.tasks, b.cfg.loop())
 	if err != nil {
 		return ds.sent, err
 	}
@@ -313,7 +313,7 @@ func (b *bench) mainRun(ctx context.Context, rep *Report) error {
 	if err != nil {
 		return err
 	}
-	ds, err := b.deliver(ctx, "deliver", cs.tasks, b.cfg.loop(), false)
+	ds, err := b.deliver(ctx, "deliver", cs.tasks, b.cfg.loop())
 	if perr := stopProfile(); err == nil {
 		err = perr
 	}
