@@ -200,7 +200,7 @@ func TestReviewAndStatusNeedTheOperatorRole(t *testing.T) {
 				r := c.in(t).loginAs(pool, group).run("", cmd)
 				is.Equal(r.code, 1) // a runtime error
 				oneErrorLine(t, r)
-				is.True(strings.Contains(r.stderr, cmd+" needs the notifier_operator role: permission denied for table ")) // the role to grant, and the privilege missing
+				is.True(strings.Contains(r.stderr, cmd+" needs the notifier_operator role: permission denied for ")) // the role to grant, and the privilege missing (a table, or schema/018's function)
 				is.Equal(r.stdout, "")
 			})
 		}

@@ -315,8 +315,9 @@ type AlertGauges struct {
 }
 
 // AlertGauges reads the gauges in two statements (TaskAlertGauges, RateLimitList), each costing what
-// there is to show rather than the size of the backlog. A worker's role may run it (schema/018 lets it
-// see which tasks a receipt contradicted); a user the database refuses gets a *PermissionError.
+// there is to show rather than the size of the backlog. A worker's role may run it (it counts late
+// acceptances through schema/018's function, reading no receipt); a user the database refuses gets a
+// *PermissionError.
 func (n *Notifier) AlertGauges(ctx context.Context) (AlertGauges, error) {
 	row, err := n.q.TaskAlertGauges(ctx)
 	if err != nil {
