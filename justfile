@@ -97,7 +97,13 @@ staticcheck *args:
     if [ $# -eq 0 ]; then set -- ./...; fi; \
     "$staticcheck" "$@"; echo 'staticcheck: clean' >&2
 
-# Run what CI runs (.ci/run): staticcheck, test, river-vet, benchmarks, sqlc-check, migrate-check, ha-soak
+# Check the alert rules (deploy/prometheus/notifier-rules.yml) with promtool from Debian's prometheus package (installed here when root or sudo -n can): promtool check rules, then its unit tests (promtool test rules notifier-rules.test.yml: each alert firing and not firing). Which metrics they name is checked against a running worker by `go test ./cli -run TestAlertRulesAndDashboardNameExportedMetrics`
+alerts-check:
+    sh internal/tools/install-debs prometheus
+    promtool check rules deploy/prometheus/notifier-rules.yml
+    cd deploy/prometheus && promtool test rules notifier-rules.test.yml
+
+# Run what CI runs (.ci/run): staticcheck, test, alerts-check, river-vet, benchmarks, sqlc-check, migrate-check, ha-soak
 ci:
     bash .ci/run
 

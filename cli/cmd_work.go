@@ -98,7 +98,9 @@ during a call: the worker needs 1 + --finishers connections, whatever the window
 when that is more than a quarter of the server's max_connections. On the signal it stops claiming,
 lets calls in flight finish (each bounded by --timeout) and record their outcome, then exits 0.
 Events CLAIMED, CALLED and RESULT are logged on stderr. With --metrics-addr it serves Prometheus
-metrics at /metrics (port 0 picks a free port; the address is logged as "serving metrics").
+metrics at /metrics (port 0 picks a free port; the address is logged as "serving metrics"), among them
+fleet-wide gauges it reads every 15s (parked tasks, the oldest due task, late acceptances, rate-limit
+pauses) for the alert rules in deploy/prometheus (see docs/operations.md#alerts-and-dashboard).
 
 When to tune (the defaults suit channels answering in 50-500 ms and channels answering at once):
   --max-in-flight  calls in flight needed ~ deliveries/s x call latency: 1024 allows ~10,000/s at a
@@ -328,6 +330,8 @@ func work(c *cli.Context, e *env) error {
 			cfg.dispatcher.Routes[name] = r
 		}
 		cfg.loop.OnResult = m.onResult
+		cfg.loop.Hooks.Claimed = m.onClaim
+		m.serving(slices.Sorted(maps.Keys(cfg.dispatcher.Routes)))
 		cfg.dispatcher.RateLimited = func(channel string) { m.rateLimited.WithLabelValues(channel).Inc() }
 	}
 	log := e.log.With("worker", cfg.dispatcher.Worker)
@@ -394,6 +398,7 @@ func work(c *cli.Context, e *env) error {
 	}
 	watchStanding(c.Context, e, n, standing, log, m)
 	if m != nil {
+		watchAlertGauges(c.Context, e, n, log, m)
 		stop, err := serveMetrics(e, cfg.metrics, m)
 		if err != nil {
 			return err
@@ -477,6 +482,42 @@ func watchStanding(ctx context.Context, e *env, n *service.Notifier, s service.S
 			if err == nil && !sameStanding(now, last) {
 				report(now)
 				last = now
+			}
+		}
+	}()
+}
+
+// gaugesEvery is how often a worker with --metrics-addr reads the fleet-wide gauges (service.
+// AlertGauges): fresh enough for alerts that wait minutes, and two cheap statements per interval per
+// worker.
+const gaugesEvery = 15 * time.Second
+
+// watchAlertGauges reads the fleet-wide gauges now and every gaugesEvery until ctx ends. A failed read
+// keeps the previous values and is logged; notifier_fleet_gauges_refreshed_timestamp_seconds then shows
+// how old they are.
+func watchAlertGauges(ctx context.Context, e *env, n *service.Notifier, log *slog.Logger, m *metrics) {
+	read := func() {
+		rctx, cancel := e.dbContext(ctx)
+		g, err := n.AlertGauges(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Warn("could not read the fleet-wide gauges; the metrics keep their previous values", "error", redact.Error(err))
+			}
+			return
+		}
+		m.onAlertGauges(g, time.Now())
+	}
+	read()
+	go func() {
+		t := time.NewTicker(gaugesEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				read()
 			}
 		}
 	}()

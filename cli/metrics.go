@@ -29,6 +29,16 @@ type metrics struct {
 	standbys       prometheus.Gauge
 	waitsOnStandby prometheus.Gauge
 	finishRetries  prometheus.Counter
+	// Fleet-wide gauges (service.AlertGauges), read from the database at start and every gaugesEvery:
+	// every worker exports the same values, so the alert rules take their max over workers.
+	tasksParked        prometheus.Gauge
+	oldestParked       prometheus.Gauge
+	oldestDue          prometheus.Gauge
+	lateAccepted       prometheus.Gauge
+	ratePausedFor      *prometheus.GaugeVec
+	gaugesRefreshed    prometheus.Gauge
+	lastClaim          prometheus.Gauge
+	pausedChannelsSeen map[string]bool // the channels ratePausedFor has a series for
 }
 
 func newMetrics() *metrics {
@@ -79,11 +89,87 @@ func newMetrics() *metrics {
 			Name: "notifier_finish_retries_total",
 			Help: "Finishes sent again after a broken connection or a failover (a finish is idempotent; retried until the lease would run out).",
 		}),
+		tasksParked: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "notifier_tasks_parked",
+			Help: "Tasks parked for a human now, fleet-wide (notifier review; the same value from every worker).",
+		}),
+		oldestParked: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "notifier_tasks_parked_oldest_age_seconds",
+			Help: "How long the longest-waiting parked task has waited for a human, fleet-wide; 0 when none.",
+		}),
+		oldestDue: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "notifier_tasks_due_oldest_age_seconds",
+			Help: "How long the longest-waiting due task has waited to be claimed, fleet-wide (as notifier status's oldest_ready_seconds); 0 when none.",
+		}),
+		lateAccepted: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "notifier_tasks_late_accepted",
+			Help: "FAILED or SUPPRESSED tasks that a late answer or a receipt says were accepted after all, fleet-wide (as notifier status's late_accepted).",
+		}),
+		ratePausedFor: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "notifier_rate_limit_paused_seconds",
+			Help: "Seconds left of a rate-limited channel's pause after a 429 (0 when not paused), per channel with a bucket, fleet-wide.",
+		}, []string{"channel"}),
+		gaugesRefreshed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "notifier_fleet_gauges_refreshed_timestamp_seconds",
+			Help: "When this worker last read the fleet-wide gauges from the database (Unix time): they are as old as this.",
+		}),
+		lastClaim: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "notifier_worker_last_claim_timestamp_seconds",
+			Help: "When this worker's last claim succeeded, whether it found tasks or not (Unix time; 0 before the first).",
+		}),
+		pausedChannelsSeen: map[string]bool{},
 	}
 	m.registry.MustRegister(m.claims, m.calls, m.finishes, m.parked, m.setAside, m.rateLimited, m.ratePaused, m.callDuration,
 		m.standbys, m.waitsOnStandby, m.finishRetries,
+		m.tasksParked, m.oldestParked, m.oldestDue, m.lateAccepted, m.ratePausedFor, m.gaugesRefreshed, m.lastClaim,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// serving creates the per-channel series of the channels a worker serves, at 0: a series that
+// appears only at its first event hides that event from increase() and rate(), which is what the
+// alert rules on set-aside tasks and 429 pauses use; and the dashboard shows a channel before its
+// first call.
+func (m *metrics) serving(channels []string) {
+	for _, ch := range channels {
+		m.claims.WithLabelValues(ch)
+		m.setAside.WithLabelValues(ch)
+		m.rateLimited.WithLabelValues(ch)
+		m.ratePaused.WithLabelValues(ch)
+	}
+	for _, kind := range []service.ResultKind{service.ResultSent, service.ResultPending, service.ResultUnknown,
+		service.ResultParked, service.ResultFailed, service.ResultSuppressed, service.ResultStale, service.ResultUnrecorded} {
+		m.finishes.WithLabelValues(string(kind))
+	}
+}
+
+// onAlertGauges exports one reading of the fleet-wide gauges, read at now. A channel whose bucket is
+// gone loses its series.
+func (m *metrics) onAlertGauges(g service.AlertGauges, now time.Time) {
+	m.tasksParked.Set(float64(g.Parked))
+	m.oldestParked.Set(g.OldestParkedSeconds)
+	m.oldestDue.Set(g.OldestDueSeconds)
+	m.lateAccepted.Set(float64(g.LateAccepted))
+	seen := map[string]bool{}
+	for _, b := range g.RateLimits {
+		m.ratePausedFor.WithLabelValues(b.Channel).Set(b.PausedFor)
+		seen[b.Channel] = true
+	}
+	for ch := range m.pausedChannelsSeen {
+		if !seen[ch] {
+			m.ratePausedFor.DeleteLabelValues(ch)
+		}
+	}
+	m.pausedChannelsSeen = seen
+	m.gaugesRefreshed.Set(float64(now.UnixNano()) / 1e9)
+}
+
+// onClaim notes a claim that succeeded, whatever it found: a worker whose claims stop is down for the
+// queue even while its metrics are served.
+func (m *metrics) onClaim(_ time.Duration, _ int, err error) {
+	if err == nil {
+		m.lastClaim.SetToCurrentTime()
+	}
 }
 
 // onResult counts one completed cycle.

@@ -2,10 +2,13 @@ package cli
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/matryer/is"
 
+	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
 )
 
@@ -56,4 +59,39 @@ func TestCallsAreCountedUnderTheirAction(t *testing.T) {
 	})
 	is.Equal(durations, map[string]uint64{"action=SEND channel=browser ": 2, "action=TOPIC_RESEND channel=browser ": 2,
 		"action=QUERY channel=browser ": 1}) // timed under the same actions
+}
+
+// TestAlertGaugesFollowTheBuckets: each reading of the fleet-wide gauges replaces the last one; a
+// channel whose bucket is gone loses its pause series rather than showing a pause that ended.
+func TestAlertGaugesFollowTheBuckets(t *testing.T) {
+	is := is.New(t)
+	m := newMetrics()
+	at := time.Unix(1_800_000_000, 0)
+	m.onAlertGauges(service.AlertGauges{Parked: 2, OldestParkedSeconds: 60, OldestDueSeconds: 5, LateAccepted: 1,
+		RateLimits: []service.Bucket{{Channel: "push", PausedFor: 30}, {Channel: "sms"}}}, at)
+	m.onAlertGauges(service.AlertGauges{Parked: 1, OldestParkedSeconds: 90,
+		RateLimits: []service.Bucket{{Channel: "push", PausedFor: 12}}}, at.Add(15*time.Second))
+	got := map[string]float64{}
+	families, err := m.registry.Gather()
+	is.NoErr(err)
+	for _, f := range families {
+		for _, metric := range f.GetMetric() {
+			name := f.GetName()
+			for _, l := range metric.GetLabel() {
+				name += " " + l.GetName() + "=" + l.GetValue()
+			}
+			if g := metric.GetGauge(); g != nil && strings.HasPrefix(name, "notifier_") && !strings.HasPrefix(name, "notifier_database_") &&
+				!strings.HasPrefix(name, "notifier_worker_") {
+				got[name] = g.GetValue()
+			}
+		}
+	}
+	is.Equal(got, map[string]float64{
+		"notifier_tasks_parked":                             1,
+		"notifier_tasks_parked_oldest_age_seconds":          90,
+		"notifier_tasks_due_oldest_age_seconds":             0, // none due any more
+		"notifier_tasks_late_accepted":                      0,
+		"notifier_rate_limit_paused_seconds channel=push":   12, // sms's bucket is gone, and its series with it
+		"notifier_fleet_gauges_refreshed_timestamp_seconds": 1_800_000_015,
+	})
 }

@@ -57,12 +57,24 @@ func newLogin(t *testing.T, pool *pgxpool.Pool, group string) (name, password st
 // claimed, timed out, parked) and returns its id.
 func parkedTask(t *testing.T, pool *pgxpool.Pool) int64 {
 	t.Helper()
-	return parkedTaskWithMsgID(t, pool, "")
+	return parkedTaskOf(t, pool, "", 0)
 }
 
-// parkedTaskWithMsgID is parkedTask with the provider's message id its attempt recorded ("" none):
+// parkedTaskWithMsgID is parkedTask with the provider's message id its attempt recorded:
 // what a receipt that carries no ref is matched by.
 func parkedTaskWithMsgID(t *testing.T, pool *pgxpool.Pool, providerMsgID string) int64 {
+	t.Helper()
+	return parkedTaskOf(t, pool, providerMsgID, 0)
+}
+
+// parkedTaskSince is parkedTask with the task last changed (parked) ago.
+func parkedTaskSince(t *testing.T, pool *pgxpool.Pool, ago time.Duration) int64 {
+	t.Helper()
+	return parkedTaskOf(t, pool, "", ago)
+}
+
+// parkedTaskOf makes the parked task with the provider's message id ("" none), parked ago.
+func parkedTaskOf(t *testing.T, pool *pgxpool.Pool, providerMsgID string, ago time.Duration) int64 {
 	t.Helper()
 	ctx := context.Background()
 	var id int64
@@ -70,9 +82,10 @@ func parkedTaskWithMsgID(t *testing.T, pool *pgxpool.Pool, providerMsgID string)
 		WITH n AS (INSERT INTO notification (user_id, event_key, body, expires_at)
 		           VALUES ('u1', 'parked-' || gen_random_uuid(), 'b', now() + interval '1 hour') RETURNING id)
 		INSERT INTO delivery_task (notification_id, channel, state, attempt_count, max_attempts, next_attempt_at,
-		                           attempt_token, lease_owner, lease_until, provider_msg_id)
-		SELECT id, 'push', 'SENDING', 1, 3, NULL, gen_random_uuid(), 'w-test', now() + interval '1 hour', NULLIF($1, '') FROM n
-		RETURNING id`, providerMsgID).Scan(&id)
+		                           attempt_token, lease_owner, lease_until, provider_msg_id, updated_at)
+		SELECT id, 'push', 'SENDING', 1, 3, NULL, gen_random_uuid(), 'w-test', now() + interval '1 hour', NULLIF($1, ''),
+		       now() - make_interval(secs => $2) FROM n
+		RETURNING id`, providerMsgID, ago.Seconds()).Scan(&id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +213,7 @@ func TestReviewAndStatusNeedTheOperatorRole(t *testing.T) {
 				r := c.in(t).loginAs(pool, group).run("", cmd)
 				is.Equal(r.code, 1) // a runtime error
 				oneErrorLine(t, r)
-				is.True(strings.Contains(r.stderr, cmd+" needs the notifier_operator role: permission denied for table ")) // the role to grant, and the privilege missing
+				is.True(strings.Contains(r.stderr, cmd+" needs the notifier_operator role: permission denied for ")) // the role to grant, and the privilege missing (a table, or schema/018's function)
 				is.Equal(r.stdout, "")
 			})
 		}

@@ -10,6 +10,57 @@ import (
 	"time"
 )
 
+const TaskAlertGauges = `-- name: TaskAlertGauges :one
+WITH RECURSIVE channels AS (
+    (SELECT t.channel FROM delivery_task t WHERE t.next_attempt_at IS NOT NULL ORDER BY t.channel LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.channel FROM delivery_task t
+            WHERE t.next_attempt_at IS NOT NULL AND t.channel > c.channel
+            ORDER BY t.channel LIMIT 1)
+    FROM channels c
+    WHERE c.channel IS NOT NULL
+), due AS (
+    SELECT (SELECT t.next_attempt_at FROM delivery_task t
+            WHERE t.channel = c.channel AND t.next_attempt_at IS NOT NULL AND t.next_attempt_at <= now()
+            ORDER BY t.next_attempt_at LIMIT 1) AS since
+    FROM channels c
+    WHERE c.channel IS NOT NULL
+), parked AS (
+    SELECT count(*) AS tasks, min(t.updated_at) AS since FROM delivery_task t WHERE t.needs_review
+)
+SELECT (SELECT p.tasks FROM parked p)::bigint AS parked,
+       coalesce(extract(epoch FROM now() - (SELECT p.since FROM parked p)), 0)::float8 AS oldest_parked_seconds,
+       coalesce(extract(epoch FROM now() - (SELECT min(d.since) FROM due d)), 0)::float8 AS oldest_due_seconds,
+       notifier_late_accepted_count()::bigint AS late_accepted
+`
+
+type TaskAlertGaugesRow struct {
+	Parked              int64
+	OldestParkedSeconds float64
+	OldestDueSeconds    float64
+	LateAccepted        int64
+}
+
+// What the alert rules watch, fleet-wide, for `notifier work --metrics-addr` (every worker reads it every
+// 15 s; the rules take the max over workers). Reads only. Each part costs what there is to show, not the
+// backlog: parked tasks (how many, and since when the oldest waits: TaskPark set its updated_at) by
+// delivery_task_parked_idx; the oldest due task as TaskOldestReady measures it, but found by a skip scan
+// of delivery_task_ready_idx (the first entry of each channel, then the first due entry per channel:
+// a cost that grows with the channels, where a min() over the index would read every waiting task);
+// late acceptances by schema/018's notifier_late_accepted_count(), as status counts them (the worker
+// role may run that function, and read nothing of delivery_receipt).
+func (q *Queries) TaskAlertGauges(ctx context.Context) (TaskAlertGaugesRow, error) {
+	row := q.db.QueryRow(ctx, TaskAlertGauges)
+	var i TaskAlertGaugesRow
+	err := row.Scan(
+		&i.Parked,
+		&i.OldestParkedSeconds,
+		&i.OldestDueSeconds,
+		&i.LateAccepted,
+	)
+	return i, err
+}
+
 const TaskClaim = `-- name: TaskClaim :many
 WITH lease_expired AS (
     SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
@@ -180,17 +231,11 @@ func (q *Queries) TaskCountByChannelState(ctx context.Context) ([]TaskCountByCha
 }
 
 const TaskCountLateAccepted = `-- name: TaskCountLateAccepted :one
-SELECT count(*)::bigint AS tasks
-FROM delivery_task t
-WHERE (t.id IN (SELECT a.task_id FROM delivery_attempt a
-                WHERE a.late_outcome IN ('ACCEPTED', 'ACCEPTED_REPLAY', 'QUERY_FOUND'))
-       OR t.id IN (SELECT r.task_id FROM delivery_receipt r WHERE r.effect = 'CONTRADICTS')
-       OR t.receipt_at IS NOT NULL)
-  AND t.state IN ('FAILED', 'SUPPRESSED')
+SELECT notifier_late_accepted_count()::bigint AS tasks
 `
 
 // How many final "not sent" tasks later evidence contradicts (see TaskListLateAccepted), for notifier
-// status.
+// status: schema/018's notifier_late_accepted_count(), which the alert gauges count with too.
 func (q *Queries) TaskCountLateAccepted(ctx context.Context) (int64, error) {
 	row := q.db.QueryRow(ctx, TaskCountLateAccepted)
 	var tasks int64

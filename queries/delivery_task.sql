@@ -338,14 +338,8 @@ LIMIT @max_rows;
 
 -- name: TaskCountLateAccepted :one
 -- How many final "not sent" tasks later evidence contradicts (see TaskListLateAccepted), for notifier
--- status.
-SELECT count(*)::bigint AS tasks
-FROM delivery_task t
-WHERE (t.id IN (SELECT a.task_id FROM delivery_attempt a
-                WHERE a.late_outcome IN ('ACCEPTED', 'ACCEPTED_REPLAY', 'QUERY_FOUND'))
-       OR t.id IN (SELECT r.task_id FROM delivery_receipt r WHERE r.effect = 'CONTRADICTS')
-       OR t.receipt_at IS NOT NULL)
-  AND t.state IN ('FAILED', 'SUPPRESSED');
+-- status: schema/018's notifier_late_accepted_count(), which the alert gauges count with too.
+SELECT notifier_late_accepted_count()::bigint AS tasks;
 
 -- name: TaskCountByChannelState :many
 -- Counts for notifier status.
@@ -359,3 +353,34 @@ ORDER BY channel, state, needs_review;
 SELECT coalesce(extract(epoch FROM now() - min(next_attempt_at)), 0)::float8 AS age_seconds
 FROM delivery_task
 WHERE next_attempt_at IS NOT NULL AND next_attempt_at <= now();
+
+-- name: TaskAlertGauges :one
+-- What the alert rules watch, fleet-wide, for `notifier work --metrics-addr` (every worker reads it every
+-- 15 s; the rules take the max over workers). Reads only. Each part costs what there is to show, not the
+-- backlog: parked tasks (how many, and since when the oldest waits: TaskPark set its updated_at) by
+-- delivery_task_parked_idx; the oldest due task as TaskOldestReady measures it, but found by a skip scan
+-- of delivery_task_ready_idx (the first entry of each channel, then the first due entry per channel:
+-- a cost that grows with the channels, where a min() over the index would read every waiting task);
+-- late acceptances by schema/018's notifier_late_accepted_count(), as status counts them (the worker
+-- role may run that function, and read nothing of delivery_receipt).
+WITH RECURSIVE channels AS (
+    (SELECT t.channel FROM delivery_task t WHERE t.next_attempt_at IS NOT NULL ORDER BY t.channel LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.channel FROM delivery_task t
+            WHERE t.next_attempt_at IS NOT NULL AND t.channel > c.channel
+            ORDER BY t.channel LIMIT 1)
+    FROM channels c
+    WHERE c.channel IS NOT NULL
+), due AS (
+    SELECT (SELECT t.next_attempt_at FROM delivery_task t
+            WHERE t.channel = c.channel AND t.next_attempt_at IS NOT NULL AND t.next_attempt_at <= now()
+            ORDER BY t.next_attempt_at LIMIT 1) AS since
+    FROM channels c
+    WHERE c.channel IS NOT NULL
+), parked AS (
+    SELECT count(*) AS tasks, min(t.updated_at) AS since FROM delivery_task t WHERE t.needs_review
+)
+SELECT (SELECT p.tasks FROM parked p)::bigint AS parked,
+       coalesce(extract(epoch FROM now() - (SELECT p.since FROM parked p)), 0)::float8 AS oldest_parked_seconds,
+       coalesce(extract(epoch FROM now() - (SELECT min(d.since) FROM due d)), 0)::float8 AS oldest_due_seconds,
+       notifier_late_accepted_count()::bigint AS late_accepted;

@@ -376,3 +376,31 @@ func deref(s *string) string {
 	}
 	return *s
 }
+
+// AlertGauges is what the alert rules watch, fleet-wide (deploy/prometheus/notifier-rules.yml,
+// docs/operations.md#alerts-and-dashboard): `notifier work --metrics-addr` reads it on an interval and
+// exports it as gauges.
+type AlertGauges struct {
+	Parked              int64   // tasks waiting for a human now (as Status.Parked)
+	OldestParkedSeconds float64 // since the longest-waiting of them was parked; 0 when none
+	OldestDueSeconds    float64 // how long the longest-waiting due task has waited (as Status.OldestReadySeconds)
+	LateAccepted        int64   // as Status.LateAccepted
+	RateLimits          []Bucket
+}
+
+// AlertGauges reads the gauges in two statements (TaskAlertGauges, RateLimitList), each costing what
+// there is to show rather than the size of the backlog. A worker's role may run it (it counts late
+// acceptances through schema/018's function, reading no receipt); a user the database refuses gets a
+// *PermissionError.
+func (n *Notifier) AlertGauges(ctx context.Context) (AlertGauges, error) {
+	row, err := n.q.TaskAlertGauges(ctx)
+	if err != nil {
+		return AlertGauges{}, needsRole("alert gauges", RoleWorker, fmt.Errorf("read the alert gauges: %w", err))
+	}
+	buckets, err := n.RateLimits(ctx)
+	if err != nil {
+		return AlertGauges{}, needsRole("alert gauges", RoleWorker, err)
+	}
+	return AlertGauges{Parked: row.Parked, OldestParkedSeconds: row.OldestParkedSeconds,
+		OldestDueSeconds: row.OldestDueSeconds, LateAccepted: row.LateAccepted, RateLimits: buckets}, nil
+}
