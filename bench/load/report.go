@@ -71,8 +71,8 @@ type Report struct {
 	Finishes         int     `json:"finishes"`
 	AnswersPerFinish float64 `json:"answers_per_finish"`
 	CreateToSentMS   Latency `json:"create_to_sent_ms"`
-	ClaimMS          Latency `json:"claim_ms"`  // a carried claim's includes its finish
-	FinishMS         Latency `json:"finish_ms"` // a finish carrying a claim's includes the claim
+	ClaimMS          Latency `json:"claim_ms"`  // each claim timed alone
+	FinishMS         Latency `json:"finish_ms"` // each finish timed alone
 	CallMS           Latency `json:"call_ms"`   // each call as the worker timed it
 
 	DBXactsPerDelivery float64 `json:"db_xacts_per_delivery"`
