@@ -9,6 +9,8 @@ package service_test
 import (
 	"context"
 	"errors"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -692,6 +694,47 @@ func TestStateMachineAllCovered(t *testing.T) {
 	for name := range policies {
 		if name != "" && !strings.HasPrefix(name, "delivery_") {
 			t.Errorf("case names policy %q, not one of the schema's", name)
+		}
+	}
+}
+
+// TestStateMachineEveryOutcomeOfAnOpenCall records each outcome the CHECK constraint allows (read from
+// the catalog, so that a new outcome is covered when it is added) on an open SEND and an open QUERY
+// attempt of a live holder, as the owner and as the worker. Only a call's own outcomes pass (schema/019
+// lets them through by the trigger's WHEN, schema/010's function decides the rest); LEASE_EXPIRED is
+// refused because the holder's lease is live, every other outcome because it does not fit the action.
+func TestStateMachineEveryOutcomeOfAnOpenCall(t *testing.T) {
+	t.Parallel()
+	owner, pools := smWorld(t)
+	var def string
+	is.New(t).NoErr(owner.QueryRow(context.Background(), `SELECT pg_get_constraintdef(oid) FROM pg_constraint
+		WHERE conname = 'delivery_attempt_outcome_check'`).Scan(&def)) // the outcomes the schema allows
+	var outcomes []string
+	for _, m := range regexp.MustCompile(`'([A-Z0-9_]+)'`).FindAllStringSubmatch(def, -1) {
+		outcomes = append(outcomes, m[1])
+	}
+	is.New(t).True(len(outcomes) >= 22) // 015's list when this test was written
+
+	fits := map[string][]string{ // fixture -> the outcomes of its open attempt's action
+		"sending": {"ACCEPTED", "ACCEPTED_REPLAY", "TIMEOUT", "IO_ERROR", "IN_FLIGHT", "MALFORMED_RESPONSE",
+			"HTTP_5XX", "THROTTLED", "CONNECT_FAILED", "REJECTED", "GATEWAY_ERROR"},
+		"querying": {"QUERY_FOUND", "QUERY_NOT_FOUND", "QUERY_FAILED"},
+	}
+	for fixture, own := range fits {
+		for _, outcome := range outcomes {
+			want := smRefused("delivery_attempt_outcome_fits_action", "outcome")
+			switch {
+			case slices.Contains(own, outcome):
+				want = smOne
+			case outcome == "LEASE_EXPIRED":
+				want = smRefused("delivery_attempt_follows_task", "outcome")
+			}
+			for _, role := range []string{smOwner, smWorker} {
+				t.Run(fixture+"/"+outcome+"/"+role, func(t *testing.T) {
+					smCheck(t, owner, pools[role], smFixture(t, owner, fixture), false,
+						`UPDATE delivery_attempt SET outcome = '`+outcome+`', finished_at = now() WHERE task_id = $1 AND outcome IS NULL`, want)
+				})
+			}
 		}
 	}
 }
