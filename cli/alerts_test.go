@@ -21,6 +21,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/service"
 )
 
 // What ships for Prometheus and Grafana (docs/operations.md#alerts-and-dashboard).
@@ -37,9 +38,25 @@ type metricsExporter struct {
 }
 
 // metricsExporters are the processes whose metrics the rules and the dashboard may name. Another one
-// (the console, say) is one more line here.
+// is one more line here.
 var metricsExporters = []metricsExporter{
 	{"notifier work", startMeasuredWorker},
+	{"notifier console", startMeasuredConsole},
+}
+
+// startMeasuredConsole runs `notifier console --metrics-addr 127.0.0.1:0` under the operator role with
+// a users file and returns its metrics address once it serves (its counters start at 0 for every label,
+// so each name is exposed before anyone signs in). The console is stopped at the end of the test.
+func startMeasuredConsole(t *testing.T, c notifierCLI, pool *pgxpool.Pool) string {
+	t.Helper()
+	p := c.loginAs(pool, service.RoleOperator).start("--log-format", "json", "console", "--listen", "127.0.0.1:0",
+		"--users-file", consoleUsers(t, c, "pw-of-alice"), "--metrics-addr", "127.0.0.1:0")
+	t.Cleanup(func() { p.stop(syscall.SIGTERM) })
+	consoleURL(t, p) // it serves its pages too
+	addr := metricsAddr(t, p)
+	body := scrape(t, "http://"+addr+"/metrics")
+	is.New(t).True(strings.Contains(body, `notifier_console_sign_ins_total{result="wrong_password"} 0`)) // its counters start at 0
+	return addr
 }
 
 // TestAlertRulesAndDashboardNameExportedMetrics: every metric an alert rule's expr or a dashboard
@@ -298,7 +315,7 @@ func TestDashboardQueriesParse(t *testing.T) {
 	}
 	var rules []rule
 	for i, q := range dashboardExprs(t) {
-		expr := strings.NewReplacer("$__rate_interval", "5m", "$job", "notifier").Replace(q.expr)
+		expr := strings.NewReplacer("$__rate_interval", "5m", "$job", "notifier", "$console_job", "notifier-console").Replace(q.expr)
 		rules = append(rules, rule{Record: fmt.Sprintf("dashboard:query_%d", i), Expr: expr})
 	}
 	out, err := yaml.Marshal(map[string]any{"groups": []map[string]any{{"name": "dashboard", "rules": rules}}})
