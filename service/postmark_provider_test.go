@@ -4,8 +4,6 @@ package service_test
 // of kind postmark, the Postmark fake, a real database.
 
 import (
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
-	"github.com/notifierhq/notifier/service/channelconfig"
 	"github.com/notifierhq/notifier/service/delivery"
 )
 
@@ -24,26 +21,8 @@ const postmarkTestToken = "pm-service-test-4e3d2c"
 // short query_settle so the test need not wait Postmark's default.
 func (e *env) postmarkDispatcher(f *fakes.Postmark, configure ...func(*service.DispatcherConfig)) *dispatcher {
 	e.t.Helper()
-	path := filepath.Join(e.t.TempDir(), "channels.toml")
 	file := "[channels.email]\nkind = \"postmark\"\nserver_token_env = \"T\"\nfrom = \"noreply@example.com\"\nquery_settle = \"500ms\"\nbase_url = \"" + f.URL() + "\"\n"
-	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
-		e.t.Fatal(err)
-	}
-	routes, err := channelconfig.Load(path, func(string) string { return postmarkTestToken })
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	cfg := service.DispatcherConfig{Worker: "w-postmark", Routes: routes,
-		Lease: 10 * time.Second, CallTimeout: 300 * time.Millisecond,
-		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond}}
-	for _, c := range configure {
-		c(&cfg)
-	}
-	d, err := service.NewDispatcher(e.ctx, e.workerPool, cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return &dispatcher{Dispatcher: d}
+	return e.channelsFileDispatcher("w-postmark", file, func(string) string { return postmarkTestToken }, configure...)
 }
 
 func startPostmark(t *testing.T) *fakes.Postmark {

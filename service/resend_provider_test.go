@@ -4,8 +4,6 @@ package service_test
 // kind resend, the Resend fake, a real database.
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,8 +11,6 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/fakes"
-	"github.com/notifierhq/notifier/service"
-	"github.com/notifierhq/notifier/service/channelconfig"
 	"github.com/notifierhq/notifier/service/delivery"
 )
 
@@ -23,22 +19,8 @@ const resendTestKey = "re_service_test_5d4c3b2a"
 // resendDispatcher serves channel "email" as a channels file of kind resend declares it, against f.
 func (e *env) resendDispatcher(f *fakes.Resend, key string) *dispatcher {
 	e.t.Helper()
-	path := filepath.Join(e.t.TempDir(), "channels.toml")
 	file := "[channels.email]\nkind = \"resend\"\napi_key_env = \"RESEND_API_KEY\"\nfrom = \"noreply@example.com\"\nbase_url = \"" + f.URL() + "\"\n"
-	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
-		e.t.Fatal(err)
-	}
-	routes, err := channelconfig.Load(path, func(string) string { return key })
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	d, err := service.NewDispatcher(e.ctx, e.workerPool, service.DispatcherConfig{Worker: "w-resend", Routes: routes,
-		Lease: 10 * time.Second, CallTimeout: 300 * time.Millisecond,
-		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond}})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return &dispatcher{Dispatcher: d}
+	return e.channelsFileDispatcher("w-resend", file, func(string) string { return key })
 }
 
 func startResend(t *testing.T) *fakes.Resend {

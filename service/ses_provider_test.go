@@ -8,8 +8,6 @@ import (
 	"bytes"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +16,6 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
-	"github.com/notifierhq/notifier/service/channelconfig"
 	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/receipts"
 )
@@ -34,25 +31,11 @@ const (
 // sesDispatcher serves channel "email" as a channels file of kind ses declares it.
 func (e *env) sesDispatcher(f *fakes.SES) *dispatcher {
 	e.t.Helper()
-	path := filepath.Join(e.t.TempDir(), "channels.toml")
 	file := "[channels.email]\nkind = \"ses\"\nregion = \"" + sesTestRegion + "\"\nfrom = \"" + sesTestFrom + "\"\n" +
 		"configuration_set = \"notifier-events\"\naccess_key_id_env = \"K\"\nsecret_access_key_env = \"S\"\nendpoint = \"" + f.URL() + "\"\n"
-	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
-		e.t.Fatal(err)
-	}
-	routes, err := channelconfig.Load(path, func(name string) string {
+	return e.channelsFileDispatcher("w-ses", file, func(name string) string {
 		return map[string]string{"K": sesTestKeyID, "S": sesTestSecret}[name]
 	})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	d, err := service.NewDispatcher(e.ctx, e.workerPool, service.DispatcherConfig{Worker: "w-ses", Routes: routes,
-		Lease: 10 * time.Second, CallTimeout: 300 * time.Millisecond,
-		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond}})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return &dispatcher{Dispatcher: d}
 }
 
 func startSES(t *testing.T) *fakes.SES {

@@ -8,8 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +16,6 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
-	"github.com/notifierhq/notifier/service/channelconfig"
 	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/receipts"
 )
@@ -33,23 +30,9 @@ const (
 // twilioDispatcher serves channel "sms" as a channels file of kind twilio declares it.
 func (e *env) twilioDispatcher(f *fakes.Twilio) *dispatcher {
 	e.t.Helper()
-	path := filepath.Join(e.t.TempDir(), "channels.toml")
 	file := "[channels.sms]\nkind = \"twilio\"\naccount_sid = \"" + twilioTestAccount + "\"\nauth_token_env = \"T\"\n" +
 		"from = \"+15017122661\"\nstatus_callback_url = \"" + twilioCallback + "\"\nbase_url = \"" + f.URL() + "\"\n"
-	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
-		e.t.Fatal(err)
-	}
-	routes, err := channelconfig.Load(path, func(string) string { return twilioTestToken })
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	d, err := service.NewDispatcher(e.ctx, e.workerPool, service.DispatcherConfig{Worker: "w-twilio", Routes: routes,
-		Lease: 10 * time.Second, CallTimeout: 300 * time.Millisecond,
-		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond}})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return &dispatcher{Dispatcher: d}
+	return e.channelsFileDispatcher("w-twilio", file, func(string) string { return twilioTestToken })
 }
 
 func startTwilio(t *testing.T) *fakes.Twilio {
