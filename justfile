@@ -52,6 +52,11 @@ bench-vs-river *args: _pgtmp
 bench-create-jsonl *args: _pgtmp
     "{{ pgtmp }}" -migrate -- sh bench/create-jsonl.sh "$@"
 
+# Count the instructions one delivery costs the database (bench/cost.sh: a throwaway PostgreSQL under valgrind's callgrind, repeatable to 0.5% where CPU time moves by 10%; docs/benchmarks.md#instructions-per-delivery); args: [--batch N] [--group N] [VARIANT.sql ...], each variant's SQL applied to a copy of the migrated database
+bench-cost *args:
+    @sh internal/tools/install-debs valgrind || echo "just bench-cost: valgrind could not be installed" >&2
+    DBMATE="{{ dbmate }}" sh bench/cost.sh "$@"
+
 # Run the failover soak (docs/testing.md#failover-soak): creates and `notifier work` processes on a throwaway pg_auto_failover cluster (installed with apt when missing) whose primary is SIGKILLed -ha.failovers times (5) and rejoined, the invariants checked, then the asynchronous negative controls; args go to `go test`, e.g. `just ha-soak -ha.failovers 10 -ha.control=false`
 ha-soak *args:
     sh internal/tools/install-debs postgresql-15-auto-failover pg-auto-failover-cli

@@ -102,11 +102,11 @@ var schemaViolations = []schemaViolation{
 	{"pref/duplicate user and channel", `INSERT INTO channel_pref (user_id, channel, address) VALUES ('u1', 'push', 'other')`, schemaErrUnique, "channel_pref_pkey", "", ""},
 	{"pref/empty user", `INSERT INTO channel_pref (user_id, channel, address) VALUES ('', 'push', 'a')`, schemaErrCheck, "channel_pref_user_id_check", "", ""},
 	{"pref/user of 201 chars", `INSERT INTO channel_pref (user_id, channel, address) VALUES (repeat('u', 201), 'push', 'a')`, schemaErrCheck, "channel_pref_user_id_check", "", ""},
-	{"pref/channel upper case", `INSERT INTO channel_pref (user_id, channel, address) VALUES ('u1', 'Push', 'a')`, schemaErrCheck, "channel_pref_channel_check", "", ""},
-	{"pref/channel empty", `INSERT INTO channel_pref (user_id, channel, address) VALUES ('u1', '', 'a')`, schemaErrCheck, "channel_pref_channel_check", "", ""},
-	{"pref/channel with space", `INSERT INTO channel_pref (user_id, channel, address) VALUES ('u1', 'a b', 'a')`, schemaErrCheck, "channel_pref_channel_check", "", ""},
-	{"pref/channel of 33 chars", `INSERT INTO channel_pref (user_id, channel, address) VALUES ('u1', repeat('a', 33), 'a')`, schemaErrCheck, "channel_pref_channel_check", "", ""},
-	{"pref/channel starting with digit", `INSERT INTO channel_pref (user_id, channel, address) VALUES ('u1', '1push', 'a')`, schemaErrCheck, "channel_pref_channel_check", "", ""},
+	{"pref/channel upper case", `INSERT INTO channel_pref (user_id, channel, address) VALUES ('u1', 'Push', 'a')`, schemaErrCheck, "notifier_channel_check", "", ""},
+	{"pref/channel empty", `INSERT INTO channel_pref (user_id, channel, address) VALUES ('u1', '', 'a')`, schemaErrCheck, "notifier_channel_check", "", ""},
+	{"pref/channel with space", `INSERT INTO channel_pref (user_id, channel, address) VALUES ('u1', 'a b', 'a')`, schemaErrCheck, "notifier_channel_check", "", ""},
+	{"pref/channel of 33 chars", `INSERT INTO channel_pref (user_id, channel, address) VALUES ('u1', repeat('a', 33), 'a')`, schemaErrCheck, "notifier_channel_check", "", ""},
+	{"pref/channel starting with digit", `INSERT INTO channel_pref (user_id, channel, address) VALUES ('u1', '1push', 'a')`, schemaErrCheck, "notifier_channel_check", "", ""},
 	{"pref/address empty", `INSERT INTO channel_pref (user_id, channel, address) VALUES ('u1', 'sms', '')`, schemaErrCheck, "channel_pref_address_check", "", ""},
 	{"pref/address of 1001 chars", `INSERT INTO channel_pref (user_id, channel, address) VALUES ('u1', 'sms', repeat('a', 1001))`, schemaErrCheck, "channel_pref_address_check", "", ""},
 	{"pref/version 0", `UPDATE channel_pref SET version = 0`, schemaErrCheck, "channel_pref_version_check", "", ""},
@@ -138,10 +138,10 @@ var schemaViolations = []schemaViolation{
 	{"task/ref reused", `INSERT INTO delivery_task (notification_id, channel, max_attempts, ref) VALUES (` + schemaBaseNotification + `, 'other', 3,
 		(SELECT ref FROM delivery_task WHERE channel = 'push'))`, schemaErrUnique, "delivery_task_ref_key", "", ""},
 	{"task/ref not one of ours", `INSERT INTO delivery_task (notification_id, channel, max_attempts, ref) VALUES (` + schemaBaseNotification + `, 'other', 3,
-		'order-1')`, schemaErrCheck, "delivery_task_ref_check", "", ""},
+		'order-1')`, schemaErrCheck, "notifier_task_ref_check", "", ""},
 	{"task/ref upper-case uuid", `INSERT INTO delivery_task (notification_id, channel, max_attempts, ref) VALUES (` + schemaBaseNotification + `, 'other', 3,
-		upper(gen_random_uuid()::text))`, schemaErrCheck, "delivery_task_ref_check", "", ""},
-	{"task/channel upper case", `INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES (` + schemaBaseNotification + `, 'SMS', 3)`, schemaErrCheck, "delivery_task_channel_check", "", ""},
+		upper(gen_random_uuid()::text))`, schemaErrCheck, "notifier_task_ref_check", "", ""},
+	{"task/channel upper case", `INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES (` + schemaBaseNotification + `, 'SMS', 3)`, schemaErrCheck, "notifier_channel_check", "", ""},
 	{"task/state 7th value", `UPDATE delivery_task SET state = 'DELIVERED', next_attempt_at = NULL`, schemaErrCheck, "delivery_task_state_check", "", ""},
 	{"task/state lower case", `UPDATE delivery_task SET state = 'pending', next_attempt_at = NULL`, schemaErrCheck, "delivery_task_state_check", "", ""},
 	{"task/attempt_count negative", `UPDATE delivery_task SET attempt_count = -1`, schemaErrCheck, "delivery_task_attempt_count_check", "", ""},
@@ -234,8 +234,8 @@ var schemaViolations = []schemaViolation{
 
 	// channel_rate_limit (schema/014)
 	{"rate/duplicate channel", `INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES ('push', 1, 1, 1)`, schemaErrUnique, "channel_rate_limit_pkey", "", ""},
-	{"rate/channel upper case", `INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES ('SMS', 1, 1, 1)`, schemaErrCheck, "channel_rate_limit_channel_check", "", ""},
-	{"rate/channel of 33 chars", `INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES (repeat('a', 33), 1, 1, 1)`, schemaErrCheck, "channel_rate_limit_channel_check", "", ""},
+	{"rate/channel upper case", `INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES ('SMS', 1, 1, 1)`, schemaErrCheck, "notifier_channel_check", "", ""},
+	{"rate/channel of 33 chars", `INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES (repeat('a', 33), 1, 1, 1)`, schemaErrCheck, "notifier_channel_check", "", ""},
 	{"rate/rate 0", `UPDATE channel_rate_limit SET rate = 0`, schemaErrCheck, "channel_rate_limit_rate_check", "", ""},
 	{"rate/rate negative", `UPDATE channel_rate_limit SET rate = -1`, schemaErrCheck, "channel_rate_limit_rate_check", "", ""},
 	{"rate/rate over a million a second", `UPDATE channel_rate_limit SET rate = 1000001`, schemaErrCheck, "channel_rate_limit_rate_check", "", ""},
@@ -345,7 +345,13 @@ func TestSchemaConstraintsAllCovered(t *testing.T) {
 		WHERE s.nspname = 'public'
 		  AND r.relkind = 'r' AND r.relname <> 'schema_migrations' -- every table of ours (dbmate's is not)
 		  AND c.contype IN ('p', 'u', 'f', 'c')
-		ORDER BY c.conname`)
+		UNION ALL -- and every domain's CHECK (schema/020)
+		SELECT c.conname
+		FROM pg_constraint c
+		JOIN pg_type d ON d.oid = c.contypid
+		JOIN pg_namespace s ON s.oid = d.typnamespace
+		WHERE s.nspname = 'public' AND c.contype = 'c'
+		ORDER BY 1`)
 	is.NoErr(err) // list the schema's constraints
 	var names []string
 	for rows.Next() {

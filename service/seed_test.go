@@ -170,6 +170,11 @@ func TestNC1ClaimWithoutLock(t *testing.T) {
 	const unsafeSelect = `SELECT id FROM delivery_task WHERE state IN ('PENDING','UNKNOWN') AND next_attempt_at <= now() ORDER BY id LIMIT 1`
 	const unsafeUpdate = `UPDATE delivery_task SET state = 'SENDING', attempt_token = gen_random_uuid(), lease_owner = $2,
 		lease_until = now() + interval '30 seconds', next_attempt_at = NULL, attempt_count = attempt_count + 1 WHERE id = $1`
+	// The same claim with the attempt row the database wants with every counted attempt, written by the
+	// same statement (schema/021).
+	const unsafeClaim = `WITH c AS (` + unsafeUpdate + ` RETURNING id, attempt_count, attempt_token, lease_owner)
+		INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
+		SELECT id, attempt_count, attempt_token, 'SEND', lease_owner FROM c`
 	// Each claimer runs the unsafe claim in its own transaction; the second reads before the first commits.
 	race := func(openAttempt bool) (ids [2]int64, tags [2]int64, errs [2]error) {
 		t.Helper()
@@ -181,12 +186,12 @@ func TestNC1ClaimWithoutLock(t *testing.T) {
 			txs[i] = tx
 			is.NoErr(tx.QueryRow(e.ctx, unsafeSelect).Scan(&ids[i]))
 		}
+		claim := unsafeUpdate
+		if openAttempt {
+			claim = unsafeClaim
+		}
 		for i, tx := range txs {
-			tag, err := tx.Exec(e.ctx, unsafeUpdate, ids[i], fmt.Sprintf("w%d", i+1))
-			if err == nil && openAttempt { // the attempt row the database wants with every counted attempt
-				_, err = tx.Exec(e.ctx, `INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
-					SELECT id, attempt_count, attempt_token, 'SEND', lease_owner FROM delivery_task WHERE id = $1`, ids[i])
-			}
+			tag, err := tx.Exec(e.ctx, claim, ids[i], fmt.Sprintf("w%d", i+1))
 			if err == nil {
 				err = tx.Commit(e.ctx)
 			}
