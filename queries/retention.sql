@@ -18,8 +18,8 @@
 --     through queries/) is left alone: delivery_attempt_retention_only would refuse it.
 --   * attempts only with their task: attempts are deleted for the picked tasks only, and all of them
 --     before the first task (del_tasks waits for the count of del_attempts), so the trigger
---     delivery_attempt_retention_only still finds each task in its terminal state; the foreign key from
---     delivery_attempt refuses a task deleted while one of its attempts stays.
+--     delivery_attempt_retention_only still finds each task in its terminal state; the trigger
+--     delivery_task_attempts_kept (schema/022) refuses a task deleted while one of its attempts stays.
 --   * a notification only when none of its tasks remains: it goes only if the tasks this statement
 --     deletes are all the tasks it has; any other task of it, finished or not, keeps it (the foreign key
 --     from delivery_task would refuse it anyway).

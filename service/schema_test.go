@@ -172,13 +172,13 @@ var schemaViolations = []schemaViolation{
 		schemaErrCheck, "delivery_task_unknown_is_uncertain", "", ""},
 	{"task/max_attempts missing", `INSERT INTO delivery_task (notification_id, channel) VALUES (` + schemaBaseNotification + `, 'sms')`, schemaErrNotNull, "", "max_attempts", ""},
 	{"task/state null", `UPDATE delivery_task SET state = NULL`, schemaErrNotNull, "", "state", ""},
-	{"task/delete with an attempt", `DELETE FROM delivery_task`, schemaErrForeignKey, "delivery_attempt_task_id_fkey", "", ""},
+	{"task/delete with an attempt", `DELETE FROM delivery_task`, schemaErrForeignKey, "delivery_task_attempts_kept", "", ""},
 
 	// delivery_attempt
 	{"attempt/duplicate id", `INSERT INTO delivery_attempt (id, task_id, attempt_no, attempt_token, action, worker) OVERRIDING SYSTEM VALUE
 		SELECT id, task_id, 2, gen_random_uuid(), 'SEND', 'w1' FROM delivery_attempt`, schemaErrUnique, "delivery_attempt_pkey", "", ""},
 	{"attempt/unknown task", `INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
-		VALUES (999999999, 1, gen_random_uuid(), 'SEND', 'w1')`, schemaErrForeignKey, "delivery_attempt_task_id_fkey", "", ""},
+		VALUES (999999999, 1, gen_random_uuid(), 'SEND', 'w1')`, schemaErrIntegrity, "delivery_attempt_follows_task", "task_id", ""},
 	{"attempt/reused token", `INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
 		VALUES (` + schemaBaseTask + `, 2, ` + schemaBaseToken + `, 'SEND', 'w2')`, schemaErrUnique, "delivery_attempt_attempt_token_key", "", ""},
 	{"attempt/reused attempt_no", `INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)

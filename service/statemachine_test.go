@@ -644,6 +644,7 @@ func TestStateMachineAllCovered(t *testing.T) {
 		"delivery_receipt_append_only": `SELECT has_table_privilege('notifier_worker', 'delivery_receipt', 'UPDATE')
 			OR has_table_privilege('notifier_worker', 'delivery_receipt', 'DELETE')
 			OR has_table_privilege('notifier_worker', 'delivery_receipt', 'TRUNCATE')`,
+		"delivery_task_attempts_kept": `SELECT has_table_privilege('notifier_worker', 'delivery_task', 'DELETE')`,
 		"delivery_attempt_retention_only": `SELECT has_table_privilege('notifier_worker', 'delivery_attempt', 'DELETE')
 			OR has_table_privilege('notifier_worker', 'delivery_attempt', 'TRUNCATE')
 			OR has_table_privilege('notifier_worker', 'delivery_task', 'TRUNCATE')`,
