@@ -89,6 +89,13 @@ LEFT JOIN LATERAL (
 -- repeats the claim's (due and waiting, or SENDING with an expired lease, on the same transaction's
 -- clock), so no other row can be started; an attempt row is opened exactly for each task started, with
 -- that task's new token and attempt number (schema/010 checks both at commit).
+-- Only a waiting task has a next_attempt_at (PENDING, or UNKNOWN and not parked: CHECK
+-- delivery_task_scheduled_iff_waiting), so the ELSE branch is the due condition of TaskClaim.
+-- The state condition is a CASE so that no index can answer it: each task is found by its key, from
+-- @ids. Written as plain comparisons, it matched the claim indexes (lease_until, next_attempt_at), and a
+-- generic plan made while those indexes held few due tasks (a drained queue, a new database) scanned
+-- every due task and compared each with every id: 850 ms for a claim of 256 behind a backlog of 7,000,
+-- growing with the backlog (TestStartAttemptsGenericPlanLooksUpByKey).
 WITH started AS (
     UPDATE delivery_task t
     SET state             = 'SENDING',
@@ -105,8 +112,7 @@ WITH started AS (
                  unnest(@outcome_uncertain::bool[]) AS outcome_uncertain,
                  unnest(@actions::text[]) AS action) AS u
     WHERE t.id = u.id
-      AND ((t.state = 'SENDING' AND t.lease_until < now())
-           OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review AND t.next_attempt_at <= now()))
+      AND CASE t.state WHEN 'SENDING' THEN t.lease_until < now() ELSE t.next_attempt_at <= now() END
     RETURNING t.id, t.attempt_token, t.attempt_count, t.lease_until, u.action
 ), opened AS (
     INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)

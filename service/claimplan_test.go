@@ -457,3 +457,142 @@ func TestClaimGenericPlanLooksUpByKey(t *testing.T) {
 		})
 	}
 }
+
+// TaskStartAttempts starts the tasks a claim locked, by their ids. On the generic plan a worker runs it
+// with, the ids are an array of unknown length, so the planner weighs the claim indexes against them:
+// with statistics taken while the queue was drained (every task finished: no next_attempt_at, no lease,
+// as a quiet period leaves them), it reckons one due task, and a plan that scans every due task and
+// compares each with every id wins. Then each claim behind a burst costs backlog x ids comparisons.
+// The production SQL finds each task by its key, from the ids, however the statistics read; the
+// negative control, the state condition written as plain comparisons (as it was), scans the backlog.
+func TestStartAttemptsGenericPlanLooksUpByKey(t *testing.T) {
+	e := newEnv(t)
+	ctx := e.ctx
+	is := is.New(t)
+	e.user("u1", "push", "sms")
+	// Finished history, as a drained queue leaves it (written directly: the fixture, not the protocol).
+	_, err := e.pool.Exec(ctx, `
+		WITH n AS (
+			INSERT INTO notification (user_id, event_key, body, expires_at)
+			SELECT 'u1', 'done-' || g, 'body', now() + interval '1 day' FROM generate_series(1, 20000) AS g
+			RETURNING id
+		)
+		INSERT INTO delivery_task (notification_id, channel, max_attempts, state, next_attempt_at)
+		SELECT n.id, 'push', 3, 'SENT', NULL FROM n`)
+	is.NoErr(err)
+	_, err = e.pool.Exec(ctx, `ANALYZE delivery_task`)
+	is.NoErr(err) // statistics: nothing due, nothing leased
+	// Then a burst: 4,000 due tasks the statistics do not know of.
+	_, err = e.pool.Exec(ctx, `
+		WITH n AS (
+			INSERT INTO notification (user_id, event_key, body, expires_at)
+			SELECT 'u1', 'burst-' || g, 'body', now() + interval '1 day' FROM generate_series(1, 4000) AS g
+			RETURNING id
+		)
+		INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
+		SELECT n.id, 'push', 3, now() FROM n`)
+	is.NoErr(err)
+
+	caseForm := regexp.MustCompile(`AND CASE t\.state .* END\n`)
+	is.True(caseForm.MatchString(dbgen.TaskStartAttempts)) // the state condition is a CASE
+	plainForm := caseForm.ReplaceAllString(dbgen.TaskStartAttempts, `AND ((t.state = 'SENDING' AND t.lease_until < now())
+           OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review AND t.next_attempt_at <= now()))
+`)
+	const claimed = 64
+	for _, c := range []struct {
+		name  string
+		sql   string
+		byKey bool
+	}{
+		{"TaskStartAttempts", dbgen.TaskStartAttempts, true},
+		{"negative control: plain comparisons", plainForm, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			is := is.New(t)
+			tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+			is.NoErr(err)
+			defer func() { _ = tx.Rollback(context.Background()) }()
+			var ids []int64
+			rows, err := tx.Query(ctx, `SELECT id FROM delivery_task WHERE next_attempt_at IS NOT NULL ORDER BY id LIMIT $1 FOR UPDATE`, claimed)
+			is.NoErr(err)
+			ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+			is.NoErr(err)
+			is.Equal(len(ids), claimed)
+			idList, tokens, uncertain, actions := make([]string, claimed), make([]string, claimed), make([]string, claimed), make([]string, claimed)
+			for i, id := range ids {
+				idList[i], tokens[i] = strconv.FormatInt(id, 10), fmt.Sprintf("00000000-0000-4000-8000-%012d", i)
+				uncertain[i], actions[i] = "false", "SEND"
+			}
+			for _, stmt := range []string{`SET LOCAL plan_cache_mode = force_generic_plan`,
+				`PREPARE start_generic (text, float8, bigint[], text[], bool[], text[]) AS ` + c.sql} {
+				_, err := tx.Exec(ctx, stmt)
+				is.NoErr(err)
+			}
+			defer func() { _, _ = tx.Exec(ctx, `DEALLOCATE start_generic`) }()
+			array := func(items []string) string { return "'{" + strings.Join(items, ",") + "}'" }
+			p := explainClaim(t, tx, fmt.Sprintf(`EXECUTE start_generic('w1', 60, %s, %s, %s, %s)`,
+				array(idList), array(tokens), array(uncertain), array(actions)), nil)
+			is.Equal(p.rootRows, float64(claimed)) // every locked task started
+			if (p.rows["delivery_task"] <= claimed) != c.byKey {
+				t.Logf("plan:\n%s", p.json)
+			}
+			t.Logf("%s: %v delivery_task rows read for %d tasks", c.name, p.rows["delivery_task"], claimed)
+			is.Equal(p.rows["delivery_task"] <= claimed, c.byKey) // each task read once, by key (the control reads the burst)
+			is.Equal(p.indexes["delivery_task_pkey"], c.byKey)
+		})
+	}
+}
+
+// TaskStartAttempts starts only a task a claim may take, whatever ids it is given: due and waiting, or
+// SENDING with a lease run out on the database clock. Its state condition repeats the claim's, so no
+// other row is started even by a caller that passes the wrong ids.
+func TestStartAttemptsStartsOnlyClaimableTasks(t *testing.T) {
+	e := newEnv(t)
+	ctx := e.ctx
+	is := is.New(t)
+	e.user("u1", "push")
+	// One task per case, written directly (the fixture, not the protocol).
+	cases := []struct {
+		name      string
+		columns   string // state and the columns it needs
+		uncertain bool   // an UNKNOWN task, and one whose lease ran out, start uncertain (the state machine holds to it)
+		starts    bool
+	}{
+		{"pending, due", `'PENDING', false, now(), NULL, NULL, NULL, false, NULL, 0`, false, true},
+		{"pending, due later", `'PENDING', false, now() + interval '1 hour', NULL, NULL, NULL, false, NULL, 0`, false, false},
+		{"unknown, due", `'UNKNOWN', false, now(), NULL, NULL, NULL, true, now(), 1`, true, true},
+		{"unknown, parked", `'UNKNOWN', true, NULL, NULL, NULL, NULL, true, now(), 1`, true, false},
+		{"sending, lease live", `'SENDING', false, NULL, now() + interval '1 hour', gen_random_uuid(), 'w0', false, NULL, 1`, false, false},
+		{"sending, lease run out", `'SENDING', false, NULL, now() - interval '1 second', gen_random_uuid(), 'w0', false, NULL, 1`, true, true},
+		{"sent", `'SENT', false, NULL, NULL, NULL, NULL, false, NULL, 1`, false, false},
+	}
+	ids := make([]int64, len(cases))
+	for i, c := range cases {
+		err := e.pool.QueryRow(ctx, `
+			WITH n AS (
+				INSERT INTO notification (user_id, event_key, body, expires_at)
+				VALUES ('u1', $1, 'body', now() + interval '1 day') RETURNING id
+			)
+			INSERT INTO delivery_task (notification_id, channel, max_attempts, state, needs_review, next_attempt_at,
+			                           lease_until, attempt_token, lease_owner, outcome_uncertain, uncertain_since, attempt_count)
+			SELECT n.id, 'push', 3, `+c.columns+` FROM n
+			RETURNING id`, "case-"+strconv.Itoa(i)).Scan(&ids[i])
+		is.NoErr(err) // the fixture's row
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			is := is.New(t)
+			tx, err := e.pool.Begin(ctx)
+			is.NoErr(err)
+			defer func() { _ = tx.Rollback(context.Background()) }()
+			started, err := dbgen.New(tx).TaskStartAttempts(ctx, dbgen.TaskStartAttemptsParams{
+				Worker: "w1", LeaseSeconds: 60, IDs: []int64{ids[i]},
+				AttemptTokens:    []string{"00000000-0000-4000-8000-000000000001"},
+				OutcomeUncertain: []bool{c.uncertain},
+				Actions:          []string{"SEND"},
+			})
+			is.NoErr(err)
+			is.Equal(len(started) == 1, c.starts) // started exactly when a claim may take it
+		})
+	}
+}
