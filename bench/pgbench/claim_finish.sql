@@ -83,8 +83,7 @@ WITH started AS (
                  unnest('{f}'::bool[]) AS outcome_uncertain,
                  unnest('{SEND}'::text[]) AS action) AS u
     WHERE t.id = u.id
-      AND ((t.state = 'SENDING' AND t.lease_until < now())
-           OR (t.state IN ('PENDING', 'UNKNOWN') AND NOT t.needs_review AND t.next_attempt_at <= now()))
+      AND CASE t.state WHEN 'SENDING' THEN t.lease_until < now() ELSE t.next_attempt_at <= now() END
     RETURNING t.id, t.attempt_token, t.attempt_count, t.lease_until, u.action
 ), opened AS (
     INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
