@@ -443,7 +443,7 @@ FROM delivery_attempt a
 JOIN delivery_task t ON t.id = a.task_id AND t.attempt_token = a.attempt_token
 WHERE a.attempt_token = ANY (CAST($1::text[] AS uuid[]))
   AND t.state = 'SENDING'
-  AND t.lease_until > now()
+  AND (t.lease_until > now()) IS TRUE
 `
 
 type TaskHeldByTokensRow struct {
@@ -458,7 +458,9 @@ type TaskHeldByTokensRow struct {
 // tasks' tokens now. No call was made yet, and the lease is live (nobody else may take the tasks), so
 // the claimer calls them as it would have; without this each such task waited for its lease to run out
 // and was then taken over as uncertain: parked, on a channel that can neither dedupe nor be asked.
-// Through the attempt rows' unique token index, then the task by key.
+// Through the attempt rows' unique token index, then the task by key. The lease is tested `IS TRUE`,
+// which no index answers, so a generic plan made on a drained queue's statistics cannot walk every live
+// lease instead (as AttemptMarkLeaseExpired; TestLeaseQueriesGenericPlansLookUpByKey).
 func (q *Queries) TaskHeldByTokens(ctx context.Context, attemptTokens []string) ([]TaskHeldByTokensRow, error) {
 	rows, err := q.db.Query(ctx, TaskHeldByTokens, attemptTokens)
 	if err != nil {

@@ -128,13 +128,15 @@ FROM started s;
 -- tasks' tokens now. No call was made yet, and the lease is live (nobody else may take the tasks), so
 -- the claimer calls them as it would have; without this each such task waited for its lease to run out
 -- and was then taken over as uncertain: parked, on a channel that can neither dedupe nor be asked.
--- Through the attempt rows' unique token index, then the task by key.
+-- Through the attempt rows' unique token index, then the task by key. The lease is tested `IS TRUE`,
+-- which no index answers, so a generic plan made on a drained queue's statistics cannot walk every live
+-- lease instead (as AttemptMarkLeaseExpired; TestLeaseQueriesGenericPlansLookUpByKey).
 SELECT t.id, t.attempt_count, t.lease_until::timestamptz AS lease_until, a.attempt_token::text AS attempt_token
 FROM delivery_attempt a
 JOIN delivery_task t ON t.id = a.task_id AND t.attempt_token = a.attempt_token
 WHERE a.attempt_token = ANY (CAST(@attempt_tokens::text[] AS uuid[]))
   AND t.state = 'SENDING'
-  AND t.lease_until > now();
+  AND (t.lease_until > now()) IS TRUE;
 
 -- name: TaskSettleWithoutCall :one
 -- Claim-time decision not to call (preference disabled, notification expired). Guards R5 and R6: the

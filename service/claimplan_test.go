@@ -596,3 +596,140 @@ func TestStartAttemptsStartsOnlyClaimableTasks(t *testing.T) {
 		})
 	}
 }
+
+// AttemptMarkLeaseExpired (a takeover closes the lost holder's attempt) and TaskHeldByTokens (a claim
+// whose commit's answer was lost finds its tasks) start from tokens and read each task by its key. With
+// statistics of a drained queue, a plain comparison of lease_until let their generic plans walk every
+// expired (or live) lease and compare each with every token instead: after a crash, when leases expire
+// by the thousand. The production SQL tests the lease IS TRUE, which no index answers; the negative
+// controls, the plain comparisons, walk the leases.
+func TestLeaseQueriesGenericPlansLookUpByKey(t *testing.T) {
+	e := newEnv(t)
+	ctx := e.ctx
+	is := is.New(t)
+	e.user("u1", "push")
+	// Finished history, analyzed (nothing leased), then 4,000 held tasks the statistics do not know of,
+	// half of their leases run out, each with its open attempt (the fixture, not the protocol).
+	_, err := e.pool.Exec(ctx, `
+		WITH n AS (
+			INSERT INTO notification (user_id, event_key, body, expires_at)
+			SELECT 'u1', 'done-' || g, 'body', now() + interval '1 day' FROM generate_series(1, 20000) AS g
+			RETURNING id
+		)
+		INSERT INTO delivery_task (notification_id, channel, max_attempts, state, next_attempt_at)
+		SELECT n.id, 'push', 3, 'SENT', NULL FROM n`)
+	is.NoErr(err)
+	_, err = e.pool.Exec(ctx, `ANALYZE delivery_task`)
+	is.NoErr(err)
+	_, err = e.pool.Exec(ctx, `
+		WITH n AS (
+			INSERT INTO notification (user_id, event_key, body, expires_at)
+			SELECT 'u1', 'held-' || g, 'body', now() + interval '1 day' FROM generate_series(1, 4000) AS g
+			RETURNING id, event_key
+		)
+		INSERT INTO delivery_task (notification_id, channel, max_attempts, state, next_attempt_at, lease_until,
+		                           attempt_token, lease_owner, attempt_count)
+		SELECT n.id, 'push', 3, 'SENDING', NULL,
+		       CASE WHEN substr(n.event_key, 6)::int % 2 = 0 THEN now() - interval '1 minute' ELSE now() + interval '1 hour' END,
+		       gen_random_uuid(), 'w0', 1
+		FROM n`)
+	is.NoErr(err)
+	_, err = e.pool.Exec(ctx, `
+		INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
+		SELECT id, 1, attempt_token, 'SEND', 'w0' FROM delivery_task WHERE state = 'SENDING'`)
+	is.NoErr(err)
+	tokens := func(leaseRanOut bool) string {
+		var list []string
+		err := e.pool.QueryRow(ctx, `
+			SELECT array_agg(attempt_token::text ORDER BY id) FROM (
+				SELECT id, attempt_token FROM delivery_task
+				WHERE state = 'SENDING' AND (lease_until < now()) = $1 ORDER BY id LIMIT 64) x`, leaseRanOut).Scan(&list)
+		is.NoErr(err)
+		is.Equal(len(list), 64)
+		return "'{" + strings.Join(list, ",") + "}'"
+	}
+	plain := strings.NewReplacer("(t.lease_until < now()) IS TRUE", "t.lease_until < now()",
+		"(t.lease_until > now()) IS TRUE", "t.lease_until > now()")
+	for _, c := range []struct {
+		name   string
+		sql    string
+		tokens string
+		byKey  bool
+	}{
+		{"AttemptMarkLeaseExpired", dbgen.AttemptMarkLeaseExpired, tokens(true), true},
+		{"negative control: AttemptMarkLeaseExpired, plain comparison", plain.Replace(dbgen.AttemptMarkLeaseExpired), tokens(true), false},
+		{"TaskHeldByTokens", dbgen.TaskHeldByTokens, tokens(false), true},
+		{"negative control: TaskHeldByTokens, plain comparison", plain.Replace(dbgen.TaskHeldByTokens), tokens(false), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			is := is.New(t)
+			is.Equal(c.byKey, c.sql == dbgen.AttemptMarkLeaseExpired || c.sql == dbgen.TaskHeldByTokens) // a control is not the production SQL
+			tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+			is.NoErr(err)
+			defer func() { _ = tx.Rollback(context.Background()) }()
+			for _, stmt := range []string{`SET LOCAL plan_cache_mode = force_generic_plan`,
+				`PREPARE lease_generic (text[]) AS ` + c.sql} {
+				_, err := tx.Exec(ctx, stmt)
+				is.NoErr(err)
+			}
+			defer func() { _, _ = tx.Exec(ctx, `DEALLOCATE lease_generic`) }()
+			p := explainClaim(t, tx, `EXECUTE lease_generic(`+c.tokens+`)`, nil)
+			if (p.rows["delivery_task"] <= 64) != c.byKey {
+				t.Logf("plan:\n%s", p.json)
+			}
+			t.Logf("%s: %v delivery_task rows read for 64 tokens", c.name, p.rows["delivery_task"])
+			is.Equal(p.rows["delivery_task"] <= 64, c.byKey) // each task read once, by key (the control walks the leases)
+		})
+	}
+}
+
+// The lease conditions of the two token-keyed queries, on their own: a takeover closes only the attempt
+// of a holder whose lease ran out (a live holder's attempt stays open for its finish), and a claimer
+// that lost its commit's answer finds only tasks it still holds under a live lease.
+func TestLeaseQueriesHonourTheLease(t *testing.T) {
+	e := newEnv(t)
+	ctx := e.ctx
+	is := is.New(t)
+	e.user("u1", "push")
+	token := map[bool]string{} // by whether the lease ran out
+	for _, ranOut := range []bool{false, true} {
+		lease := "now() + interval '1 hour'"
+		if ranOut {
+			lease = "now() - interval '1 second'"
+		}
+		var tok string
+		err := e.pool.QueryRow(ctx, `
+			WITH n AS (
+				INSERT INTO notification (user_id, event_key, body, expires_at)
+				VALUES ('u1', $1, 'body', now() + interval '1 day') RETURNING id
+			), t AS (
+				INSERT INTO delivery_task (notification_id, channel, max_attempts, state, next_attempt_at, lease_until,
+				                           attempt_token, lease_owner, attempt_count)
+				SELECT n.id, 'push', 3, 'SENDING', NULL, `+lease+`, gen_random_uuid(), 'w0', 1 FROM n
+				RETURNING id, attempt_token
+			)
+			INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
+			SELECT id, 1, attempt_token, 'SEND', 'w0' FROM t
+			RETURNING attempt_token::text`, fmt.Sprint("held-", ranOut)).Scan(&tok)
+		is.NoErr(err) // the fixture: a held task and its open attempt
+		token[ranOut] = tok
+	}
+	q := dbgen.New(e.pool)
+
+	held, err := q.TaskHeldByTokens(ctx, []string{token[false], token[true]})
+	is.NoErr(err)
+	is.Equal(len(held), 1)                       // only the task still held under a live lease
+	is.Equal(held[0].AttemptToken, token[false]) // is found by its token
+
+	for _, ranOut := range []bool{false, true} {
+		t.Run(fmt.Sprint("lease ran out: ", ranOut), func(t *testing.T) {
+			is := is.New(t)
+			tx, err := e.pool.Begin(ctx)
+			is.NoErr(err)
+			defer func() { _ = tx.Rollback(context.Background()) }()
+			closed, err := dbgen.New(tx).AttemptMarkLeaseExpired(ctx, []string{token[ranOut]})
+			is.NoErr(err)
+			is.Equal(closed == 1, ranOut) // closed exactly when the holder's lease ran out
+		})
+	}
+}
