@@ -260,14 +260,43 @@ func explainClaim(t *testing.T, tx pgx.Tx, sql string, args []any) claimPlan {
 // (plan_cache_mode = force_generic_plan), executed with args.
 func explainGeneric(t *testing.T, tx pgx.Tx, sql, args string) claimPlan {
 	t.Helper()
+	return explainGenericAs(t, tx, "text, int", sql, args)
+}
+
+// explainGenericAs is explainGeneric for a statement whose parameters have the given types; args are
+// SQL literals (EXECUTE takes no bound parameters: sqlArray writes an array).
+func explainGenericAs(t *testing.T, tx pgx.Tx, types, sql, args string) claimPlan {
+	t.Helper()
 	ctx := context.Background()
-	for _, stmt := range []string{`SET LOCAL plan_cache_mode = force_generic_plan`, `PREPARE claim_generic (text, int) AS ` + sql} {
+	for _, stmt := range []string{`SET LOCAL plan_cache_mode = force_generic_plan`, `PREPARE generic_plan (` + types + `) AS ` + sql} {
 		if _, err := tx.Exec(ctx, stmt); err != nil {
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
-	defer func() { _, _ = tx.Exec(ctx, `DEALLOCATE claim_generic`) }()
-	return explainClaim(t, tx, `EXECUTE claim_generic(`+args+`)`, nil)
+	defer func() { _, _ = tx.Exec(ctx, `DEALLOCATE generic_plan`) }()
+	return explainClaim(t, tx, `EXECUTE generic_plan(`+args+`)`, nil)
+}
+
+// sqlArray writes items as an array literal for explainGenericAs.
+func sqlArray(items []string) string { return "'{" + strings.Join(items, ",") + "}'" }
+
+// drainQueueStatistics gives delivery_task the statistics of a drained queue: 20,000 finished tasks of
+// u1's push channel (written directly: the fixture, not the protocol), analyzed, so that the planner
+// reckons nothing due and nothing leased. What a test adds afterwards the statistics do not know of.
+func drainQueueStatistics(t *testing.T, e *env) {
+	t.Helper()
+	is := is.New(t)
+	_, err := e.pool.Exec(e.ctx, `
+		WITH n AS (
+			INSERT INTO notification (user_id, event_key, body, expires_at)
+			SELECT 'u1', 'done-' || g, 'body', now() + interval '1 day' FROM generate_series(1, 20000) AS g
+			RETURNING id
+		)
+		INSERT INTO delivery_task (notification_id, channel, max_attempts, state, next_attempt_at)
+		SELECT n.id, 'push', 3, 'SENT', NULL FROM n`)
+	is.NoErr(err) // finished history
+	_, err = e.pool.Exec(e.ctx, `ANALYZE delivery_task`)
+	is.NoErr(err) // statistics: nothing due, nothing leased
 }
 
 // claimPlanNode is the part of an EXPLAIN (FORMAT JSON) node this test reads.
@@ -470,20 +499,9 @@ func TestStartAttemptsGenericPlanLooksUpByKey(t *testing.T) {
 	ctx := e.ctx
 	is := is.New(t)
 	e.user("u1", "push", "sms")
-	// Finished history, as a drained queue leaves it (written directly: the fixture, not the protocol).
-	_, err := e.pool.Exec(ctx, `
-		WITH n AS (
-			INSERT INTO notification (user_id, event_key, body, expires_at)
-			SELECT 'u1', 'done-' || g, 'body', now() + interval '1 day' FROM generate_series(1, 20000) AS g
-			RETURNING id
-		)
-		INSERT INTO delivery_task (notification_id, channel, max_attempts, state, next_attempt_at)
-		SELECT n.id, 'push', 3, 'SENT', NULL FROM n`)
-	is.NoErr(err)
-	_, err = e.pool.Exec(ctx, `ANALYZE delivery_task`)
-	is.NoErr(err) // statistics: nothing due, nothing leased
+	drainQueueStatistics(t, e)
 	// Then a burst: 4,000 due tasks the statistics do not know of.
-	_, err = e.pool.Exec(ctx, `
+	_, err := e.pool.Exec(ctx, `
 		WITH n AS (
 			INSERT INTO notification (user_id, event_key, body, expires_at)
 			SELECT 'u1', 'burst-' || g, 'body', now() + interval '1 day' FROM generate_series(1, 4000) AS g
@@ -523,15 +541,8 @@ func TestStartAttemptsGenericPlanLooksUpByKey(t *testing.T) {
 				idList[i], tokens[i] = strconv.FormatInt(id, 10), fmt.Sprintf("00000000-0000-4000-8000-%012d", i)
 				uncertain[i], actions[i] = "false", "SEND"
 			}
-			for _, stmt := range []string{`SET LOCAL plan_cache_mode = force_generic_plan`,
-				`PREPARE start_generic (text, float8, bigint[], text[], bool[], text[]) AS ` + c.sql} {
-				_, err := tx.Exec(ctx, stmt)
-				is.NoErr(err)
-			}
-			defer func() { _, _ = tx.Exec(ctx, `DEALLOCATE start_generic`) }()
-			array := func(items []string) string { return "'{" + strings.Join(items, ",") + "}'" }
-			p := explainClaim(t, tx, fmt.Sprintf(`EXECUTE start_generic('w1', 60, %s, %s, %s, %s)`,
-				array(idList), array(tokens), array(uncertain), array(actions)), nil)
+			p := explainGenericAs(t, tx, "text, float8, bigint[], text[], bool[], text[]", c.sql,
+				fmt.Sprintf("'w1', 60, %s, %s, %s, %s", sqlArray(idList), sqlArray(tokens), sqlArray(uncertain), sqlArray(actions)))
 			is.Equal(p.rootRows, float64(claimed)) // every locked task started
 			if (p.rows["delivery_task"] <= claimed) != c.byKey {
 				t.Logf("plan:\n%s", p.json)
@@ -608,20 +619,10 @@ func TestLeaseQueriesGenericPlansLookUpByKey(t *testing.T) {
 	ctx := e.ctx
 	is := is.New(t)
 	e.user("u1", "push")
-	// Finished history, analyzed (nothing leased), then 4,000 held tasks the statistics do not know of,
-	// half of their leases run out, each with its open attempt (the fixture, not the protocol).
+	drainQueueStatistics(t, e)
+	// Then 4,000 held tasks the statistics do not know of, half of their leases run out, each with its
+	// open attempt (the fixture, not the protocol).
 	_, err := e.pool.Exec(ctx, `
-		WITH n AS (
-			INSERT INTO notification (user_id, event_key, body, expires_at)
-			SELECT 'u1', 'done-' || g, 'body', now() + interval '1 day' FROM generate_series(1, 20000) AS g
-			RETURNING id
-		)
-		INSERT INTO delivery_task (notification_id, channel, max_attempts, state, next_attempt_at)
-		SELECT n.id, 'push', 3, 'SENT', NULL FROM n`)
-	is.NoErr(err)
-	_, err = e.pool.Exec(ctx, `ANALYZE delivery_task`)
-	is.NoErr(err)
-	_, err = e.pool.Exec(ctx, `
 		WITH n AS (
 			INSERT INTO notification (user_id, event_key, body, expires_at)
 			SELECT 'u1', 'held-' || g, 'body', now() + interval '1 day' FROM generate_series(1, 4000) AS g
@@ -646,7 +647,7 @@ func TestLeaseQueriesGenericPlansLookUpByKey(t *testing.T) {
 				WHERE state = 'SENDING' AND (lease_until < now()) = $1 ORDER BY id LIMIT 64) x`, leaseRanOut).Scan(&list)
 		is.NoErr(err)
 		is.Equal(len(list), 64)
-		return "'{" + strings.Join(list, ",") + "}'"
+		return sqlArray(list)
 	}
 	plain := strings.NewReplacer("(t.lease_until < now()) IS TRUE", "t.lease_until < now()",
 		"(t.lease_until > now()) IS TRUE", "t.lease_until > now()")
@@ -667,13 +668,7 @@ func TestLeaseQueriesGenericPlansLookUpByKey(t *testing.T) {
 			tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 			is.NoErr(err)
 			defer func() { _ = tx.Rollback(context.Background()) }()
-			for _, stmt := range []string{`SET LOCAL plan_cache_mode = force_generic_plan`,
-				`PREPARE lease_generic (text[]) AS ` + c.sql} {
-				_, err := tx.Exec(ctx, stmt)
-				is.NoErr(err)
-			}
-			defer func() { _, _ = tx.Exec(ctx, `DEALLOCATE lease_generic`) }()
-			p := explainClaim(t, tx, `EXECUTE lease_generic(`+c.tokens+`)`, nil)
+			p := explainGenericAs(t, tx, "text[]", c.sql, c.tokens)
 			if (p.rows["delivery_task"] <= 64) != c.byKey {
 				t.Logf("plan:\n%s", p.json)
 			}
