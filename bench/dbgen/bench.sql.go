@@ -130,6 +130,42 @@ func (q *Queries) BenchPlanWithoutBitmapScans(ctx context.Context) error {
 	return err
 }
 
+const BenchProbePrefs = `-- name: BenchProbePrefs :exec
+INSERT INTO channel_pref (user_id, channel, address, enabled)
+SELECT 'u' || g, c, 'a' || g, true
+FROM generate_series(1, 1000) AS g, unnest(ARRAY['push', 'sms']) AS c
+ON CONFLICT DO NOTHING
+`
+
+// costprobe: 1,000 users (u1..u1000) with push and sms enabled, kept from one round to the next.
+func (q *Queries) BenchProbePrefs(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, BenchProbePrefs)
+	return err
+}
+
+const BenchProbeTasks = `-- name: BenchProbeTasks :exec
+WITH n AS (
+    INSERT INTO notification (user_id, event_key, body, expires_at)
+    SELECT 'u' || (g % 1000 + 1), $1::text || '-' || g, 'hello ' || g, now() + interval '1 hour'
+    FROM generate_series(1, $2::int) AS g
+    RETURNING id
+)
+INSERT INTO delivery_task (notification_id, channel, max_attempts)
+SELECT n.id, c, 5 FROM n, unnest(ARRAY['push', 'sms']) AS c
+`
+
+type BenchProbeTasksParams struct {
+	Run    string
+	Events int32
+}
+
+// costprobe: @events new events of those users (keys @run-1..@run-N), each with a due push and sms task,
+// written directly as the table owner (the probe measures the claim and the finish, not the create).
+func (q *Queries) BenchProbeTasks(ctx context.Context, arg BenchProbeTasksParams) error {
+	_, err := q.db.Exec(ctx, BenchProbeTasks, arg.Run, arg.Events)
+	return err
+}
+
 const BenchRunCheck = `-- name: BenchRunCheck :one
 SELECT (SELECT count(*) FROM notification n
         WHERE left(n.user_id, length($1::text)) = $1::text)::bigint AS notifications,

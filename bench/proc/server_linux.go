@@ -57,6 +57,16 @@ func (s *Server) Used() (time.Duration, error) {
 	return time.Duration(ticks) * time.Second / clockTicks, nil
 }
 
+// ProcessCPU is the CPU time (user + system) process pid has used so far: one backend's, where Used is
+// the whole server's.
+func ProcessCPU(pid int) (time.Duration, error) {
+	f, err := procStat(pid)
+	if err != nil {
+		return 0, fmt.Errorf("the server's backend %d is not a process here: %w", pid, err)
+	}
+	return time.Duration(sumFields(f, 11, 12)) * time.Second / clockTicks, nil // utime stime
+}
+
 // procStat is /proc/PID/stat split into fields after the command name: [0] is the state (field 3).
 func procStat(pid int) ([]string, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))

@@ -17,3 +17,6 @@ func NewServer(int) (*Server, error) {
 
 // Used is not measured here.
 func (s *Server) Used() (time.Duration, error) { return 0, errors.ErrUnsupported }
+
+// ProcessCPU is not measured here.
+func ProcessCPU(int) (time.Duration, error) { return 0, errors.ErrUnsupported }

@@ -163,3 +163,22 @@ SELECT current_setting('server_version')::text     AS server_version,
 -- The process id of this connection's backend. The bench reads the server's CPU time from /proc through
 -- it (its parent is the postmaster) when PostgreSQL runs on the bench's machine.
 SELECT pg_backend_pid()::int AS pid;
+
+-- name: BenchProbePrefs :exec
+-- costprobe: 1,000 users (u1..u1000) with push and sms enabled, kept from one round to the next.
+INSERT INTO channel_pref (user_id, channel, address, enabled)
+SELECT 'u' || g, c, 'a' || g, true
+FROM generate_series(1, 1000) AS g, unnest(ARRAY['push', 'sms']) AS c
+ON CONFLICT DO NOTHING;
+
+-- name: BenchProbeTasks :exec
+-- costprobe: @events new events of those users (keys @run-1..@run-N), each with a due push and sms task,
+-- written directly as the table owner (the probe measures the claim and the finish, not the create).
+WITH n AS (
+    INSERT INTO notification (user_id, event_key, body, expires_at)
+    SELECT 'u' || (g % 1000 + 1), @run::text || '-' || g, 'hello ' || g, now() + interval '1 hour'
+    FROM generate_series(1, @events::int) AS g
+    RETURNING id
+)
+INSERT INTO delivery_task (notification_id, channel, max_attempts)
+SELECT n.id, c, 5 FROM n, unnest(ARRAY['push', 'sms']) AS c;

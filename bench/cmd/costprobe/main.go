@@ -18,11 +18,12 @@ import (
 	"io"
 	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/notifierhq/notifier/bench/dbgen"
+	"github.com/notifierhq/notifier/bench/proc"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
 )
@@ -72,8 +73,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return usageError{err}
 	}
-	poolCfg.MaxConns = 1 // every claim and finish on one backend, the one measured
-	poolCfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan" // as notifier work runs
+	poolCfg.MaxConns = 1                            // every claim and finish on one backend, the one measured
+	service.ConfigureWorkerConn(poolCfg.ConnConfig) // the generic plans notifier work runs
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return err
@@ -96,14 +97,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		if err := addTasks(ctx, admin, fmt.Sprintf("costprobe-%d-%d", time.Now().UnixNano(), round), cfg.notifications); err != nil {
 			return err
 		}
-		var pid int
-		if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		pid, err := dbgen.New(pool).BenchBackendPID(ctx)
+		if err != nil {
 			return err
 		}
 		if cfg.printPID {
 			fmt.Fprintf(stdout, "pid %d\n", pid)
 		}
-		before, err := cpuTime(pid, cfg.printPID)
+		before, err := backendCPU(int(pid), cfg.printPID)
 		if err != nil {
 			return err
 		}
@@ -113,7 +114,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			return err
 		}
 		took := time.Since(started)
-		after, err := cpuTime(pid, cfg.printPID)
+		after, err := backendCPU(int(pid), cfg.printPID)
 		if err != nil {
 			return err
 		}
@@ -130,25 +131,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 // addTasks inserts count events (keys run-i) for 1000 users who have push and sms enabled, a task per
 // channel each, as the table owner, and analyzes, as the bench does before a deliver phase.
 func addTasks(ctx context.Context, admin *pgxpool.Pool, run string, count int) error {
-	for _, sql := range []string{
-		`INSERT INTO channel_pref (user_id, channel, address, enabled)
-		 SELECT 'u' || g, c, 'a' || g, true FROM generate_series(1, 1000) g, unnest(ARRAY['push', 'sms']) c
-		 ON CONFLICT DO NOTHING`,
-		`WITH n AS (
-		   INSERT INTO notification (user_id, event_key, body, expires_at)
-		   SELECT 'u' || (g % 1000 + 1), $1 || '-' || g, 'hello ' || g, now() + interval '1 hour'
-		   FROM generate_series(1, $2::int) g RETURNING id)
-		 INSERT INTO delivery_task (notification_id, channel, max_attempts)
-		 SELECT n.id, c, 5 FROM n, unnest(ARRAY['push', 'sms']) c`,
-		`ANALYZE`,
-	} {
-		var args []any
-		if strings.Contains(sql, "$1") {
-			args = []any{run, count}
-		}
-		if _, err := admin.Exec(ctx, sql, args...); err != nil {
-			return fmt.Errorf("add tasks: %w", err)
-		}
+	q := dbgen.New(admin)
+	if err := q.BenchProbePrefs(ctx); err != nil {
+		return fmt.Errorf("add preferences: %w", err)
+	}
+	if err := q.BenchProbeTasks(ctx, dbgen.BenchProbeTasksParams{Run: run, Events: int32(count)}); err != nil {
+		return fmt.Errorf("add tasks: %w", err)
+	}
+	if err := q.BenchAnalyze(ctx); err != nil {
+		return fmt.Errorf("analyze: %w", err)
 	}
 	return nil
 }
@@ -184,26 +175,13 @@ func deliverAll(ctx context.Context, d *service.Dispatcher, batch, group int) (i
 	}
 }
 
-// cpuTime is the CPU time (user and system) process pid has used, from /proc (0 when skip).
-func cpuTime(pid int, skip bool) (time.Duration, error) {
+// backendCPU is the CPU time the measured backend has used (0 when skip: under callgrind the probe
+// reads nothing from /proc).
+func backendCPU(pid int, skip bool) (time.Duration, error) {
 	if skip {
 		return 0, nil
 	}
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, fmt.Errorf("the server's backend is not a process on this machine: %w", err)
-	}
-	s := string(data)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // after the command name: [0] is the state
-	var ticks int64
-	for _, f := range fields[11:13] { // utime, stime
-		v, err := strconv.ParseInt(f, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
-		}
-		ticks += v
-	}
-	return time.Duration(ticks) * time.Second / 100, nil // USER_HZ
+	return proc.ProcessCPU(pid)
 }
 
 // acceptAtOnce is a channel that accepts every message at once.
