@@ -25,6 +25,85 @@ import (
 // already committed locally").
 func TestClaimWhoseCommitAnswerWasLostIsRecovered(t *testing.T) {
 	is := is.New(t)
+	lc := newLostCommit(t)
+	attempts, claimErr := lc.claim(t, func() {})
+
+	is.NoErr(claimErr)         // the claim is recovered...
+	is.Equal(len(attempts), 3) // ...with all its tasks
+	is.Equal(lc.recovered, 3)
+	results, err := lc.d.FinishBatch(lc.ctx, attempts, lc.d.CallAll(lc.ctx, attempts))
+	is.NoErr(err)
+	for _, r := range results {
+		is.Equal(r.Kind, service.ResultSent) // called and recorded as the claim would have been
+		is.Equal(r.Attempt, 1)               // on its first attempt: no lease expiry, no park
+	}
+	is.Equal(lc.none.TotalSends(), 3) // one request each
+}
+
+// A claim whose commit's answer was lost, while the server fails every question after it (each asking
+// connection is terminated, as a failover or a restart breaks them): the claimer asks four times (once,
+// then three retries, finishRetryDelay apart), then gives up with the claim's error and calls nothing.
+// The tasks stay held under the claim's lease, to be taken over when it runs out, like a crash's. The
+// table lock that holds each question until its backend is terminated is taken while the claim's
+// COMMIT still waits, so the first question already meets it.
+func TestLostClaimRecoveryGivesUpAfterThreeRetries(t *testing.T) {
+	is := is.New(t)
+	lc := newLostCommit(t)
+	var (
+		asks    int
+		release func()
+		stop    = make(chan struct{})
+		asked   = make(chan struct{})
+	)
+	attempts, claimErr := lc.claim(t, func() {
+		release = lockAttemptsBehindClaim(t, lc)
+		go func() { // terminates each question of the claimer as it waits for the lock
+			defer close(asked)
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+				var terminated bool
+				err := lc.local.QueryRow(lc.ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+					WHERE application_name = 'claimer' AND wait_event_type = 'Lock'`).Scan(&terminated)
+				if err == nil && terminated {
+					asks++
+				}
+			}
+		}()
+	})
+	close(stop)
+	<-asked
+	release()
+
+	is.True(claimErr != nil) // given up: the claim's own error
+	is.Equal(len(attempts), 0)
+	is.Equal(lc.recovered, 0)
+	is.Equal(asks, 4) // the first question and three retries, no more
+	var held int
+	is.NoErr(lc.local.QueryRow(lc.ctx, `SELECT count(*) FROM delivery_task
+		WHERE state = 'SENDING' AND lease_until > now() AND attempt_count = 1`).Scan(&held))
+	is.Equal(held, 3)                 // the claim committed: its tasks wait for their lease
+	is.Equal(lc.none.TotalSends(), 0) // and none was called
+}
+
+// lostCommit is a claim of three tasks on a NONE channel whose COMMIT is written but whose answer is
+// lost. Played on a server of its own that waits for a standby that never comes
+// (synchronous_standby_names): the claim's COMMIT is written locally and then waits, and terminating
+// its backend then loses the answer of a commit that happened (PostgreSQL warns "the transaction has
+// already committed locally").
+type lostCommit struct {
+	ctx       context.Context
+	local     *pgxpool.Pool // the test's own sessions, committing locally
+	d         *service.Dispatcher
+	none      *fakes.Channel
+	recovered int // tasks reported by ClaimRecovered
+}
+
+func newLostCommit(t *testing.T) *lostCommit {
+	is := is.New(t)
 	ctx := context.Background()
 	srv, err := pgtest.StartServer(ctx)
 	if err != nil {
@@ -52,9 +131,9 @@ func TestClaimWhoseCommitAnswerWasLostIsRecovered(t *testing.T) {
 		_, _ = local.Exec(ctx, `SELECT pg_reload_conf()`)
 	})
 
-	none := fakes.Start(fakes.None)
-	t.Cleanup(none.Close)
-	client, err := httpchannel.New(none.URL(), httpchannel.Options{})
+	lc := &lostCommit{ctx: ctx, local: local, none: fakes.Start(fakes.None)}
+	t.Cleanup(lc.none.Close)
+	client, err := httpchannel.New(lc.none.URL(), httpchannel.Options{})
 	is.NoErr(err)
 	cfg, err := pgxpool.ParseConfig(srv.URL())
 	is.NoErr(err)
@@ -63,12 +142,16 @@ func TestClaimWhoseCommitAnswerWasLostIsRecovered(t *testing.T) {
 	workerPool, err := pgxpool.NewWithConfig(ctx, cfg)
 	is.NoErr(err)
 	t.Cleanup(workerPool.Close)
-	var recovered int
-	d, err := service.NewDispatcher(t.Context(), workerPool, service.DispatcherConfig{Worker: "w1",
+	lc.d, err = service.NewDispatcher(t.Context(), workerPool, service.DispatcherConfig{Worker: "w1",
 		Routes: map[string]delivery.Route{"none": {Mode: delivery.ModeNone, Client: client}}, Lease: 30 * time.Second,
-		ClaimRecovered: func(n int, _ error) { recovered += n }})
+		DBTimeout: 5 * time.Second, ClaimRecovered: func(n int, _ error) { lc.recovered += n }})
 	is.NoErr(err)
+	return lc
+}
 
+// claim runs ClaimBatch; once its COMMIT waits for the standby, it runs beforeLoss, then terminates the
+// claim's backend (the commit stays, its answer is lost) and lets commits go on without the standby.
+func (lc *lostCommit) claim(t *testing.T, beforeLoss func()) ([]*service.Attempt, error) {
 	var (
 		wg       sync.WaitGroup
 		attempts []*service.Attempt
@@ -77,33 +160,65 @@ func TestClaimWhoseCommitAnswerWasLostIsRecovered(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		attempts, _, claimErr = d.ClaimBatch(ctx, 10)
+		attempts, _, claimErr = lc.d.ClaimBatch(lc.ctx, 10)
 	}()
 	var pid int32
 	deadline := time.Now().Add(30 * time.Second)
-	for local.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = 'claimer' AND wait_event = 'SyncRep'`).Scan(&pid) != nil {
+	for lc.local.QueryRow(lc.ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = 'claimer' AND wait_event = 'SyncRep'`).Scan(&pid) != nil {
 		if time.Now().After(deadline) {
 			t.Fatal("the claim's commit never waited for the standby")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	beforeLoss()
 	// The claim is written locally and waits; terminated, it stays committed, and its answer is lost.
-	_, err = local.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid)
-	is.NoErr(err)
-	_, err = local.Exec(ctx, `ALTER SYSTEM RESET synchronous_standby_names`)
-	is.NoErr(err)
-	_, err = local.Exec(ctx, `SELECT pg_reload_conf()`)
-	is.NoErr(err)
-	wg.Wait()
-
-	is.NoErr(claimErr)         // the claim is recovered...
-	is.Equal(len(attempts), 3) // ...with all its tasks
-	is.Equal(recovered, 3)
-	results, err := d.FinishBatch(ctx, attempts, d.CallAll(ctx, attempts))
-	is.NoErr(err)
-	for _, r := range results {
-		is.Equal(r.Kind, service.ResultSent) // called and recorded as the claim would have been
-		is.Equal(r.Attempt, 1)               // on its first attempt: no lease expiry, no park
+	_, err := lc.local.Exec(lc.ctx, `SELECT pg_terminate_backend($1)`, pid)
+	if err == nil {
+		_, err = lc.local.Exec(lc.ctx, `ALTER SYSTEM RESET synchronous_standby_names`)
 	}
-	is.Equal(none.TotalSends(), 3) // one request each
+	if err == nil {
+		_, err = lc.local.Exec(lc.ctx, `SELECT pg_reload_conf()`)
+	}
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("lose the claim's commit answer: %v", err)
+	}
+	return attempts, claimErr
+}
+
+// lockAttemptsBehindClaim queues an ACCESS EXCLUSIVE lock on delivery_attempt behind the locks of the
+// claim whose COMMIT waits, so that it is granted as the claim's backend ends and every later statement
+// of the claimer on that table waits for it. release rolls it back.
+func lockAttemptsBehindClaim(t *testing.T, lc *lostCommit) (release func()) {
+	conn, err := lc.local.Acquire(lc.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin(lc.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int32
+	if err := tx.QueryRow(lc.ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	locked := make(chan error, 1)
+	go func() {
+		_, err := tx.Exec(lc.ctx, `LOCK TABLE delivery_attempt IN ACCESS EXCLUSIVE MODE`)
+		locked <- err
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for queued := false; !queued; {
+		if err := lc.local.QueryRow(lc.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND NOT granted)`, pid).Scan(&queued); err != nil || time.Now().After(deadline) {
+			t.Fatalf("the lock was never queued behind the claim: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return func() {
+		if err := <-locked; err != nil {
+			t.Errorf("lock delivery_attempt: %v", err)
+		}
+		_ = tx.Rollback(lc.ctx)
+		conn.Release()
+	}
 }

@@ -124,6 +124,31 @@ func TestRateLimitTakesOneTokenPerCall(t *testing.T) {
 	is.True(e.bucket("push").tokens < 0.51)
 }
 
+// RateLimited reports a claim that the bucket cut short, and only that: a claim with more tokens than
+// room is stopped by its own size, so it reports nothing, while one whose tokens ran out first does.
+func TestRateLimitReportsOnlyClaimsTheBucketCut(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.backlog("u1", "push", "t-", 10)
+	var held atomic.Int64
+	d := e.dispatcher(dcfg{rateLimits: map[string]delivery.RateLimit{"push": {PerSecond: slow, Burst: 10}},
+		onRate: func(ch string) {
+			if ch == "push" {
+				held.Add(1)
+			}
+		}})
+	e.setTokens("push", 8)
+	attempts, _, err := d.ClaimBatch(e.ctx, 4) // room for 4, 8 tokens
+	is.NoErr(err)
+	is.Equal(len(attempts), 4)
+	is.Equal(held.Load(), int64(0)) // the claim's size stopped it, not the bucket
+
+	attempts, _, err = d.ClaimBatch(e.ctx, 6) // room for 6, 4 tokens left
+	is.NoErr(err)
+	is.Equal(len(attempts), 4)
+	is.Equal(held.Load(), int64(1)) // the bucket stopped it
+}
+
 // When the peek promised more tokens than the take can grant (another worker took them in between),
 // the calls without a token are not made: their tasks stay exactly as they were, due at once, with no
 // attempt row, and a claim of the whole batch still commits the rest.
