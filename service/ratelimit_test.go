@@ -125,11 +125,13 @@ func TestRateLimitTakesOneTokenPerCall(t *testing.T) {
 }
 
 // RateLimited reports a claim that the bucket cut short, and only that: a claim with more tokens than
-// room is stopped by its own size, so it reports nothing, while one whose tokens ran out first does.
+// room is stopped by its own size, so it reports nothing, whether the limited channel comes first in the
+// claim or after another channel's tasks; one whose tokens ran out first does report.
 func TestRateLimitReportsOnlyClaimsTheBucketCut(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	e.backlog("u1", "push", "t-", 10)
+	e.backlog("u2", "sms", "s-", 2)
 	var held atomic.Int64
 	d := e.dispatcher(dcfg{rateLimits: map[string]delivery.RateLimit{"push": {PerSecond: slow, Burst: 10}},
 		onRate: func(ch string) {
@@ -138,14 +140,17 @@ func TestRateLimitReportsOnlyClaimsTheBucketCut(t *testing.T) {
 			}
 		}})
 	e.setTokens("push", 8)
-	attempts, _, err := d.ClaimBatch(e.ctx, 4) // room for 4, 8 tokens
-	is.NoErr(err)
-	is.Equal(len(attempts), 4)
-	is.Equal(held.Load(), int64(0)) // the claim's size stopped it, not the bucket
+	// Two claims of 4, one starting with each channel: 4 push tasks, and 2 sms tasks then 2 push.
+	for range 2 {
+		attempts, _, err := d.ClaimBatch(e.ctx, 4)
+		is.NoErr(err)
+		is.Equal(len(attempts), 4)
+	}
+	is.Equal(held.Load(), int64(0)) // the claims' size stopped them, not the bucket
 
-	attempts, _, err = d.ClaimBatch(e.ctx, 6) // room for 6, 4 tokens left
+	attempts, _, err := d.ClaimBatch(e.ctx, 6) // room for 6, 2 tokens left
 	is.NoErr(err)
-	is.Equal(len(attempts), 4)
+	is.Equal(len(attempts), 2)
 	is.Equal(held.Load(), int64(1)) // the bucket stopped it
 }
 
