@@ -88,6 +88,61 @@ func TestFinishSurvivesATerminatedConnection(t *testing.T) {
 	}
 }
 
+// A finish that fails transiently every time is sent again after 100, 200, 400 ms (and a quarter more
+// at most) for as long as the lease leaves a try its wait and minFinishTry (500 ms) before it runs out,
+// and then given up with the reason, the tasks left to lease expiry. With a lease of 2 s the fourth
+// retry would start with about 1.1 s left, less than its 0.8-1 s wait and 0.5 s: four sends in all.
+// Each send waits for a lock on its task and is terminated there.
+func TestFinishRetriesOnlyWhileTheLeaseLeavesTime(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "none")
+	e.create("u1", "e1", time.Hour, 3)
+	var retries []int
+	d := e.dispatcher(dcfg{lease: 2 * time.Second, timeout: 500 * time.Millisecond,
+		configure: func(c *service.DispatcherConfig) {
+			c.FinishRetried = func(_, try int, _ error) { retries = append(retries, try) }
+		}})
+	attempts, _, err := d.ClaimBatch(e.ctx, 10)
+	is.NoErr(err)
+	is.Equal(len(attempts), 1)
+	obs := d.CallAll(e.ctx, attempts)
+
+	blocker, err := e.pool.Begin(e.ctx)
+	is.NoErr(err)
+	defer func() { _ = blocker.Rollback(context.Background()) }()
+	_, err = blocker.Exec(e.ctx, `SELECT 1 FROM delivery_task WHERE id = $1 FOR UPDATE`, attempts[0].TaskID)
+	is.NoErr(err)
+	done := make(chan error, 1)
+	go func() {
+		_, ferr := d.FinishBatch(e.ctx, attempts, obs)
+		done <- ferr
+	}()
+	var (
+		sends int
+		ferr  error
+	)
+	for waiting := true; waiting; {
+		select {
+		case ferr = <-done:
+			waiting = false
+		case <-time.After(5 * time.Millisecond):
+			var terminated bool
+			err := e.pool.QueryRow(e.ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND query LIKE '%recorded_before%'`).Scan(&terminated)
+			if err == nil && terminated {
+				sends++
+			}
+		}
+	}
+	is.True(ferr != nil)
+	is.True(strings.Contains(ferr.Error(), "sent 4 times; no time left before the lease runs out")) // given up, saying why
+	is.Equal(sends, 4)                                                                              // the first send and three retries
+	is.Equal(retries, []int{0, 1, 2})                                                               // each announced
+	is.NoErr(blocker.Rollback(e.ctx))
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENDING'`), int64(1)) // left to lease expiry
+}
+
 // finishWhileTerminated runs FinishBatch (FinishBatchOnce without retry) while the connection running its statement is terminated by
 // the administrator (pg_terminate_backend): a lock on one task holds the statement until its backend
 // is found and terminated, then is let go.
