@@ -84,6 +84,30 @@ func TestBadRowCostsOnlyItselfInTheClaim(t *testing.T) {
 	}
 }
 
+// The task at fault need not be the first one the refused claim locked: the one-task claims find it,
+// and only it is set aside; the task first in line is claimed as usual.
+func TestBadRowSecondInLineCostsOnlyItself(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.dueTasks(6)
+	first := e.firstDue()
+	bad := e.scalar(`SELECT id FROM delivery_task WHERE next_attempt_at IS NOT NULL ORDER BY next_attempt_at, id OFFSET 1 LIMIT 1`)
+	refuseClaimOf(t, e, bad, "unique_violation", false)
+	d := e.dispatcher(dcfg{backoff: time.Minute})
+
+	attempts, settled, err := d.ClaimBatch(e.ctx, 4)
+	is.NoErr(err)
+	is.Equal(len(settled), 1)
+	is.Equal(settled[0].Kind, service.ResultSetAside)
+	is.Equal(settled[0].TaskID, bad) // the one at fault
+	is.Equal(len(attempts), 3)
+	claimed := map[int64]bool{}
+	for _, a := range attempts {
+		claimed[a.TaskID] = true
+	}
+	is.True(claimed[first]) // the first in line was claimed, not set aside
+}
+
 // A holder's expired lease is taken over by closing its open attempt; when the server refuses that for
 // the attempt's own row, the task keeps its holder's token (a live holder may still finish) and its
 // lease is extended, so the claims behind it go on.

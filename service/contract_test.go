@@ -46,6 +46,30 @@ func TestContractIdempotencyWindowResendsInside(t *testing.T) {
 	is.Equal(runNext(t, d).Outcome, delivery.OutcomeAcceptedReplay) // resent with the same key, deduplicated
 }
 
+// The settle time is measured to the query's answer, not to its claim: a query claimed about 0.1 s
+// after the uncertain attempt began, inside a settle time of 600 ms, that answers "not found" 800 ms
+// later is past it, so the answer is trusted (the finish adds the call's time to the age the claim saw):
+// the task is certain again and due for a send, not queried once more.
+func TestContractQuerySettleCountsTheQueryAtFinish(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "sms")
+	id := e.create("u1", "e1", time.Hour, 4)[0].TaskID
+	ref := e.ref(id)
+	e.sms.ScriptSend(ref, fakes.Step{Status: 409}) // outcome unknown, nothing accepted
+	e.sms.ScriptQuery(ref, fakes.Step{Delay: 800 * time.Millisecond})
+	d := e.dispatcher(dcfg{timeout: 2 * time.Second, backoff: 50 * time.Millisecond,
+		contracts: map[string]delivery.Contract{"sms": {QuerySettle: 600 * time.Millisecond}}})
+	is.Equal(runOnce(t, d).Outcome, delivery.OutcomeInFlight)
+	second := runNext(t, d)
+	is.Equal(second.Action, delivery.ActionQuery)
+	is.Equal(second.Outcome, delivery.OutcomeQueryNotFound)
+	is.True(second.Kind != service.ResultUnknown) // trusted: answered past the settle time
+	task := e.task(id)
+	is.Equal(task.State, delivery.StatePending) // due for a send
+	is.True(!task.OutcomeUncertain)
+}
+
 // A lagging query may miss a message accepted moments ago: QUERY_NOT_FOUND inside query_settle keeps
 // the task uncertain and asks again once the settle time has passed.
 func TestContractQuerySettleKeepsUncertainty(t *testing.T) {
