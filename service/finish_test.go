@@ -47,6 +47,44 @@ func TestFinishStoresAnyAnswer(t *testing.T) {
 	is.Equal(len([]rune(task.ProviderMsgID)), 500)                  // cut to the column's bound
 }
 
+// last_error is the outcome, then the channel's detail after a colon when it gave one.
+func TestFinishWritesLastErrorWithItsDetail(t *testing.T) {
+	for _, c := range []struct{ detail, want string }{
+		{"HTTP 400: bad address", "REJECTED: HTTP 400: bad address"},
+		{"", "REJECTED"},
+	} {
+		t.Run(c.want, func(t *testing.T) {
+			is := is.New(t)
+			e := newEnv(t)
+			e.user("u1", "push")
+			id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+			d, err := service.NewDispatcher(e.ctx, e.pool, service.DispatcherConfig{Worker: "w",
+				Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent,
+					Client: answering{Outcome: delivery.OutcomeRejected, Detail: c.detail}}}})
+			is.NoErr(err)
+			res, err := d.RunOnce(e.ctx)
+			is.NoErr(err)
+			is.Equal(res.Kind, service.ResultFailed)
+			is.Equal(e.task(id).LastError, c.want)
+		})
+	}
+}
+
+// A wait is lengthened by up to a quarter, at random: never shorter, never more, and not always by the
+// same amount (the waits of a batch's retries do not go together).
+func TestSpreadLengthensByUpToAQuarter(t *testing.T) {
+	is := is.New(t)
+	const d = time.Second
+	seen := map[time.Duration]bool{}
+	for range 100 {
+		got := service.Spread(d)
+		is.True(got >= d)
+		is.True(got <= d+d/4)
+		seen[got] = true
+	}
+	is.True(len(seen) > 50) // spread, not a fixed lengthening
+}
+
 // The finish is one statement whose snapshot can predate a takeover: here it starts while a superseding
 // claim holds the task's row lock, and that claim commits only after the finish waits on the lock. The
 // token guard must see the new token (STALE), and the old attempt, closed as LEASE_EXPIRED by the claim
