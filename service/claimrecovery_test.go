@@ -1,19 +1,13 @@
 package service_test
 
 import (
-	"context"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/matryer/is"
 
-	"github.com/notifierhq/notifier/fakes"
-	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/service"
-	"github.com/notifierhq/notifier/service/delivery"
-	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
 // A claim whose commit succeeded while its answer was lost: the claimer finds its tasks again by the
@@ -49,33 +43,14 @@ func TestClaimWhoseCommitAnswerWasLostIsRecovered(t *testing.T) {
 func TestLostClaimRecoveryGivesUpAfterThreeRetries(t *testing.T) {
 	is := is.New(t)
 	lc := newLostCommit(t)
-	var (
-		asks    int
-		release func()
-		stop    = make(chan struct{})
-		asked   = make(chan struct{})
-	)
+	var release func()
+	stopAsking := func() int { return 0 }
 	attempts, claimErr := lc.claim(t, func() {
 		release = lockAttemptsBehindClaim(t, lc)
-		go func() { // terminates each question of the claimer as it waits for the lock
-			defer close(asked)
-			for {
-				select {
-				case <-stop:
-					return
-				case <-time.After(5 * time.Millisecond):
-				}
-				var terminated bool
-				err := lc.local.QueryRow(lc.ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-					WHERE application_name = 'claimer' AND wait_event_type = 'Lock'`).Scan(&terminated)
-				if err == nil && terminated {
-					asks++
-				}
-			}
-		}()
+		// Each question of the claimer is terminated as it waits for the lock.
+		stopAsking = terminateEachWaiting(lc.ctx, lc.local, `application_name = 'claimer'`)
 	})
-	close(stop)
-	<-asked
+	asks := stopAsking()
 	release()
 
 	is.True(claimErr != nil) // given up: the claim's own error
@@ -95,57 +70,25 @@ func TestLostClaimRecoveryGivesUpAfterThreeRetries(t *testing.T) {
 // its backend then loses the answer of a commit that happened (PostgreSQL warns "the transaction has
 // already committed locally").
 type lostCommit struct {
-	ctx       context.Context
-	local     *pgxpool.Pool // the test's own sessions, committing locally
-	d         *service.Dispatcher
-	none      *fakes.Channel
-	recovered int // tasks reported by ClaimRecovered
+	*ownServer // its own sessions commit locally
+	d          *service.Dispatcher
+	recovered  int // tasks reported by ClaimRecovered
 }
 
 func newLostCommit(t *testing.T) *lostCommit {
 	is := is.New(t)
-	ctx := context.Background()
-	srv, err := pgtest.StartServer(ctx)
-	if err != nil {
-		t.Skipf("needs a server of its own: %v", err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	is.NoErr(pgtest.Migrate(ctx, srv.URL()))
 	// The test's own sessions commit locally; the worker's (synchronous_commit=on) wait for a standby.
-	local, err := pgxpool.New(ctx, srv.URL()+"&options=-c%20synchronous_commit%3Dlocal")
+	lc := &lostCommit{ownServer: newOwnServer(t, "&options=-c%20synchronous_commit%3Dlocal", "u1", "u2", "u3")}
+	_, err := lc.local.Exec(lc.ctx, `ALTER SYSTEM SET synchronous_standby_names = 'phantom'`)
 	is.NoErr(err)
-	t.Cleanup(local.Close)
-	n := service.NewNotifier(local)
-	for _, u := range []string{"u1", "u2", "u3"} {
-		_, err := n.SetPreference(ctx, u, "none", u+"@none", true)
-		is.NoErr(err)
-		_, _, _, err = n.Create(ctx, service.CreateRequest{UserID: u, EventKey: "e1", Body: "hello", TTL: time.Hour, MaxAttempts: 3})
-		is.NoErr(err)
-	}
-	_, err = local.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'phantom'`)
-	is.NoErr(err)
-	_, err = local.Exec(ctx, `SELECT pg_reload_conf()`)
+	_, err = lc.local.Exec(lc.ctx, `SELECT pg_reload_conf()`)
 	is.NoErr(err)
 	t.Cleanup(func() {
-		_, _ = local.Exec(ctx, `ALTER SYSTEM RESET synchronous_standby_names`)
-		_, _ = local.Exec(ctx, `SELECT pg_reload_conf()`)
+		_, _ = lc.local.Exec(lc.ctx, `ALTER SYSTEM RESET synchronous_standby_names`)
+		_, _ = lc.local.Exec(lc.ctx, `SELECT pg_reload_conf()`)
 	})
-
-	lc := &lostCommit{ctx: ctx, local: local, none: fakes.Start(fakes.None)}
-	t.Cleanup(lc.none.Close)
-	client, err := httpchannel.New(lc.none.URL(), httpchannel.Options{})
-	is.NoErr(err)
-	cfg, err := pgxpool.ParseConfig(srv.URL())
-	is.NoErr(err)
-	service.ConfigureWorkerConn(cfg.ConnConfig)
-	cfg.ConnConfig.RuntimeParams["application_name"] = "claimer"
-	workerPool, err := pgxpool.NewWithConfig(ctx, cfg)
-	is.NoErr(err)
-	t.Cleanup(workerPool.Close)
-	lc.d, err = service.NewDispatcher(t.Context(), workerPool, service.DispatcherConfig{Worker: "w1",
-		Routes: map[string]delivery.Route{"none": {Mode: delivery.ModeNone, Client: client}}, Lease: 30 * time.Second,
+	lc.d = lc.dispatcher(t, "claimer", service.DispatcherConfig{Worker: "w1", Lease: 30 * time.Second,
 		DBTimeout: 5 * time.Second, ClaimRecovered: func(n int, _ error) { lc.recovered += n }})
-	is.NoErr(err)
 	return lc
 }
 

@@ -1,18 +1,12 @@
 package service_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/matryer/is"
 
-	"github.com/notifierhq/notifier/fakes"
-	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/service"
-	"github.com/notifierhq/notifier/service/delivery"
-	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
 // A finish that meets a read-only server (SQLSTATE 25006: a primary demoted by a failover, its
@@ -24,38 +18,11 @@ import (
 // finish would be refused until the lease left no time.
 func TestFinishMeetingAReadOnlyServerReconnects(t *testing.T) {
 	is := is.New(t)
-	ctx := context.Background()
-	srv, err := pgtest.StartServer(ctx)
-	if err != nil {
-		t.Skipf("needs a server of its own: %v", err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	is.NoErr(pgtest.Migrate(ctx, srv.URL()))
-	local, err := pgxpool.New(ctx, srv.URL())
-	is.NoErr(err)
-	t.Cleanup(local.Close)
-	n := service.NewNotifier(local)
-	_, err = n.SetPreference(ctx, "u1", "none", "u1@none", true)
-	is.NoErr(err)
-	_, _, _, err = n.Create(ctx, service.CreateRequest{UserID: "u1", EventKey: "e1", Body: "hello", TTL: time.Hour, MaxAttempts: 3})
-	is.NoErr(err)
-
-	none := fakes.Start(fakes.None)
-	t.Cleanup(none.Close)
-	client, err := httpchannel.New(none.URL(), httpchannel.Options{})
-	is.NoErr(err)
-	cfg, err := pgxpool.ParseConfig(srv.URL())
-	is.NoErr(err)
-	service.ConfigureWorkerConn(cfg.ConnConfig)
-	workerPool, err := pgxpool.NewWithConfig(ctx, cfg)
-	is.NoErr(err)
-	t.Cleanup(workerPool.Close)
+	s := newOwnServer(t, "", "u1")
+	ctx, local := s.ctx, s.local
 	var retried int
-	d, err := service.NewDispatcher(t.Context(), workerPool, service.DispatcherConfig{Worker: "w1",
-		Routes: map[string]delivery.Route{"none": {Mode: delivery.ModeNone, Client: client}},
-		Lease:  5 * time.Second, DBTimeout: 2 * time.Second,
-		FinishRetried: func(_, _ int, _ error) { retried++ }})
-	is.NoErr(err)
+	d := s.dispatcher(t, "worker", service.DispatcherConfig{Worker: "w1", Lease: 5 * time.Second,
+		DBTimeout: 2 * time.Second, FinishRetried: func(_, _ int, _ error) { retried++ }})
 	attempts, _, err := d.ClaimBatch(ctx, 10)
 	is.NoErr(err)
 	is.Equal(len(attempts), 1)

@@ -113,28 +113,9 @@ func TestFinishRetriesOnlyWhileTheLeaseLeavesTime(t *testing.T) {
 	defer func() { _ = blocker.Rollback(context.Background()) }()
 	_, err = blocker.Exec(e.ctx, `SELECT 1 FROM delivery_task WHERE id = $1 FOR UPDATE`, attempts[0].TaskID)
 	is.NoErr(err)
-	done := make(chan error, 1)
-	go func() {
-		_, ferr := d.FinishBatch(e.ctx, attempts, obs)
-		done <- ferr
-	}()
-	var (
-		sends int
-		ferr  error
-	)
-	for waiting := true; waiting; {
-		select {
-		case ferr = <-done:
-			waiting = false
-		case <-time.After(5 * time.Millisecond):
-			var terminated bool
-			err := e.pool.QueryRow(e.ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND query LIKE '%recorded_before%'`).Scan(&terminated)
-			if err == nil && terminated {
-				sends++
-			}
-		}
-	}
+	stopSending := terminateEachWaiting(e.ctx, e.pool, `query LIKE '%recorded_before%'`)
+	_, ferr := d.FinishBatch(e.ctx, attempts, obs)
+	sends := stopSending()
 	is.True(ferr != nil)
 	is.True(strings.Contains(ferr.Error(), "sent 4 times; no time left before the lease runs out")) // given up, saying why
 	is.Equal(sends, 4)                                                                              // the first send and three retries
