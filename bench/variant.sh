@@ -64,22 +64,8 @@ psql -q -v ON_ERROR_STOP=1 "$(url_of notifier_variant)" -f "$variant" >/dev/null
 
 client=
 if [ "$pin" = 1 ]; then
-	cores=$(nproc)
-	if [ "$cores" -lt 2 ]; then
-		echo "variant: --pin needs at least 2 cores, this machine has $cores" >&2
-		exit 2
-	fi
-	checkpointer=$(psql "$DATABASE_URL" -Atqc "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'")
-	postmaster=$(ps -o ppid= -p "$checkpointer" | tr -d ' ')
-	[ -n "$postmaster" ] || {
-		echo "variant: --pin: no PostgreSQL server process found on this machine" >&2
-		exit 1
-	}
-	taskset -a -p -c 0 "$postmaster" >/dev/null
-	for pid in $(pgrep -P "$postmaster"); do
-		taskset -a -p -c 0 "$pid" >/dev/null
-	done
-	client="taskset -c 1-$((cores - 1))"
+	. "$root/bench/pin.sh"
+	pin_server variant
 	echo "pinned: PostgreSQL on core 0, the bench and its fakes on cores 1-$((cores - 1))"
 fi
 

@@ -67,23 +67,8 @@ trap 'rm -rf "$tmp"' EXIT
 # The peers run under $client (taskset onto cores 1.. with --pin), the server on core 0.
 client=
 if [ "$pin" = 1 ]; then
-	cores=$(nproc)
-	if [ "$cores" -lt 2 ]; then
-		echo "vs-river: --pin needs at least 2 cores, this machine has $cores" >&2
-		exit 2
-	fi
-	# The checkpointer lives as long as the server; its parent is the postmaster.
-	checkpointer=$(psql "$DATABASE_URL" -Atqc "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'")
-	postmaster=$(ps -o ppid= -p "$checkpointer" | tr -d ' ')
-	[ -n "$postmaster" ] || {
-		echo "vs-river: --pin: no PostgreSQL server process found on this machine" >&2
-		exit 1
-	}
-	taskset -a -p -c 0 "$postmaster" >/dev/null
-	for pid in $(pgrep -P "$postmaster"); do
-		taskset -a -p -c 0 "$pid" >/dev/null
-	done
-	client="taskset -c 1-$((cores - 1))"
+	. "$root/bench/pin.sh"
+	pin_server vs-river
 	echo "== pinned: PostgreSQL (postmaster $postmaster and its children) on core 0, the peers and the fakes on cores 1-$((cores - 1))" >&2
 fi
 model="--call-latency $call_latency --call-errors $call_errors --seed $seed"
