@@ -73,12 +73,13 @@ func (s *ownServer) dispatcher(t *testing.T, app string, cfg service.DispatcherC
 
 // terminateEachWaiting terminates, every 5 ms, the sessions that wait for a lock and match where (a
 // condition on pg_stat_activity), as a failover or a restart breaks connections, until stop is called;
-// stop returns how many it terminated.
+// stop returns how many sessions it terminated. A session is counted once: pg_terminate_backend only
+// signals it, and on a loaded machine it may still wait there at the next look.
 func terminateEachWaiting(ctx context.Context, pool *pgxpool.Pool, where string) (stop func() int) {
 	var (
-		terminations int
-		quit         = make(chan struct{})
-		stopped      = make(chan struct{})
+		terminated = map[int32]bool{}
+		quit       = make(chan struct{})
+		stopped    = make(chan struct{})
 	)
 	go func() {
 		defer close(stopped)
@@ -88,17 +89,18 @@ func terminateEachWaiting(ctx context.Context, pool *pgxpool.Pool, where string)
 				return
 			case <-time.After(5 * time.Millisecond):
 			}
-			var terminated bool
-			err := pool.QueryRow(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND `+where).Scan(&terminated)
-			if err == nil && terminated {
-				terminations++
+			var pid int32
+			var signalled bool
+			err := pool.QueryRow(ctx, `SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND `+where).Scan(&pid, &signalled)
+			if err == nil && signalled {
+				terminated[pid] = true
 			}
 		}
 	}()
 	return func() int {
 		close(quit)
 		<-stopped
-		return terminations
+		return len(terminated)
 	}
 }
