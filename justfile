@@ -52,7 +52,7 @@ bench-vs-river *args: _pgtmp
 bench-create-jsonl *args: _pgtmp
     "{{ pgtmp }}" -migrate -- sh bench/create-jsonl.sh "$@"
 
-# Count the instructions one delivery costs the database (bench/cost.sh: a throwaway PostgreSQL under valgrind's callgrind, repeatable to 0.5% where CPU time moves by 10%; docs/benchmarks.md#instructions-per-delivery); args: [--batch N] [--group N] [VARIANT.sql ...], each variant's SQL applied to a copy of the migrated database
+# Count the instructions one delivery costs the database (bench/cost.sh: a throwaway PostgreSQL under valgrind's callgrind, repeatable to 0.5% where CPU time moves by 10%; docs/benchmarks.md#instructions-per-delivery); args: [--batch N] [--group N] [--locale L] [VARIANT.sql ...], each variant's SQL applied to a copy of the migrated database
 bench-cost *args:
     @sh internal/tools/install-debs valgrind || echo "just bench-cost: valgrind could not be installed" >&2
     DBMATE="{{ dbmate }}" sh bench/cost.sh "$@"

@@ -10,13 +10,17 @@
 # run minus the first's, divided by 2,000, are the instructions per delivery: connection set-up and
 # first plans cancel out.
 #
-#   bench/cost.sh [--batch N] [--group N] [VARIANT.sql ...]
+#   bench/cost.sh [--batch N] [--group N] [--locale L] [VARIANT.sql ...]
 #
 # --batch and --group go to costprobe (tasks per claim, answers per finish: 200 and 25 by default).
+# --locale is the cluster's (initdb --locale, C.UTF-8 by default, as the tests' clusters): text keys
+# compared under a language's collation cost more (en_US.UTF-8, the default of many installations; it
+# must be in `locale -a`: localedef -i en_US -f UTF-8 en_US.UTF-8).
 # Needs valgrind, PostgreSQL 15's server binaries and dbmate ($DBMATE, as `just bench-cost` sets it);
 # as root, the server runs as nobody. About three minutes to set up, then two per variant.
 set -eu
 probe_flags=
+locale=C.UTF-8
 while [ $# -gt 0 ]; do
 	case $1 in
 	--batch | --group)
@@ -28,8 +32,18 @@ while [ $# -gt 0 ]; do
 		probe_flags="$probe_flags $1 $2"
 		shift 2
 		;;
+	--locale)
+		locale=${2:?--locale wants a locale, e.g. en_US.UTF-8}
+		# locale -a spells the codeset in lower case without its dash (en_US.utf8)
+		want=$(printf %s "$locale" | tr 'A-Z' 'a-z' | sed 's/utf-8$/utf8/')
+		locale -a | tr 'A-Z' 'a-z' | grep -qx "$want" || {
+			echo "cost: locale $locale is not installed here (locale -a); make it with: localedef -i ${locale%%.*} -f UTF-8 $locale" >&2
+			exit 2
+		}
+		shift 2
+		;;
 	--*)
-		echo "cost: unknown flag $1 (want --batch N, --group N)" >&2
+		echo "cost: unknown flag $1 (want --batch N, --group N, --locale L)" >&2
 		exit 2
 		;;
 	*) break ;;
@@ -71,7 +85,7 @@ export PGOPTIONS='-c client_min_messages=warning'
 
 (cd "$root" && go build -o "$dir/costprobe" ./bench/cmd/costprobe)
 port=$((20000 + $$ % 10000))
-$as "$pgbin/initdb" -D "$dir/data" -A trust -U postgres --locale=C.UTF-8 >/dev/null
+$as "$pgbin/initdb" -D "$dir/data" -A trust -U postgres --locale="$locale" >/dev/null
 $as valgrind --tool=callgrind --trace-children=yes --callgrind-out-file="$dir/cg.%p" \
 	"$pgbin/postgres" -D "$dir/data" -c port=$port -c listen_addresses=127.0.0.1 -c unix_socket_directories="$dir" \
 	-c autovacuum=off -c shared_buffers=128MB -c max_connections=20 >"$dir/server.log" 2>&1 &
@@ -109,7 +123,7 @@ instructions() {
 	awk '/^totals:/{print $2}' "$dir/cg.$backend"
 }
 
-echo "instructions per delivery (costprobe${probe_flags:- --batch 200 --group 25})"
+echo "instructions per delivery (costprobe${probe_flags:- --batch 200 --group 25}, locale $locale)"
 [ $# -eq 0 ] && set -- ""
 for variant in "$@"; do
 	psql -q "$url/postgres" -c 'DROP DATABASE IF EXISTS cost' -c 'CREATE DATABASE cost TEMPLATE cost_template' >/dev/null

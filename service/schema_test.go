@@ -480,3 +480,79 @@ func TestSchemaAcceptsEveryCallOutcome(t *testing.T) {
 	is.NoErr(pool.QueryRow(ctx, `SELECT count(*) FROM delivery_attempt`).Scan(&rows))
 	is.Equal(rows, len(outcomes)+1) // one attempt row each, beside the baseline's
 }
+
+// TestSchemaIdentifiersCompareInByteOrder: a task's ref and the providers' message ids, and every index
+// key on them, compare in byte order (COLLATE "C", schema/023), whatever collation the database has:
+// under a language's collation each of the claim's and finish's index insertions pays a strcoll() per
+// comparison (docs/benchmarks/2026-12-05-byte-order-keys.md). The receipts' lookups by these columns, as
+// generic plans, still go through their indexes: an index whose collation differed from its column's
+// would leave them scanning the tables.
+func TestSchemaIdentifiersCompareInByteOrder(t *testing.T) {
+	is := is.New(t)
+	ctx := context.Background()
+	pool := pgtest.NewDB(t)
+	columns := map[string]bool{"delivery_task.ref": true, "delivery_task.provider_msg_id": true, "delivery_attempt.provider_msg_id": true}
+	rows, err := pool.Query(ctx, `
+		SELECT a.attrelid::regclass::text || '.' || a.attname, coalesce(c.collname, '')
+		FROM pg_attribute a LEFT JOIN pg_collation c ON c.oid = a.attcollation
+		WHERE a.attrelid IN ('delivery_task'::regclass, 'delivery_attempt'::regclass)
+		  AND a.attname IN ('ref', 'provider_msg_id')`)
+	is.NoErr(err)
+	seen := 0
+	for rows.Next() {
+		var column, collation string
+		is.NoErr(rows.Scan(&column, &collation))
+		t.Logf("%s: collation %q", column, collation)
+		is.True(columns[column]) // one of the identifier columns
+		is.Equal(collation, "C") // the column compares in byte order
+		seen++
+	}
+	is.NoErr(rows.Err())
+	is.Equal(seen, len(columns)) // every identifier column was checked
+
+	// Each index key on one of those columns: (index, column, the key's collation).
+	rows, err = pool.Query(ctx, `
+		SELECT i.indexrelid::regclass::text, a.attname, coalesce(c.collname, '')
+		FROM pg_index i
+		CROSS JOIN LATERAL unnest(i.indkey::int2[], i.indcollation::oid[]) AS k(attnum, coll)
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+		LEFT JOIN pg_collation c ON c.oid = k.coll
+		WHERE i.indrelid IN ('delivery_task'::regclass, 'delivery_attempt'::regclass)
+		  AND a.attname IN ('ref', 'provider_msg_id')`)
+	is.NoErr(err)
+	indexes := map[string]bool{}
+	for rows.Next() {
+		var index, column, collation string
+		is.NoErr(rows.Scan(&index, &column, &collation))
+		t.Logf("%s (%s): collation %q", index, column, collation)
+		is.Equal(collation, "C") // the index key compares in byte order
+		indexes[index] = true
+	}
+	is.NoErr(rows.Err())
+	is.Equal(len(indexes), 3) // delivery_task_ref_key and the two provider_msg_idx
+
+	conn, err := pool.Acquire(ctx)
+	is.NoErr(err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
+	is.NoErr(err)
+	for name, lookup := range map[string]string{
+		"by_ref": `SELECT id FROM delivery_task WHERE ref = $1::text`,
+		"by_msg": `SELECT t.id FROM delivery_task t WHERE t.provider_msg_id = $1::text
+		           UNION SELECT a.task_id FROM delivery_attempt a WHERE a.provider_msg_id = $1::text`,
+	} {
+		_, err = conn.Exec(ctx, `PREPARE `+name+` AS `+lookup)
+		is.NoErr(err)
+		var plan strings.Builder
+		rows, err := conn.Query(ctx, `EXPLAIN EXECUTE `+name+`('x')`)
+		is.NoErr(err)
+		for rows.Next() {
+			var line string
+			is.NoErr(rows.Scan(&line))
+			plan.WriteString(line + "\n")
+		}
+		is.NoErr(rows.Err())
+		t.Logf("%s:\n%s", name, plan.String())
+		is.True(!strings.Contains(plan.String(), "Seq Scan")) // the lookup goes through the indexes
+	}
+}

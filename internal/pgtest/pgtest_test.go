@@ -199,3 +199,26 @@ func TestFindBinDirHonoursPGBIN(t *testing.T) {
 	is.True(err != nil)
 	is.True(strings.Contains(err.Error(), "PG_BIN="))
 }
+
+// TestServerHonoursPGTESTLocale: a cluster started with PGTEST_LOCALE set is initialised with that locale
+// (the default would be C.UTF-8), so the suite and the benches can run under a language's collation.
+func TestServerHonoursPGTESTLocale(t *testing.T) {
+	if os.Getenv("PGTEST_SKIP") == "1" {
+		t.Skip("PGTEST_SKIP=1: this test starts a server")
+	}
+	if dir, _, err := FindBinDir(); err != nil || dir == "" {
+		t.Skip("no local PostgreSQL server binaries")
+	}
+	is := is.New(t)
+	ctx := context.Background()
+	t.Setenv("PGTEST_LOCALE", "C")
+	srv, err := StartServer(ctx)
+	is.NoErr(err)
+	t.Cleanup(func() { _ = srv.Close() })
+	conn, err := pgx.Connect(ctx, srv.URL())
+	is.NoErr(err)
+	defer conn.Close(ctx)
+	var collate string
+	is.NoErr(conn.QueryRow(ctx, "SELECT datcollate FROM pg_database WHERE datname = current_database()").Scan(&collate))
+	is.Equal(collate, "C") // the locale PGTEST_LOCALE named, not C.UTF-8
+}

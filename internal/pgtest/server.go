@@ -188,8 +188,7 @@ func (s *Server) initdb(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	var last error
-	// C.UTF-8 gives sensible character classification; fall back to C where it does not exist.
-	for _, locale := range []string{"C.UTF-8", "C"} {
+	for _, locale := range initdbLocales(os.Getenv("PGTEST_LOCALE")) {
 		_ = os.RemoveAll(s.dataDir)
 		cmd := exec.CommandContext(ctx, filepath.Join(s.binDir, "initdb"),
 			"-D", s.dataDir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale="+locale, "--no-sync")
@@ -203,6 +202,17 @@ func (s *Server) initdb(ctx context.Context) error {
 		last = fmt.Errorf("initdb (%s) failed: %w\n%s", cmd.Path, err, tail(string(out), 2000))
 	}
 	return last
+}
+
+// initdbLocales is the locales initdb tries, in order: the one PGTEST_LOCALE names alone (a
+// language's collation, e.g. en_US.UTF-8, the default of many installations, makes text keys dearer
+// to compare: docs/benchmarks/2026-12-05-byte-order-keys.md), else C.UTF-8, which gives sensible
+// character classification, then C where C.UTF-8 does not exist.
+func initdbLocales(env string) []string {
+	if env != "" {
+		return []string{env}
+	}
+	return []string{"C.UTF-8", "C"}
 }
 
 // Start starts a stopped server again (same data directory and port) and
