@@ -481,34 +481,35 @@ func TestSchemaAcceptsEveryCallOutcome(t *testing.T) {
 	is.Equal(rows, len(outcomes)+1) // one attempt row each, beside the baseline's
 }
 
-// TestSchemaIdentifiersCompareInByteOrder: a task's ref and the providers' message ids, and every index
-// key on them, compare in byte order (COLLATE "C", schema/023), whatever collation the database has:
-// under a language's collation each of the claim's and finish's index insertions pays a strcoll() per
-// comparison (docs/benchmarks/2026-12-05-byte-order-keys.md). The receipts' lookups by these columns, as
-// generic plans, still go through their indexes: an index whose collation differed from its column's
-// would leave them scanning the tables.
+// TestSchemaIdentifiersCompareInByteOrder: the keys the protocol only ever compares for equality, and
+// every index key on them, compare in byte order (COLLATE "C"), whatever collation the database has: a
+// task's ref and the providers' message ids (schema/023), which every claim and finish indexes again, and
+// the submission's user and event key (schema/024), which every create indexes and every claim looks up.
+// Under a language's collation each comparison in those indexes is a strcoll()
+// (docs/benchmarks/2026-12-05-byte-order-keys.md). The lookups by these columns, as generic plans, still
+// go through their indexes: an index whose collation differed from its column's would leave them
+// scanning the tables.
 func TestSchemaIdentifiersCompareInByteOrder(t *testing.T) {
 	is := is.New(t)
 	ctx := context.Background()
 	pool := pgtest.NewDB(t)
-	columns := map[string]bool{"delivery_task.ref": true, "delivery_task.provider_msg_id": true, "delivery_attempt.provider_msg_id": true}
+	columns := []string{"delivery_task.ref", "delivery_task.provider_msg_id", "delivery_attempt.provider_msg_id",
+		"notification.user_id", "notification.event_key", "channel_pref.user_id"}
 	rows, err := pool.Query(ctx, `
 		SELECT a.attrelid::regclass::text || '.' || a.attname, coalesce(c.collname, '')
 		FROM pg_attribute a LEFT JOIN pg_collation c ON c.oid = a.attcollation
-		WHERE a.attrelid IN ('delivery_task'::regclass, 'delivery_attempt'::regclass)
-		  AND a.attname IN ('ref', 'provider_msg_id')`)
+		WHERE a.attrelid::regclass::text || '.' || a.attname = ANY ($1)`, columns)
 	is.NoErr(err)
 	seen := 0
 	for rows.Next() {
 		var column, collation string
 		is.NoErr(rows.Scan(&column, &collation))
 		t.Logf("%s: collation %q", column, collation)
-		is.True(columns[column]) // one of the identifier columns
 		is.Equal(collation, "C") // the column compares in byte order
 		seen++
 	}
 	is.NoErr(rows.Err())
-	is.Equal(seen, len(columns)) // every identifier column was checked
+	is.Equal(seen, len(columns)) // every identifier column was found and checked
 
 	// Each index key on one of those columns: (index, column, the key's collation).
 	rows, err = pool.Query(ctx, `
@@ -517,8 +518,7 @@ func TestSchemaIdentifiersCompareInByteOrder(t *testing.T) {
 		CROSS JOIN LATERAL unnest(i.indkey::int2[], i.indcollation::oid[]) AS k(attnum, coll)
 		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 		LEFT JOIN pg_collation c ON c.oid = k.coll
-		WHERE i.indrelid IN ('delivery_task'::regclass, 'delivery_attempt'::regclass)
-		  AND a.attname IN ('ref', 'provider_msg_id')`)
+		WHERE a.attrelid::regclass::text || '.' || a.attname = ANY ($1)`, columns)
 	is.NoErr(err)
 	indexes := map[string]bool{}
 	for rows.Next() {
@@ -529,7 +529,8 @@ func TestSchemaIdentifiersCompareInByteOrder(t *testing.T) {
 		indexes[index] = true
 	}
 	is.NoErr(rows.Err())
-	is.Equal(len(indexes), 3) // delivery_task_ref_key and the two provider_msg_idx
+	// delivery_task_ref_key, the two provider_msg_idx, notification_user_event_key_key, channel_pref_pkey
+	is.Equal(len(indexes), 5)
 
 	conn, err := pool.Acquire(ctx)
 	is.NoErr(err)
@@ -540,6 +541,8 @@ func TestSchemaIdentifiersCompareInByteOrder(t *testing.T) {
 		"by_ref": `SELECT id FROM delivery_task WHERE ref = $1::text`,
 		"by_msg": `SELECT t.id FROM delivery_task t WHERE t.provider_msg_id = $1::text
 		           UNION SELECT a.task_id FROM delivery_attempt a WHERE a.provider_msg_id = $1::text`,
+		"by_event": `SELECT id FROM notification WHERE user_id = $1::text AND event_key = $1::text`,
+		"by_pref":  `SELECT enabled FROM channel_pref WHERE user_id = $1::text AND channel = $1::text`,
 	} {
 		_, err = conn.Exec(ctx, `PREPARE `+name+` AS `+lookup)
 		is.NoErr(err)
