@@ -532,11 +532,9 @@ func TestSchemaIdentifiersCompareInByteOrder(t *testing.T) {
 	// delivery_task_ref_key, the two provider_msg_idx, notification_user_event_key_key, channel_pref_pkey
 	is.Equal(len(indexes), 5)
 
-	conn, err := pool.Acquire(ctx)
+	tx, err := pool.Begin(ctx)
 	is.NoErr(err)
-	defer conn.Release()
-	_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
-	is.NoErr(err)
+	defer func() { _ = tx.Rollback(ctx) }()
 	for name, lookup := range map[string]string{
 		"by_ref": `SELECT id FROM delivery_task WHERE ref = $1::text`,
 		"by_msg": `SELECT t.id FROM delivery_task t WHERE t.provider_msg_id = $1::text
@@ -544,18 +542,8 @@ func TestSchemaIdentifiersCompareInByteOrder(t *testing.T) {
 		"by_event": `SELECT id FROM notification WHERE user_id = $1::text AND event_key = $1::text`,
 		"by_pref":  `SELECT enabled FROM channel_pref WHERE user_id = $1::text AND channel = $1::text`,
 	} {
-		_, err = conn.Exec(ctx, `PREPARE `+name+` AS `+lookup)
-		is.NoErr(err)
-		var plan strings.Builder
-		rows, err := conn.Query(ctx, `EXPLAIN EXECUTE `+name+`('x')`)
-		is.NoErr(err)
-		for rows.Next() {
-			var line string
-			is.NoErr(rows.Scan(&line))
-			plan.WriteString(line + "\n")
-		}
-		is.NoErr(rows.Err())
-		t.Logf("%s:\n%s", name, plan.String())
-		is.True(!strings.Contains(plan.String(), "Seq Scan")) // the lookup goes through the indexes
+		p := explainGenericAs(t, tx, "text", lookup, "'x'")
+		t.Logf("%s:\n%s", name, p.json)
+		is.Equal(len(p.seqScans), 0) // the lookup goes through the indexes
 	}
 }
