@@ -13,25 +13,11 @@
 #
 #   bench/variant.sh [--rounds N] [--pin] VARIANT.sql [NOTIFICATIONS=20000] [CALL_LATENCY=instant]
 set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/bench/pinned-rounds.sh"
 rounds=3
-pin=0
-while [ $# -gt 0 ]; do
-	case $1 in
-	--rounds)
-		rounds=${2:?--rounds wants a count}
-		shift 2
-		;;
-	--pin)
-		pin=1
-		shift
-		;;
-	--*)
-		echo "variant: unknown flag $1 (want --rounds N, --pin)" >&2
-		exit 2
-		;;
-	*) break ;;
-	esac
-done
+rounds_and_pin variant "$@"
+shift "$flags_taken"
 case $rounds in '' | 0 | *[!0-9]*)
 	echo "variant: --rounds wants a whole number from 1, got $rounds" >&2
 	exit 2
@@ -45,7 +31,6 @@ variant=${1:-}
 notifications=${2:-20000}
 call_latency=${3:-instant}
 : "${DATABASE_URL:?set DATABASE_URL to a migrated throwaway database (sh internal/tools/just bench-variant starts one)}"
-root=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export PGOPTIONS='-c client_min_messages=warning'
@@ -64,7 +49,6 @@ psql -q -v ON_ERROR_STOP=1 "$(url_of notifier_variant)" -f "$variant" >/dev/null
 
 client=
 if [ "$pin" = 1 ]; then
-	. "$root/bench/pin.sh"
 	pin_server variant
 	echo "pinned: PostgreSQL on core 0, the bench and its fakes on cores 1-$((cores - 1))"
 fi

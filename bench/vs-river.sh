@@ -25,25 +25,11 @@
 #
 #   bench/vs-river.sh [--rounds N] [--pin] [NOTIFICATIONS=20000] [CALL_LATENCY=instant] [CALL_ERRORS=0]
 set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/bench/pinned-rounds.sh"
 rounds=1
-pin=0
-while [ $# -gt 0 ]; do
-	case $1 in
-	--rounds)
-		rounds=${2:?--rounds wants a count}
-		shift 2
-		;;
-	--pin)
-		pin=1
-		shift
-		;;
-	--*)
-		echo "vs-river: unknown flag $1 (want --rounds N, --pin)" >&2
-		exit 2
-		;;
-	*) break ;;
-	esac
-done
+rounds_and_pin vs-river "$@"
+shift "$flags_taken"
 case $rounds in '' | *[!0-9]*)
 	echo "vs-river: --rounds wants a whole number, got $rounds" >&2
 	exit 2
@@ -57,7 +43,6 @@ river_workers=${RIVER_WORKERS:-1000}
 cooldown=${FETCH_COOLDOWN:-1ms}
 seed=${SEED:-1}
 : "${DATABASE_URL:?set DATABASE_URL to a throwaway database (sh internal/tools/just bench-vs-river starts one)}"
-root=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -67,7 +52,6 @@ trap 'rm -rf "$tmp"' EXIT
 # The peers run under $client (taskset onto cores 1.. with --pin), the server on core 0.
 client=
 if [ "$pin" = 1 ]; then
-	. "$root/bench/pin.sh"
 	pin_server vs-river
 	echo "== pinned: PostgreSQL (postmaster $postmaster and its children) on core 0, the peers and the fakes on cores 1-$((cores - 1))" >&2
 fi
