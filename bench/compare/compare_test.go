@@ -82,6 +82,19 @@ func TestRounds(t *testing.T) {
 	is.True(strings.Contains(table, "median 1.25, spread 0.80-1.50 over 3 rounds")) // the middle ratio, not the mean's 1.18
 	is.True(strings.Contains(table, "0.200/0.100"))                                 // median server CPU per delivery, ours/River
 	is.True(strings.Contains(table, "  500/1024"))                                  // calls in flight against the window
+	is.True(!strings.Contains(table, "window bound"))                               // no bound reported: none printed
+
+	bounded := func(peer string, perSec, bound float64, window int) string {
+		return write(t, peer+"-b.json", fmt.Sprintf(`{"peer":%q,"notifications":2000,"duplicates":0.1,"deliveries":4000,"deliveries_per_sec":%g,"workers":%d,"window":%d,"window_bound_per_sec":%g,%s,"check":"ok"}`, peer, perSec, window, window, bound, model))
+	}
+	out.Reset()
+	is.NoErr(Main([]string{"--rounds",
+		"ours=" + bounded("notifier", 4500, 6000, 1024), "river=" + bounded("river", 4000, 5400, 1000),
+		"ours=" + bounded("notifier", 4600, 6000, 1024), "river=" + bounded("river", 4400, 5400, 1000),
+	}, &out, &bytes.Buffer{}))
+	table = out.String()
+	is.True(strings.Contains(table, "ours 6000/s of 1024, River 5400/s of 1000"))      // each peer's bound and window
+	is.True(strings.Contains(table, "ours 76%, River 78%; ours / River at most 1.43")) // medians 4550 and 4200: 6000 / 4200
 
 	err := Main(args[:len(args)-1], &out, &bytes.Buffer{}) // an odd count: no pairs
 	var usage *UsageError

@@ -36,6 +36,7 @@ type Medians struct {
 	RowsWrittenPerDelivery float64 `json:"db_rows_written_per_delivery"`
 	HOTUpdateShare         float64 `json:"hot_update_share"`
 	AvgInFlight            float64 `json:"avg_in_flight,omitempty"`
+	WindowBoundPerSec      float64 `json:"window_bound_per_sec,omitempty"`
 }
 
 // Rounds pairs runs given in order ours, River, ours, River... into rounds. It refuses an odd count,
@@ -83,6 +84,7 @@ func medians(rounds []Round, of func(Round) Run) Medians {
 		RowsWrittenPerDelivery: m(func(r Run) float64 { return r.RowsWrittenPerDelivery }),
 		HOTUpdateShare:         m(func(r Run) float64 { return r.HOTUpdateShare }),
 		AvgInFlight:            m(func(r Run) float64 { return r.AvgInFlight }),
+		WindowBoundPerSec:      m(func(r Run) float64 { return r.WindowBoundPerSec }),
 	}
 }
 
@@ -121,6 +123,14 @@ func (res RoundsResult) Print(w io.Writer) error {
 	line("median", res.Ours, res.River, fmt.Sprintf("%.2f", res.MedianRatio))
 	p("HOT updates (no index entry written), median share: ours %.0f%%, River %.0f%%\n", 100*res.Ours.HOTUpdateShare, 100*res.River.HOTUpdateShare)
 	p("ours / River: median %.2f, spread %.2f-%.2f over %d rounds\n", res.MedianRatio, res.MinRatio, res.MaxRatio, len(res.Rounds))
+	if o, r := res.Ours, res.River; o.WindowBoundPerSec > 0 && r.WindowBoundPerSec > 0 && r.DeliveriesPerSec > 0 {
+		// What the providers' answers alone allow: with a long tail, the slowest of the last calls ends
+		// a run whatever the worker does, so no ratio can pass ours' bound over River's pace.
+		p("window bound (each slot refilled the moment its call answers, the same answers): ours %.0f/s of %d, River %.0f/s of %d\n",
+			o.WindowBoundPerSec, first.Ours.Window, r.WindowBoundPerSec, first.River.Window)
+		p("bound reached, median: ours %.0f%%, River %.0f%%; ours / River at most %.2f (ours' bound / River's median)\n",
+			100*o.DeliveriesPerSec/o.WindowBoundPerSec, 100*r.DeliveriesPerSec/r.WindowBoundPerSec, o.WindowBoundPerSec/r.DeliveriesPerSec)
+	}
 	_, err := io.WriteString(w, sb.String())
 	return err
 }

@@ -11,6 +11,7 @@
 package latency
 
 import (
+	"container/heap"
 	"errors"
 	"flag"
 	"fmt"
@@ -129,9 +130,10 @@ func Flags(fs *flag.FlagSet) func() (Model, error) {
 
 // Sampler draws one channel's answers. Safe for concurrent use.
 type Sampler struct {
-	m   Model
-	mu  sync.Mutex
-	rng *rand.Rand
+	m     Model
+	mu    sync.Mutex
+	rng   *rand.Rand
+	steps int // answers drawn (SendStep, QueryStep)
 }
 
 // NewSampler draws for stream number stream of the model's seed (one stream per channel, so one
@@ -164,6 +166,7 @@ func (s *Sampler) Refused() bool {
 // SendStep is the fakes' answer to one send: a 503 before acceptance, or acceptance answered after a
 // delay (fakes.Step.Delay is waited after acceptance is recorded: a provider's latency).
 func (s *Sampler) SendStep() fakes.Step {
+	s.counted()
 	if s.Refused() {
 		return fakes.Step{Status: 503}
 	}
@@ -172,20 +175,102 @@ func (s *Sampler) SendStep() fakes.Step {
 
 // QueryStep is the fakes' answer to one status query: the same latency, never refused (the protocol
 // queries only after an uncertain send).
-func (s *Sampler) QueryStep() fakes.Step { return fakes.Step{Delay: s.Delay()} }
+func (s *Sampler) QueryStep() fakes.Step {
+	s.counted()
+	return fakes.Step{Delay: s.Delay()}
+}
+
+func (s *Sampler) counted() {
+	s.mu.Lock()
+	s.steps++
+	s.mu.Unlock()
+}
+
+// Steps is how many answers (sends and queries) the sampler has drawn.
+func (s *Sampler) Steps() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.steps
+}
 
 // Apply makes the channels answer by the model, each from its own stream of draws (by its position in
-// channels), once their scripted queues are empty. The instant model without errors changes nothing.
-func (m Model) Apply(channels ...*fakes.Channel) error {
+// channels), once their scripted queues are empty, from the first draw of each stream: a phase that
+// applies the model again meets the same answers as any other that did, whatever came before it. It
+// returns the channels' samplers (none for the instant model without errors, which changes nothing).
+func (m Model) Apply(channels ...*fakes.Channel) ([]*Sampler, error) {
 	if m.Instant() && m.Errors == 0 {
-		return nil
+		return nil, nil
 	}
+	samplers := make([]*Sampler, len(channels))
 	for i, c := range channels {
 		if c == nil {
-			return errors.New("latency: no channel")
+			return nil, errors.New("latency: no channel")
 		}
 		s := m.NewSampler(uint64(i))
 		c.SetFallback(s.SendStep, s.QueryStep)
+		samplers[i] = s
 	}
-	return nil
+	return samplers, nil
+}
+
+// FirstDelays is the delays of the first perChannel sends to each of channels channels applied by the
+// model (the stream of each, from its start), taken in turn: the first send of channel 0, of channel 1,
+// ..., then the second of each. Nil when the model answers at once or refuses sends (a refused send
+// is retried after a backoff, which no list of delays describes).
+func (m Model) FirstDelays(channels, perChannel int) []time.Duration {
+	if m.Instant() || m.Errors > 0 || channels <= 0 || perChannel <= 0 {
+		return nil
+	}
+	samplers := make([]*Sampler, channels)
+	for i := range samplers {
+		samplers[i] = m.NewSampler(uint64(i))
+	}
+	delays := make([]time.Duration, 0, channels*perChannel)
+	for range perChannel {
+		for _, s := range samplers {
+			delays = append(delays, s.Delay())
+		}
+	}
+	return delays
+}
+
+// WindowBound is the deliveries per second of a worker that holds window calls in flight and starts
+// the next call, in the order of delays, the moment one answers: no claim, no finish and no client
+// time, only the providers' answers. It bounds what a worker with that window can deliver against
+// these answers: with a long tail, the run ends with the slowest of its last calls, whatever the
+// worker does. 0 without delays or window.
+func WindowBound(delays []time.Duration, window int) float64 {
+	if len(delays) == 0 || window <= 0 {
+		return 0
+	}
+	ends := make(endHeap, 0, window) // when each call in flight answers
+	var last time.Duration
+	for _, d := range delays {
+		start := time.Duration(0)
+		if len(ends) == window {
+			start = heap.Pop(&ends).(time.Duration)
+		}
+		heap.Push(&ends, start+d)
+	}
+	for len(ends) > 0 {
+		last = heap.Pop(&ends).(time.Duration)
+	}
+	if last <= 0 {
+		return 0
+	}
+	return float64(len(delays)) / last.Seconds()
+}
+
+// endHeap is a min-heap of answer times.
+type endHeap []time.Duration
+
+func (h endHeap) Len() int           { return len(h) }
+func (h endHeap) Less(i, j int) bool { return h[i] < h[j] }
+func (h endHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *endHeap) Push(x any)        { *h = append(*h, x.(time.Duration)) }
+func (h *endHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }

@@ -123,7 +123,8 @@ func TestApplyOnFake(t *testing.T) {
 	is := is.New(t)
 	push := fakes.Start(fakes.Push)
 	defer push.Close()
-	is.NoErr(Model{Median: 30 * time.Millisecond, Seed: 1}.Apply(push))
+	samplers, err := Model{Median: 30 * time.Millisecond, Seed: 1}.Apply(push)
+	is.NoErr(err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	t0 := time.Now()
@@ -131,13 +132,16 @@ func TestApplyOnFake(t *testing.T) {
 	resp, err := http.DefaultClient.Do(req)
 	is.NoErr(err)
 	resp.Body.Close()
+	is.Equal(len(samplers), 1)                     // one sampler per channel
+	is.Equal(samplers[0].Steps(), 1)               // which drew the one answer
 	is.Equal(resp.StatusCode, 200)                 // accepted
 	is.True(time.Since(t0) >= 30*time.Millisecond) // after the model's (constant) delay
 	is.Equal(push.Outbound("task-1"), 1)           // one message
 
 	sms := fakes.Start(fakes.SMS)
 	defer sms.Close()
-	is.NoErr(Model{Errors: 0.5, Seed: 3}.Apply(sms))
+	samplers, err = Model{Errors: 0.5, Seed: 3}.Apply(sms)
+	is.NoErr(err)
 	statuses := map[int]int{}
 	for i := range 40 {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, sms.URL()+"/send", strings.NewReader(`{"ref":"task-`+string(rune('a'+i%26))+`","to":"a","body":"b"}`))
@@ -148,4 +152,81 @@ func TestApplyOnFake(t *testing.T) {
 	}
 	is.True(statuses[503] > 5 && statuses[200] > 5) // both answers drawn
 	is.Equal(sms.TotalOutbound(), statuses[200])    // a 503 never created a message
+	is.Equal(samplers[0].Steps(), 40)               // every answer drawn, refused ones included
+
+	none, err := Model{}.Apply(push) // instant, no errors: nothing to draw
+	is.NoErr(err)
+	is.Equal(len(none), 0)
+}
+
+// Applying the model again starts each channel's answers from the first draw of its stream: a phase
+// that applies it meets the same answers whatever was drawn before.
+func TestApplyRestartsTheDraws(t *testing.T) {
+	is := is.New(t)
+	push := fakes.Start(fakes.Push)
+	defer push.Close()
+	m := Model{Median: 2 * time.Millisecond, Sigma: 2, Seed: 5}
+	want := m.NewSampler(0).Delay()
+	send := func(ref string) time.Duration {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, push.URL()+"/send", strings.NewReader(`{"ref":"`+ref+`","to":"a","body":"b"}`))
+		t0 := time.Now()
+		resp, err := http.DefaultClient.Do(req)
+		is.NoErr(err)
+		resp.Body.Close()
+		return time.Since(t0)
+	}
+	_, err := m.Apply(push)
+	is.NoErr(err)
+	for i := range 5 {
+		send("task-a" + string(rune('0'+i)))
+	}
+	samplers, err := m.Apply(push)
+	is.NoErr(err)
+	is.Equal(samplers[0].Steps(), 0) // a new phase has drawn nothing
+	took := send("task-b")
+	is.True(took >= want)            // the answer took the stream's first draw
+	is.Equal(samplers[0].Steps(), 1) // and drew it from the new sampler
+	next := m.NewSampler(0)
+	next.Delay()
+	is.Equal(samplers[0].Delay(), next.Delay()) // the sampler goes on from the stream's second draw
+}
+
+// FirstDelays takes the channels' streams in turn, from their start; none for a model without delays
+// or with refused sends.
+func TestFirstDelays(t *testing.T) {
+	is := is.New(t)
+	m := Model{Median: 100 * time.Millisecond, Sigma: 0.8, Seed: 9}
+	got := m.FirstDelays(2, 3)
+	is.Equal(len(got), 6)
+	a, b := m.NewSampler(0), m.NewSampler(1)
+	for i := 0; i < 6; i += 2 {
+		is.Equal(got[i], a.Delay())   // channel 0's next draw
+		is.Equal(got[i+1], b.Delay()) // then channel 1's
+	}
+	is.Equal(len(Model{}.FirstDelays(2, 3)), 0)                                 // instant
+	is.Equal(len(Model{Median: time.Second, Errors: 0.1}.FirstDelays(2, 3)), 0) // refused sends: no list describes the retries
+	is.Equal(len(m.FirstDelays(0, 3)), 0)                                       // no channel
+	is.Equal(len(m.FirstDelays(2, 0)), 0)                                       // no send
+}
+
+// WindowBound refills each slot the moment its call answers, in order, and ends with the last answer.
+func TestWindowBound(t *testing.T) {
+	is := is.New(t)
+	ms := func(v ...int) []time.Duration {
+		d := make([]time.Duration, len(v))
+		for i, x := range v {
+			d[i] = time.Duration(x) * time.Millisecond
+		}
+		return d
+	}
+	is.Equal(WindowBound(ms(100, 100, 100, 100), 2), 4/0.2)      // two slots, two calls each: 200 ms
+	is.Equal(WindowBound(ms(100, 100, 100, 100), 4), 4/0.1)      // all at once: 100 ms
+	is.Equal(WindowBound(ms(100, 100, 100, 100), 8), 4/0.1)      // a window larger than the work
+	is.Equal(WindowBound(ms(300, 100, 100, 100), 2), 4/0.3)      // one slow call; the other slot takes the rest
+	is.Equal(WindowBound(ms(100, 100, 100, 100, 500), 2), 5/0.7) // the last call's tail ends the run: 200 + 500
+	is.Equal(WindowBound(ms(100, 50, 100), 2), 3/0.15)           // the third call takes the slot freed first (at 50 ms)
+	is.Equal(WindowBound(nil, 2), 0.0)
+	is.Equal(WindowBound(ms(100), 0), 0.0)
 }

@@ -40,7 +40,17 @@ type deliverStats struct {
 // or finally not sent), then stops them; a stopping loop records its calls in flight before it
 // returns. The phase's time ends when the last task is settled. A claim or finish that fails stops the
 // phase with its error: a figure taken while the database fails would measure the failure.
+//
+// The fakes answer the phase by the latency model from the first draw of each channel's stream, as
+// they answer the River peer's one deliver phase: a phase that went on from the warm-up's draws would
+// meet other answers than the peer it is compared with, and with a long tail the last answers decide
+// when a run ends (on 100ms,0.8, seed 1, the ideal of a 1,024-call window is 9% higher on the draws
+// after 4,000 warm-up sends than on the first ones: docs/benchmarks/2026-12-05-window-bound.md).
 func (b *bench) deliver(ctx context.Context, label string, target int, shape worker.Config) (deliverStats, error) {
+	var err error
+	if b.samplers, err = b.cfg.Latency.Apply(b.push, b.sms); err != nil {
+		return deliverStats{}, err
+	}
 	// Open every loop's connections first: connecting is not part of the figures.
 	for _, l := range b.loops {
 		if err := warmPool(ctx, l, shape.Connections()); err != nil {
@@ -106,7 +116,6 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 			worker.Run(ctx, l.d, cfg)
 		}()
 	}
-	var err error
 	select {
 	case <-reached:
 	case err = <-failed:

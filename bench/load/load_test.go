@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
 	"os"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/bench/dbgen"
+	"github.com/notifierhq/notifier/bench/latency"
 	"github.com/notifierhq/notifier/bench/pgbench"
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
@@ -111,6 +113,21 @@ func TestBenchLatencyModelWithErrors(t *testing.T) {
 	is.Equal(got.Window, 32)                                          // 2 loops x 16 calls
 	is.Equal(got.WorkerPoolConns, 3)                                  // 1 + 2 finishers per loop
 	is.Equal(got.PgbenchSkipped, "--pgbench=false")                   // says why not
+}
+
+// The deliver phase meets the latency model's answers from the first draw of each channel's stream,
+// as the River peer's one phase does, not from where the warm-up left them; and the report gives the
+// window's bound over those answers.
+func TestBenchDeliverPhaseDrawsFromTheStart(t *testing.T) {
+	got, keys := runBench(t, "--notifications", "100", "--warmup", "60", "--max-in-flight", "8", "--batch", "8",
+		"--call-latency", "2ms,0.5", "--pgbench=false")
+	checkReport(t, got, keys, 100)
+	is := is.New(t)
+	is.Equal(got.WarmupDeliveries, 120) // the warm-up drew 120 answers first
+	is.Equal(got.CallSteps, 200)        // yet the phase drew its 200 from new samplers
+	m := latency.Model{Median: 2 * time.Millisecond, Sigma: 0.5, Seed: 1}
+	is.Equal(got.WindowBoundPerSec, math.Round(latency.WindowBound(m.FirstDelays(2, 100), 8))) // the first 100 answers of each channel, 8 slots
+	is.True(got.WindowBoundPerSec > got.DeliveriesPerSec)                                      // no worker reaches it
 }
 
 // --skip-calls per task: the database side alone, the configuration the per-task ratio to pgbench is

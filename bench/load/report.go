@@ -82,8 +82,16 @@ type Report struct {
 	HOTUpdateShare         float64 `json:"hot_update_share"`
 	// Calls in flight on average over the deliver phase (the sum of the calls' durations over the
 	// phase's length), against Window.
-	AvgInFlight      float64 `json:"avg_in_flight"`
-	CPUMSPerDelivery float64 `json:"cpu_ms_per_delivery"`
+	AvgInFlight float64 `json:"avg_in_flight"`
+	// The answers the deliver phase drew from the latency model (sends and queries; 0 when the model
+	// answers at once without errors), and the window's bound (latency.WindowBound): the deliveries/s
+	// of Window calls in flight, each slot refilled the moment its call answers, sending to the channels
+	// in turn, against as many of the model's first answers as the phase had tasks. Only the providers'
+	// answers take time there: no claim, no finish, no client. 0 when the model refuses sends or
+	// answers at once, or with --skip-calls.
+	CallSteps         int     `json:"call_steps,omitempty"`
+	WindowBoundPerSec float64 `json:"window_bound_per_sec,omitempty"`
+	CPUMSPerDelivery  float64 `json:"cpu_ms_per_delivery"`
 	// The PostgreSQL server's CPU (all its processes) over the deliver phase, when it runs here.
 	ServerCPUMSPerDelivery float64         `json:"server_cpu_ms_per_delivery,omitempty"`
 	ServerCPUSkipped       string          `json:"server_cpu_skipped,omitempty"`
@@ -144,6 +152,10 @@ func (r *Report) print(w io.Writer) error {
 	p("%-32s %10.3f   (tup_inserted+updated+deleted delta / deliveries; %.0f%% of updates HOT)\n", "db rows written per delivery",
 		r.RowsWrittenPerDelivery, 100*r.HOTUpdateShare)
 	p("%-32s %10.1f   (of a window of %d)\n", "calls in flight on average", r.AvgInFlight, r.Window)
+	if r.WindowBoundPerSec > 0 {
+		p("%-32s %10.0f   (deliveries/s of the window refilled at once against the same answers: %.0f%% reached)\n",
+			"window bound", r.WindowBoundPerSec, 100*r.DeliveriesPerSec/r.WindowBoundPerSec)
+	}
 	p("%-32s %10.3f   (this process: workers, fakes and HTTP on both sides)\n", "client CPU ms per delivery", r.CPUMSPerDelivery)
 	if r.ServerCPUSkipped == "" {
 		p("%-32s %10.3f   (all PostgreSQL processes, from /proc)\n", "server CPU ms per delivery", r.ServerCPUMSPerDelivery)

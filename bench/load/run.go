@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -16,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/notifierhq/notifier/bench/dbgen"
+	"github.com/notifierhq/notifier/bench/latency"
 	"github.com/notifierhq/notifier/bench/pgbench"
 	"github.com/notifierhq/notifier/bench/proc"
 	"github.com/notifierhq/notifier/bench/workload"
@@ -35,6 +37,7 @@ type bench struct {
 	q         *dbgen.Queries
 	n         *service.Notifier
 	push, sms *fakes.Channel
+	samplers  []*latency.Sampler // the fakes' answers of the phase running or last run (nil: instant, no errors)
 	loops     []*loop
 	run       string   // tag of this run in user ids and event keys
 	users     []string // bench users, push and sms enabled
@@ -154,17 +157,14 @@ func (b *bench) findServer(ctx context.Context) (*proc.Server, string) {
 	return proc.Find(int(pid), err)
 }
 
-// start starts the fakes with the latency model, one dispatcher, channel clients and pool per worker
-// loop, and the bench users' preferences.
+// start starts the fakes (each deliver phase applies the latency model to them), one dispatcher,
+// channel clients and pool per worker loop, and the bench users' preferences.
 func (b *bench) start(ctx context.Context, rep *Report) error {
 	var err error
 	if b.push, err = fakes.StartOn(fakes.Push, "127.0.0.1:0"); err != nil {
 		return err
 	}
 	if b.sms, err = fakes.StartOn(fakes.SMS, "127.0.0.1:0"); err != nil {
-		return err
-	}
-	if err := b.cfg.Latency.Apply(b.push, b.sms); err != nil {
 		return err
 	}
 	conns := b.cfg.loop().Connections()
@@ -325,6 +325,13 @@ func (b *bench) mainRun(ctx context.Context, rep *Report) error {
 		return err
 	}
 	ds.fill(rep)
+	for _, s := range b.samplers {
+		rep.CallSteps += s.Steps()
+	}
+	if !b.cfg.SkipCalls {
+		rep.WindowBoundPerSec = math.Round(latency.WindowBound(
+			b.cfg.Latency.FirstDelays(len(workload.Channels), cs.tasks/len(workload.Channels)), rep.Window))
+	}
 	if ds.sent > 0 {
 		per := func(a, b int64) float64 { return pgbench.Round3(float64(b-a) / float64(ds.sent)) }
 		rep.DBXactsPerDelivery = per(commits0.XactCommit, commits1.XactCommit)

@@ -146,6 +146,12 @@ type report struct {
 	Deliveries         int            `json:"deliveries"`
 	DeliverSeconds     float64        `json:"deliver_seconds"`
 	DeliveriesPerSec   float64        `json:"deliveries_per_sec"`
+	// The answers the deliver phase drew from the latency model, and the deliveries/s of Window calls
+	// in flight refilled the moment each answers against as many of the model's first answers as there
+	// were jobs (latency.WindowBound, as the bench reports ours; 0 for a model with refused sends or
+	// answers at once).
+	CallSteps         int     `json:"call_steps,omitempty"`
+	WindowBoundPerSec float64 `json:"window_bound_per_sec,omitempty"`
 	// CPU of the deliver phase per job completed: this process's (River, the HTTP client and the fakes,
 	// as the bench's figure counts ours) and the PostgreSQL server's, from /proc when it runs here.
 	CPUMSPerDelivery       float64 `json:"cpu_ms_per_delivery"`
@@ -273,7 +279,10 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		return nil, err
 	}
 	defer sms.Close()
-	if err := cfg.latency.Apply(push, sms); err != nil { // the order of the bench's: the same draws per channel
+	// The order of the bench's, and no call before the deliver phase: that phase meets each channel's
+	// answers from the first draw of its stream, as each of the bench's phases does.
+	samplers, err := cfg.latency.Apply(push, sms)
+	if err != nil {
 		return nil, err
 	}
 	channels := map[string]*httpchannel.Client{}
@@ -423,6 +432,11 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	rep.Deliveries = completed
 	rep.DeliverSeconds = deliverTook.Seconds()
 	rep.DeliveriesPerSec = float64(completed) / deliverTook.Seconds()
+	for _, s := range samplers {
+		rep.CallSteps += s.Steps()
+	}
+	rep.WindowBoundPerSec = math.Round(latency.WindowBound(
+		cfg.latency.FirstDelays(len(workload.Channels), rep.Jobs/len(workload.Channels)), rep.Window))
 	rep.CPUMSPerDelivery = msPer(cpu, completed)
 	if server != nil {
 		rep.ServerCPUMSPerDelivery = msPer(srv, completed)
