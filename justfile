@@ -93,7 +93,7 @@ sqlc-check:
 # Mutation testing with gremlins (v0.6.0, installed into .tools/bin on first use) of the packages whose tests need no database (worker's few database tests skip: PGTEST_SKIP=1), each held to .gremlins.yaml's thresholds (85% efficacy and mutator coverage); args: other packages, e.g. `just mutants ./service/redact`
 mutants *args:
     @gremlins=$(sh internal/tools/install-gremlins); \
-    if [ $# -eq 0 ]; then set -- ./service/delivery ./service/httpkit ./service/redact ./service/channelconfig ./worker; fi; \
+    if [ $# -eq 0 ]; then set -- ./service/delivery ./service/httpkit ./service/redact ./service/channelconfig ./worker ./bench/latency ./bench/compare; fi; \
     failed=; for pkg in "$@"; do \
       echo "==> gremlins unleash $pkg" >&2; \
       PGTEST_SKIP=1 GOFLAGS=-count=1 "$gremlins" unleash "$pkg" || failed="$failed $pkg"; \

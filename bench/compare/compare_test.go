@@ -37,6 +37,32 @@ func TestCompare(t *testing.T) {
 	is.True(strings.Contains(table, "1.50"))                  // 1800 / 1200
 	is.True(strings.Contains(table, "0.160+0.153"))           // ours' CPU per delivery, process + server
 	is.True(strings.Contains(table, "-+-"))                   // River's, not measured in this report
+	is.True(strings.Contains(table, "10% repeated"))          // the duplicates' share, in percent
+	is.True(!strings.Contains(table, "503"))                  // no refused sends in this model
+
+	out.Reset()
+	is.NoErr(Main([]string{"ours=" + ours}, &out, &bytes.Buffer{}))
+	is.True(!strings.Contains(out.String(), "ours / River")) // no River run: no ratio table
+	out.Reset()
+	is.NoErr(Main([]string{"river=" + river}, &out, &bytes.Buffer{}))
+	is.True(!strings.Contains(out.String(), "ours / River")) // nor without one of ours
+
+	withErrors := strings.Replace(model, `"errors":0`, `"errors":0.02`, 1)
+	out.Reset()
+	is.NoErr(Main([]string{"ours=" + write(t, "e.json", `{"peer":"notifier","notifications":2000,"duplicates":0.1,"deliveries_per_sec":1800,"workers":1,`+withErrors+`,"check":"ok"}`)}, &out, &bytes.Buffer{}))
+	is.True(strings.Contains(out.String(), "2% refused with 503")) // the refused share, described
+
+	out.Reset()
+	atOnce := write(t, "at-once.json", `{"peer":"notifier","notifications":2000,"duplicates":0.1,"deliveries_per_sec":1800,"workers":1,"call_latency":{"spec":"instant","seed":1},"check":"ok"}`)
+	stalled := write(t, "stalled.json", `{"peer":"river","notifications":2000,"duplicates":0.1,"deliveries_per_sec":0,"workers":8,"call_latency":{"spec":"instant","seed":1},"check":"ok"}`)
+	is.NoErr(Main([]string{"--json", "ours=" + atOnce, "river=" + stalled}, &out, &bytes.Buffer{}))
+	res0 := Result{}
+	is.NoErr(json.Unmarshal(out.Bytes(), &res0))
+	_, ratioOfNothing := res0.Ratios["ours/river"]
+	is.True(!ratioOfNothing) // a River that delivered nothing gives no ratio
+	out.Reset()
+	is.NoErr(Main([]string{"ours=" + atOnce}, &out, &bytes.Buffer{}))
+	is.True(strings.Contains(out.String(), "answered at once") && !strings.Contains(out.String(), "lognormal")) // the instant model, described as such
 
 	out.Reset()
 	is.NoErr(Main([]string{"--json", "ours=" + ours, "river=" + river}, &out, &bytes.Buffer{}))
@@ -69,7 +95,11 @@ func TestCompare(t *testing.T) {
 func TestRounds(t *testing.T) {
 	is := is.New(t)
 	report := func(peer string, perSec, srv float64) string {
-		return write(t, peer+".json", fmt.Sprintf(`{"peer":%q,"notifications":2000,"duplicates":0.1,"deliveries":4000,"deliveries_per_sec":%g,"workers":1,"window":1024,"server_cpu_ms_per_delivery":%g,"db_xacts_per_delivery":0.02,"avg_in_flight":500,%s,"check":"ok"}`, peer, perSec, srv, model))
+		hot := 0.25
+		if peer == "river" {
+			hot = 0.5
+		}
+		return write(t, peer+".json", fmt.Sprintf(`{"peer":%q,"notifications":2000,"duplicates":0.1,"deliveries":4000,"deliveries_per_sec":%g,"workers":1,"window":1024,"server_cpu_ms_per_delivery":%g,"db_xacts_per_delivery":0.02,"hot_update_share":%g,"avg_in_flight":500,%s,"check":"ok"}`, peer, perSec, srv, hot, model))
 	}
 	args := []string{"--rounds",
 		"ours=" + report("notifier", 3000, 0.2), "river=" + report("river", 2000, 0.1), // 1.50
@@ -82,6 +112,8 @@ func TestRounds(t *testing.T) {
 	is.True(strings.Contains(table, "median 1.25, spread 0.80-1.50 over 3 rounds")) // the middle ratio, not the mean's 1.18
 	is.True(strings.Contains(table, "0.200/0.100"))                                 // median server CPU per delivery, ours/River
 	is.True(strings.Contains(table, "  500/1024"))                                  // calls in flight against the window
+	is.True(strings.Contains(table, "\n3 "))                                        // the third round, numbered
+	is.True(strings.Contains(table, "ours 25%, River 50%"))                         // the median HOT shares, in percent
 	is.True(!strings.Contains(table, "window bound"))                               // no bound reported: none printed
 
 	bounded := func(peer string, perSec, bound float64, window int) string {
@@ -96,9 +128,27 @@ func TestRounds(t *testing.T) {
 	is.True(strings.Contains(table, "ours 6000/s of 1024, River 5400/s of 1000"))      // each peer's bound and window
 	is.True(strings.Contains(table, "ours 76%, River 78%; ours / River at most 1.43")) // medians 4550 and 4200: 6000 / 4200
 
+	// The bound's lines need both bounds and River's pace: a run without a bound (--skip-calls, a
+	// model with refused sends) or a River that delivered nothing prints none, rather than a ratio of
+	// zeros.
+	for _, c := range []struct{ oursBound, riverBound, riverPerSec float64 }{{0, 5400, 4000}, {6000, 0, 4000}, {6000, 5400, 0}} {
+		out.Reset()
+		is.NoErr(Main([]string{"--rounds", "ours=" + bounded("notifier", 4500, c.oursBound, 1024), "river=" + bounded("river", c.riverPerSec, c.riverBound, 1000)}, &out, &bytes.Buffer{}))
+		is.True(!strings.Contains(out.String(), "window bound")) // nothing to bound by
+	}
+
 	err := Main(args[:len(args)-1], &out, &bytes.Buffer{}) // an odd count: no pairs
 	var usage *UsageError
 	is.True(errors.As(err, &usage))
 	swapped := []string{"--rounds", args[2], args[1]} // River first
 	is.True(errors.As(Main(swapped, &out, &bytes.Buffer{}), &usage))
+	err = Main([]string{"--rounds", args[1], args[2], args[4], args[3]}, &out, &bytes.Buffer{})
+	is.True(err != nil && strings.Contains(err.Error(), "round 2 is river then ours")) // names the round at fault
+
+	out.Reset()
+	stalledRiver := write(t, "stalled.json", `{"peer":"river","notifications":2000,"duplicates":0.1,"deliveries":0,"deliveries_per_sec":0,"workers":1,"window":1024,`+model+`,"check":"ok"}`)
+	is.NoErr(Main([]string{"--rounds", "--json", args[1], "river=" + stalledRiver}, &out, &bytes.Buffer{}))
+	var stalled RoundsResult
+	is.NoErr(json.Unmarshal(out.Bytes(), &stalled))
+	is.Equal(stalled.Rounds[0].Ratio, 0.0) // a River that delivered nothing: no ratio, not an infinite one
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strings"
@@ -94,9 +95,13 @@ func TestParse(t *testing.T) {
 		is.NoErr(err)                 // the instant model
 		is.Equal(m, time.Duration(0)) // no delay
 	}
-	for _, bad := range []string{"100", "-1ms,0.5", "100ms,x", "100ms,-0.1", "100ms,4", "2m,0.5"} {
+	for _, bad := range []string{"100", "-1ms,0.5", "0ms,0.5", "100ms,x", "100ms,-0.1", "100ms,4", "2m,0.5"} {
 		_, _, err = Parse(bad)
 		is.True(err != nil) // refused
+	}
+	for _, edge := range []string{"1m,0.5", "100ms,0", "100ms,3"} {
+		_, _, err = Parse(edge)
+		is.NoErr(err) // the bounds themselves are allowed (a median up to MaxMedian, a sigma from 0 to MaxSigma)
 	}
 }
 
@@ -116,6 +121,14 @@ func TestFlags(t *testing.T) {
 	is.NoErr(fs.Parse([]string{"--call-errors", "0.6"}))
 	_, err = model()
 	is.True(err != nil && strings.Contains(err.Error(), "--call-errors")) // more than half refused: a bad flag
+
+	for _, share := range []string{"0", "0.5"} {
+		fs = flag.NewFlagSet("t", flag.ContinueOnError)
+		model = Flags(fs)
+		is.NoErr(fs.Parse([]string{"--call-errors", share}))
+		_, err = model()
+		is.NoErr(err) // none refused, and half: both allowed
+	}
 }
 
 // Apply makes a real fake answer by the model: a delay after acceptance, 503 before it.
@@ -193,6 +206,22 @@ func TestApplyRestartsTheDraws(t *testing.T) {
 	is.Equal(samplers[0].Delay(), next.Delay()) // the sampler goes on from the stream's second draw
 }
 
+// The model's descriptions and report say what it is; a draw is MEDIAN x exp(SIGMA x z) for the
+// stream's next normal z.
+func TestModelReportAndDraw(t *testing.T) {
+	is := is.New(t)
+	m := Model{Median: 5 * time.Millisecond, Sigma: 0.25, Seed: 3}
+	is.Equal(m.Spec(), "5ms,0.25")                // sigma at full precision
+	is.True(!strings.Contains(m.String(), "503")) // no refused sends, none described
+	is.True(strings.Contains(Model{Errors: 0.1}.String(), "10% of sends answered 503"))
+	r := Model{Median: 100 * time.Millisecond, Sigma: 0.8}.Report()
+	is.Equal(r.MedianMS, 100.0)             // in milliseconds
+	is.True(r.P99MS > 640 && r.P99MS < 645) // 100 ms x exp(0.8 x 2.326)
+
+	z := rand.New(rand.NewPCG(3, 0)).NormFloat64()
+	is.Equal(m.NewSampler(0).Delay(), time.Duration(float64(5*time.Millisecond)*math.Exp(0.25*z)))
+}
+
 // FirstDelays takes the channels' streams in turn, from their start; none for a model without delays
 // or with refused sends.
 func TestFirstDelays(t *testing.T) {
@@ -205,10 +234,10 @@ func TestFirstDelays(t *testing.T) {
 		is.Equal(got[i], a.Delay())   // channel 0's next draw
 		is.Equal(got[i+1], b.Delay()) // then channel 1's
 	}
-	is.Equal(len(Model{}.FirstDelays(2, 3)), 0)                                 // instant
-	is.Equal(len(Model{Median: time.Second, Errors: 0.1}.FirstDelays(2, 3)), 0) // refused sends: no list describes the retries
-	is.Equal(len(m.FirstDelays(0, 3)), 0)                                       // no channel
-	is.Equal(len(m.FirstDelays(2, 0)), 0)                                       // no send
+	is.True(Model{}.FirstDelays(2, 3) == nil)                                 // instant
+	is.True(Model{Median: time.Second, Errors: 0.1}.FirstDelays(2, 3) == nil) // refused sends: no list describes the retries
+	is.True(m.FirstDelays(0, 3) == nil)                                       // no channel
+	is.True(m.FirstDelays(2, 0) == nil)                                       // no send
 }
 
 // WindowBound refills each slot the moment its call answers, in order, and ends with the last answer.
@@ -228,5 +257,6 @@ func TestWindowBound(t *testing.T) {
 	is.Equal(WindowBound(ms(100, 100, 100, 100, 500), 2), 5/0.7) // the last call's tail ends the run: 200 + 500
 	is.Equal(WindowBound(ms(100, 50, 100), 2), 3/0.15)           // the third call takes the slot freed first (at 50 ms)
 	is.Equal(WindowBound(nil, 2), 0.0)
+	is.Equal(WindowBound(ms(0, 0), 2), 0.0) // answers that take no time: no pace to give
 	is.Equal(WindowBound(ms(100), 0), 0.0)
 }
