@@ -2,9 +2,10 @@
 # Ours against the River peer, one after the other on the same database ($DATABASE_URL; `just
 # bench-vs-river` starts a throwaway cluster), with the same workload (NOTIFICATIONS events x push and
 # sms, 10% repeated submissions) and the same provider model (CALL_LATENCY MEDIAN,SIGMA and
-# CALL_ERRORS, seed $SEED), four runs:
+# CALL_ERRORS, seed $SEED), four runs, each after a warm-up of its own (min(NOTIFICATIONS, 4000) events
+# delivered and not measured: its process's HTTP connections and statements, and the cluster, warm):
 #   ours-default   the bench with no tuning flag (notifier work's defaults: one loop, --max-in-flight 1024
-#                  --batch 256 --finishers 2); it runs first, and its warm-up warms the cluster for all;
+#                  --batch 256 --finishers 2);
 #   ours-best      the bench with $OURS_BEST (default "--workers 2 --max-in-flight 1024 --batch 128",
 #                  the best found so far on a 2-core machine);
 #   river-N        River at MaxWorkers $RIVER_WORKERS (default 1000), FetchCooldown $FETCH_COOLDOWN (1ms):
@@ -78,7 +79,7 @@ if [ "$rounds" -ge 2 ]; then
 		# shellcheck disable=SC2086 # $client, $model and $OURS_FLAGS are lists of words
 		run "ours-default.$round" $client "$tmp/bench" --json --pgbench=false --notifications "$notifications" --warmup "$warmup" $model ${OURS_FLAGS:-}
 		# shellcheck disable=SC2086
-		run "river-$river_workers.$round" $client "$tmp/river" --notifications "$notifications" --workers "$river_workers" --fetch-cooldown "$cooldown" $model
+		run "river-$river_workers.$round" $client "$tmp/river" --notifications "$notifications" --warmup "$warmup" --workers "$river_workers" --fetch-cooldown "$cooldown" $model
 		for name in "ours-default.$round" "river-$river_workers.$round"; do
 			[ -s "$tmp/$name.json" ] && reports="$reports $name=$tmp/$name.json"
 		done
@@ -93,15 +94,15 @@ fi
 # shellcheck disable=SC2086 # $client, $model and $ours_best are lists of flags
 run ours-default $client "$tmp/bench" --json --pgbench=false --notifications "$notifications" --warmup "$warmup" $model
 # shellcheck disable=SC2086
-run ours-best $client "$tmp/bench" --json --pgbench=false --notifications "$notifications" --warmup 0 $model $ours_best
+run ours-best $client "$tmp/bench" --json --pgbench=false --notifications "$notifications" --warmup "$warmup" $model $ours_best
 window=$("$tmp/bench" compare --window "$tmp/ours-default.json") || {
 	echo "vs-river: no report from ours-default, so no window for River at equal concurrency" >&2
 	exit 1
 }
 # shellcheck disable=SC2086
-run "river-$river_workers" $client "$tmp/river" --notifications "$notifications" --workers "$river_workers" --fetch-cooldown "$cooldown" $model
+run "river-$river_workers" $client "$tmp/river" --notifications "$notifications" --warmup "$warmup" --workers "$river_workers" --fetch-cooldown "$cooldown" $model
 # shellcheck disable=SC2086
-run "river-$window" $client "$tmp/river" --notifications "$notifications" --workers "$window" --fetch-cooldown "$cooldown" $model
+run "river-$window" $client "$tmp/river" --notifications "$notifications" --warmup "$warmup" --workers "$window" --fetch-cooldown "$cooldown" $model
 
 reports=
 for name in ours-default ours-best "river-$river_workers" "river-$window"; do

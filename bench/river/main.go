@@ -4,7 +4,8 @@
 //
 // On $DATABASE_URL (or --database-url) it runs River's migrations, starts the fake push and sms channels
 // in this process (the same fakes/ as the bench), answering by the same provider model (bench/latency:
-// --call-latency, --call-errors, --seed), inserts --notifications events for 1000 users (one job per
+// --call-latency, --call-errors, --seed), delivers --warmup events with a River client of their own
+// (not measured, as the bench's warm-up), inserts --notifications events for 1000 users (one job per
 // channel, push and sms, inserted together per event, from 8 concurrent inserters, plus --duplicates x
 // that many repeated submissions of random events), each job unique by (user, event, channel) through
 // River's UniqueOpts ByArgs; then starts a River client with --workers workers (MaxWorkers) whose
@@ -116,6 +117,7 @@ type config struct {
 	latency       latency.Model
 	insertBatch   int  // events per InsertMany from one inserter; 0: one event per call from workload.Submitters
 	insertOnly    bool // stop after the insert phase (the bulk-create comparison)
+	warmup        int  // events delivered by a client of their own before the measured phases
 }
 
 // report is the one JSON object printed on stdout.
@@ -143,6 +145,7 @@ type report struct {
 	InsertSeconds      float64        `json:"insert_seconds"`
 	InsertsPerSec      float64        `json:"inserts_per_sec"`       // insert calls (events, 2 jobs each) per second
 	JobsInsertedPerSec float64        `json:"jobs_inserted_per_sec"` // jobs written per second
+	WarmupDeliveries   int            `json:"warmup_deliveries"`     // jobs completed by the warm-up, not measured
 	Deliveries         int            `json:"deliveries"`
 	DeliverSeconds     float64        `json:"deliver_seconds"`
 	DeliveriesPerSec   float64        `json:"deliveries_per_sec"`
@@ -201,7 +204,8 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.fetchCooldown, "fetch-cooldown", river.FetchCooldownDefault, "River FetchCooldown (its default; at least 1ms)")
 	fs.DurationVar(&cfg.pollInterval, "fetch-poll-interval", river.FetchPollIntervalDefault, "River FetchPollInterval (its default)")
 	fs.IntVar(&cfg.insertBatch, "insert-batch", 0, "insert from one goroutine, this many events (2 unique jobs each) per InsertMany (0: one event per InsertMany from several inserters)")
-	fs.BoolVar(&cfg.insertOnly, "insert-only", false, "stop after the insert phase: the bulk-insert figure alone")
+	fs.BoolVar(&cfg.insertOnly, "insert-only", false, "stop after the insert phase: the bulk-insert figure alone (no warm-up)")
+	fs.IntVar(&cfg.warmup, "warmup", 4000, "events inserted and delivered before anything is measured, by a River client of their own, as the bench's --warmup: the HTTP connections to the fakes, the pool's statements and River's tables are warm when the measured phases start (0: none)")
 	fs.DurationVar(&cfg.timeout, "timeout", 30*time.Minute, "give up after this long")
 	model := latency.Flags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -227,6 +231,8 @@ func parseFlags(args []string) (config, error) {
 		return cfg, fmt.Errorf("invalid --duplicates %v: want 0 to 10", cfg.duplicates)
 	case cfg.fetchCooldown < river.FetchCooldownMin || cfg.pollInterval < cfg.fetchCooldown:
 		return cfg, fmt.Errorf("invalid --fetch-cooldown %s / --fetch-poll-interval %s", cfg.fetchCooldown, cfg.pollInterval)
+	case cfg.warmup < 0 || cfg.warmup > 1_000_000:
+		return cfg, fmt.Errorf("invalid --warmup %d: want 0 to 1000000", cfg.warmup)
 	case cfg.insertBatch < 0 || cfg.insertBatch > 10_000:
 		return cfg, fmt.Errorf("invalid --insert-batch %d: want 0 to 10000", cfg.insertBatch)
 	case cfg.timeout <= 0:
@@ -279,10 +285,10 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		return nil, err
 	}
 	defer sms.Close()
-	// The order of the bench's, and no call before the deliver phase: that phase meets each channel's
-	// answers from the first draw of its stream, as each of the bench's phases does.
-	samplers, err := cfg.latency.Apply(push, sms)
-	if err != nil {
+	// The order of the bench's. Each deliver phase, the warm-up's and the measured one's, applies the
+	// model again and so meets each channel's answers from the first draw of its stream, as each of
+	// the bench's phases does.
+	if _, err := cfg.latency.Apply(push, sms); err != nil {
 		return nil, err
 	}
 	channels := map[string]*httpchannel.Client{}
@@ -294,15 +300,23 @@ func run(ctx context.Context, cfg config) (*report, error) {
 
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &DeliveryWorker{channels: channels, timeout: workload.CallTimeout})
-	client, err := river.NewClient(driver, &river.Config{
+	riverConfig := &river.Config{
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.workers}},
 		Workers:           workers,
 		FetchCooldown:     cfg.fetchCooldown,
 		FetchPollInterval: cfg.pollInterval,
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
+	}
+	client, err := river.NewClient(driver, riverConfig)
 	if err != nil {
 		return nil, fmt.Errorf("river client: %w", err)
+	}
+
+	// 0. Warm-up, not measured.
+	if cfg.warmup > 0 && !cfg.insertOnly {
+		if rep.WarmupDeliveries, err = warmUp(ctx, driver, riverConfig, cfg, push, sms); err != nil {
+			return rep, fmt.Errorf("warm-up: %w", err)
+		}
 	}
 
 	// 1. Insert: each event's two jobs in one InsertMany (one transaction), from 8 inserters, duplicates
@@ -381,7 +395,13 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		return rep, nil
 	}
 
-	// 2. Deliver: start the workers, wait for a completion event per job.
+	// 2. Deliver: start the workers, wait for a completion event per job. The warm-up's sends and
+	// messages are not the phase's.
+	sends0, outbound0 := push.TotalSends()+sms.TotalSends(), push.TotalOutbound()+sms.TotalOutbound()
+	samplers, err := cfg.latency.Apply(push, sms)
+	if err != nil {
+		return rep, err
+	}
 	events2, unsubscribe := client.SubscribeConfig(&river.SubscribeConfig{
 		ChanSize: rep.Jobs + 1000, Kinds: []river.EventKind{river.EventKindJobCompleted},
 	})
@@ -465,8 +485,8 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	if err := rows.Err(); err != nil {
 		return rep, err
 	}
-	rep.Sends = push.TotalSends() + sms.TotalSends()
-	rep.Outbound = push.TotalOutbound() + sms.TotalOutbound()
+	rep.Sends = push.TotalSends() + sms.TotalSends() - sends0
+	rep.Outbound = push.TotalOutbound() + sms.TotalOutbound() - outbound0
 	rep.Check = "ok"
 	perJob := max(push.MaxOutboundPerRef(), sms.MaxOutboundPerRef())
 	if rep.JobStates["completed"] != rep.Jobs || rep.Outbound != rep.Jobs || perJob > 1 {
@@ -475,6 +495,65 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		return rep, errors.New(rep.Check)
 	}
 	return rep, nil
+}
+
+// warmUp inserts cfg.warmup events (a push and an sms job each) and delivers them with a River client
+// of their own, configured as the measured one, which it stops before returning: the measured client
+// then starts on warm HTTP connections to the fakes (its workers share their channel clients), warm
+// pool connections with their statements prepared, and River's tables already used, as the bench's
+// warm-up leaves ours. It returns how many jobs completed.
+func warmUp(ctx context.Context, driver *riverpgxv5.Driver, riverConfig *river.Config, cfg config, push, sms *fakes.Channel) (int, error) {
+	client, err := river.NewClient(driver, riverConfig)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := cfg.latency.Apply(push, sms); err != nil {
+		return 0, err
+	}
+	run := "river-warmup-" + strconv.FormatInt(time.Now().UnixMilli(), 36)
+	const perCall = 500
+	for i := 0; i < cfg.warmup; i += perCall {
+		var params []river.InsertManyParams
+		for ev := i; ev < min(i+perCall, cfg.warmup); ev++ {
+			user := fmt.Sprintf("%s-u%d", run, ev%workload.Users)
+			key := fmt.Sprintf("%s-ev%d", run, ev)
+			for _, ch := range workload.Channels {
+				params = append(params, river.InsertManyParams{Args: DeliveryArgs{
+					User: user, Event: key, Channel: ch, To: user + "@" + ch, Body: "bench warm-up " + key,
+				}})
+			}
+		}
+		if _, err := client.InsertMany(ctx, params); err != nil {
+			return 0, err
+		}
+	}
+	jobs := cfg.warmup * len(workload.Channels)
+	completedEvents, unsubscribe := client.SubscribeConfig(&river.SubscribeConfig{
+		ChanSize: jobs + 1000, Kinds: []river.EventKind{river.EventKindJobCompleted},
+	})
+	defer unsubscribe()
+	if err := client.Start(ctx); err != nil {
+		return 0, err
+	}
+	completed := 0
+	for completed < jobs && ctx.Err() == nil {
+		select {
+		case ev := <-completedEvents:
+			if ev != nil && ev.Job != nil && ev.Job.Kind == jobKind {
+				completed++
+			}
+		case <-ctx.Done():
+		}
+	}
+	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := client.Stop(stopCtx); err != nil {
+		return completed, fmt.Errorf("stop: %w", err)
+	}
+	if completed < jobs {
+		return completed, fmt.Errorf("%d of %d jobs completed: %w", completed, jobs, ctx.Err())
+	}
+	return completed, nil
 }
 
 func msPer(d time.Duration, n int) float64 {
