@@ -130,9 +130,9 @@ func (res Result) Print(w io.Writer) error {
 	for _, r := range res.Runs {
 		width = max(width, len(r.Name))
 	}
-	p("%-*s %14s %8s %13s  %-8s %s\n", width, "run", "deliveries/s", "window", "CPU ms/del.", "check", "setting")
+	p("%-*s %14s %8s %8s %13s  %-8s %s\n", width, "run", "deliveries/s", "window", "bound/s", "CPU ms/del.", "check", "setting")
 	for _, r := range res.Runs {
-		p("%-*s %14.0f %8d %13s  %-8s %s\n", width, r.Name, r.DeliveriesPerSec, r.Window, cpu(r), r.Check, r.Setting())
+		p("%-*s %14.0f %8d %8s %13s  %-8s %s\n", width, r.Name, r.DeliveriesPerSec, r.Window, bound(r), cpu(r), r.Check, r.Setting())
 	}
 	var ours, river []Run
 	for _, r := range res.Runs {
@@ -142,7 +142,8 @@ func (res Result) Print(w io.Writer) error {
 			ours = append(ours, r)
 		}
 	}
-	p("(CPU ms/del.: the peer's process, queue, HTTP client and fakes, + the PostgreSQL server's, per delivery)\n")
+	p("(bound/s: the window refilled the moment each call answers, against the same answers; CPU ms/del.: the\n")
+	p(" peer's process, queue, HTTP client and fakes, + the PostgreSQL server's, per delivery)\n")
 	if len(ours) > 0 && len(river) > 0 {
 		p("\n%-*s", width, "ours / River")
 		for _, r := range river {
@@ -159,6 +160,14 @@ func (res Result) Print(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, sb.String())
 	return err
+}
+
+// bound is the run's window bound per second, "-" when its model has none.
+func bound(r Run) string {
+	if r.WindowBoundPerSec <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", r.WindowBoundPerSec)
 }
 
 // cpu is "PROCESS+SERVER" ms per delivery, "-" for what was not measured.

@@ -37,6 +37,7 @@ func TestCompare(t *testing.T) {
 	is.True(strings.Contains(table, "1.50"))                  // 1800 / 1200
 	is.True(strings.Contains(table, "0.160+0.153"))           // ours' CPU per delivery, process + server
 	is.True(strings.Contains(table, "-+-"))                   // River's, not measured in this report
+	is.True(strings.Contains(table, "     -   0.160+0.153"))  // no window bound in ours' report
 	is.True(strings.Contains(table, "10% repeated"))          // the duplicates' share, in percent
 	is.True(!strings.Contains(table, "503"))                  // no refused sends in this model
 
@@ -125,7 +126,10 @@ func TestRounds(t *testing.T) {
 		"ours=" + bounded("notifier", 4600, 6000, 1024), "river=" + bounded("river", 4400, 5400, 1000),
 	}, &out, &bytes.Buffer{}))
 	table = out.String()
-	is.True(strings.Contains(table, "ours 6000/s of 1024, River 5400/s of 1000"))      // each peer's bound and window
+	is.True(strings.Contains(table, "ours 6000/s of 1024, River 5400/s of 1000")) // each peer's bound and window
+	out.Reset()
+	is.NoErr(Main([]string{"ours=" + bounded("notifier", 4500, 6000, 1024)}, &out, &bytes.Buffer{}))
+	is.True(strings.Contains(out.String(), "    6000 "))                               // the bound beside the run
 	is.True(strings.Contains(table, "ours 76%, River 78%; ours / River at most 1.43")) // medians 4550 and 4200: 6000 / 4200
 
 	// The bound's lines need both bounds and River's pace: a run without a bound (--skip-calls, a
