@@ -103,8 +103,9 @@ fleet-wide gauges it reads every 15s (parked tasks, the oldest due task, late ac
 pauses) for the alert rules in deploy/prometheus (see docs/operations.md#alerts-and-dashboard).
 
 When to tune (the defaults suit channels answering in 50-500 ms and channels answering at once):
-  --max-in-flight  calls in flight needed ~ deliveries/s x call latency: 1024 allows ~10,000/s at a
-                   100 ms median. Raise it for slower channels or higher rates; lower it to bound how
+  --max-in-flight  calls in flight needed ~ deliveries/s x mean call latency: 1024 allows ~7,400/s at
+                   a 100 ms median with a long tail (mean 138 ms). Raise it for slower channels or
+                   higher rates; lower it to bound how
                    many tasks a crash leaves uncertain (each is resent with its key, queried, or parked)
                    or how many connections a worker opens to a provider over HTTP/1.1 (one per call).
   --batch          tasks per claim; rarely worth changing.

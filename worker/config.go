@@ -8,9 +8,9 @@ import (
 )
 
 // Defaults of Config, sized for channels that answer in 50-500 ms: a window of 1024 calls allows up
-// to ~10,000 deliveries/s at a 100 ms median, more than one database of modest size records, so the
-// database and not the window sets the pace; it costs little when answers come at once. Claims of up
-// to 256 keep claim round trips few at that rate (docs/benchmarks.md has the measurements).
+// to ~7,400 deliveries/s at a 100 ms median with a long tail (a mean call of 138 ms), about what one
+// database of modest size records; it costs little when answers come at once. Claims of up to 256
+// keep claim round trips few at that rate (docs/benchmarks.md has the measurements).
 const (
 	DefaultMaxInFlight = 1024
 	DefaultBatch       = 256
