@@ -193,6 +193,16 @@ func (s *Sampler) Steps() int {
 	return s.steps
 }
 
+// Steps is how many answers the samplers have drawn together: a phase's, from the samplers Apply gave
+// it.
+func Steps(samplers []*Sampler) int {
+	n := 0
+	for _, s := range samplers {
+		n += s.Steps()
+	}
+	return n
+}
+
 // Apply makes the channels answer by the model, each from its own stream of draws (by its position in
 // channels), once their scripted queues are empty, from the first draw of each stream: a phase that
 // applies the model again meets the same answers as any other that did, whatever came before it. It
@@ -232,6 +242,12 @@ func (m Model) FirstDelays(channels, perChannel int) []time.Duration {
 		}
 	}
 	return delays
+}
+
+// Bound is the window's bound of a phase of perChannel sends to each of channels channels against
+// the model's first answers: WindowBound over FirstDelays. 0 where FirstDelays has no list.
+func (m Model) Bound(channels, perChannel, window int) float64 {
+	return WindowBound(m.FirstDelays(channels, perChannel), window)
 }
 
 // WindowBound is the deliveries per second of a worker that holds window calls in flight and starts

@@ -145,11 +145,12 @@ func TestApplyOnFake(t *testing.T) {
 	resp, err := http.DefaultClient.Do(req)
 	is.NoErr(err)
 	resp.Body.Close()
-	is.Equal(len(samplers), 1)                     // one sampler per channel
-	is.Equal(samplers[0].Steps(), 1)               // which drew the one answer
-	is.Equal(resp.StatusCode, 200)                 // accepted
-	is.True(time.Since(t0) >= 30*time.Millisecond) // after the model's (constant) delay
-	is.Equal(push.Outbound("task-1"), 1)           // one message
+	is.Equal(len(samplers), 1)                        // one sampler per channel
+	is.Equal(samplers[0].Steps(), 1)                  // which drew the one answer
+	is.Equal(Steps(append(samplers, samplers[0])), 2) // the samplers' answers, summed
+	is.Equal(resp.StatusCode, 200)                    // accepted
+	is.True(time.Since(t0) >= 30*time.Millisecond)    // after the model's (constant) delay
+	is.Equal(push.Outbound("task-1"), 1)              // one message
 
 	sms := fakes.Start(fakes.SMS)
 	defer sms.Close()
@@ -234,6 +235,8 @@ func TestFirstDelays(t *testing.T) {
 		is.Equal(got[i], a.Delay())   // channel 0's next draw
 		is.Equal(got[i+1], b.Delay()) // then channel 1's
 	}
+	is.Equal(m.Bound(2, 3, 2), WindowBound(got, 2))                           // the bound over those answers
+	is.Equal(Model{}.Bound(2, 3, 2), 0.0)                                     // none without them
 	is.True(Model{}.FirstDelays(2, 3) == nil)                                 // instant
 	is.True(Model{Median: time.Second, Errors: 0.1}.FirstDelays(2, 3) == nil) // refused sends: no list describes the retries
 	is.True(m.FirstDelays(0, 3) == nil)                                       // no channel

@@ -325,12 +325,9 @@ func (b *bench) mainRun(ctx context.Context, rep *Report) error {
 		return err
 	}
 	ds.fill(rep)
-	for _, s := range b.samplers {
-		rep.CallSteps += s.Steps()
-	}
+	rep.CallSteps = latency.Steps(b.samplers)
 	if !b.cfg.SkipCalls {
-		rep.WindowBoundPerSec = math.Round(latency.WindowBound(
-			b.cfg.Latency.FirstDelays(len(workload.Channels), cs.tasks/len(workload.Channels)), rep.Window))
+		rep.WindowBoundPerSec = math.Round(b.cfg.Latency.Bound(len(workload.Channels), cs.tasks/len(workload.Channels), rep.Window))
 	}
 	if ds.sent > 0 {
 		per := func(a, b int64) float64 { return pgbench.Round3(float64(b-a) / float64(ds.sent)) }

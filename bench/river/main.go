@@ -285,12 +285,6 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		return nil, err
 	}
 	defer sms.Close()
-	// The order of the bench's. Each deliver phase, the warm-up's and the measured one's, applies the
-	// model again and so meets each channel's answers from the first draw of its stream, as each of
-	// the bench's phases does.
-	if _, err := cfg.latency.Apply(push, sms); err != nil {
-		return nil, err
-	}
 	channels := map[string]*httpchannel.Client{}
 	for name, ch := range map[string]*fakes.Channel{"push": push, "sms": sms} {
 		if channels[name], err = httpchannel.New(ch.URL(), httpchannel.Options{}); err != nil {
@@ -352,13 +346,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 				}
 				var params []river.InsertManyParams
 				for _, ev := range events[i:min(i+perCall, len(events))] {
-					user := fmt.Sprintf("%s-u%d", run, ev%workload.Users)
-					key := fmt.Sprintf("%s-ev%d", run, ev)
-					for _, ch := range workload.Channels {
-						params = append(params, river.InsertManyParams{Args: DeliveryArgs{
-							User: user, Event: key, Channel: ch, To: user + "@" + ch, Body: "bench event " + key,
-						}})
-					}
+					params = append(params, eventJobs(run, ev, "bench event ")...)
 				}
 				res, err := client.InsertMany(ctx, params)
 				if err != nil {
@@ -398,6 +386,9 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	// 2. Deliver: start the workers, wait for a completion event per job. The warm-up's sends and
 	// messages are not the phase's.
 	sends0, outbound0 := push.TotalSends()+sms.TotalSends(), push.TotalOutbound()+sms.TotalOutbound()
+	// Push then sms, the order of the bench's. Each deliver phase, the warm-up's and this one, applies
+	// the model again and so meets each channel's answers from the first draw of its stream, as each of
+	// the bench's phases does.
 	samplers, err := cfg.latency.Apply(push, sms)
 	if err != nil {
 		return rep, err
@@ -419,18 +410,11 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	if err := client.Start(ctx); err != nil {
 		return rep, fmt.Errorf("river start: %w", err)
 	}
-	completed := 0
-	for completed < rep.Jobs {
-		select {
-		case ev := <-events2:
-			if ev != nil && ev.Job != nil && ev.Job.Kind == jobKind {
-				completed++
-			}
-		case <-ctx.Done():
-			_ = client.StopAndCancel(context.Background())
-			return rep, fmt.Errorf("deliver: %d of %d jobs completed: %w", completed, rep.Jobs, ctx.Err())
-		}
+	if completed := awaitCompleted(ctx, events2, rep.Jobs); completed < rep.Jobs {
+		_ = client.StopAndCancel(context.Background())
+		return rep, fmt.Errorf("deliver: %d of %d jobs completed: %w", completed, rep.Jobs, ctx.Err())
 	}
+	completed := rep.Jobs
 	deliverTook := time.Since(t0)
 	cpu, srv := cputime.Process()-cpu0, server.CPUUsed()-srv0
 	stopCtx, stopCancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -452,11 +436,8 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	rep.Deliveries = completed
 	rep.DeliverSeconds = deliverTook.Seconds()
 	rep.DeliveriesPerSec = float64(completed) / deliverTook.Seconds()
-	for _, s := range samplers {
-		rep.CallSteps += s.Steps()
-	}
-	rep.WindowBoundPerSec = math.Round(latency.WindowBound(
-		cfg.latency.FirstDelays(len(workload.Channels), rep.Jobs/len(workload.Channels)), rep.Window))
+	rep.CallSteps = latency.Steps(samplers)
+	rep.WindowBoundPerSec = math.Round(cfg.latency.Bound(len(workload.Channels), rep.Jobs/len(workload.Channels), rep.Window))
 	rep.CPUMSPerDelivery = msPer(cpu, completed)
 	if server != nil {
 		rep.ServerCPUMSPerDelivery = msPer(srv, completed)
@@ -515,13 +496,7 @@ func warmUp(ctx context.Context, driver *riverpgxv5.Driver, riverConfig *river.C
 	for i := 0; i < cfg.warmup; i += perCall {
 		var params []river.InsertManyParams
 		for ev := i; ev < min(i+perCall, cfg.warmup); ev++ {
-			user := fmt.Sprintf("%s-u%d", run, ev%workload.Users)
-			key := fmt.Sprintf("%s-ev%d", run, ev)
-			for _, ch := range workload.Channels {
-				params = append(params, river.InsertManyParams{Args: DeliveryArgs{
-					User: user, Event: key, Channel: ch, To: user + "@" + ch, Body: "bench warm-up " + key,
-				}})
-			}
+			params = append(params, eventJobs(run, ev, "bench warm-up ")...)
 		}
 		if _, err := client.InsertMany(ctx, params); err != nil {
 			return 0, err
@@ -535,16 +510,7 @@ func warmUp(ctx context.Context, driver *riverpgxv5.Driver, riverConfig *river.C
 	if err := client.Start(ctx); err != nil {
 		return 0, err
 	}
-	completed := 0
-	for completed < jobs && ctx.Err() == nil {
-		select {
-		case ev := <-completedEvents:
-			if ev != nil && ev.Job != nil && ev.Job.Kind == jobKind {
-				completed++
-			}
-		case <-ctx.Done():
-		}
-	}
+	completed := awaitCompleted(ctx, completedEvents, jobs)
 	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := client.Stop(stopCtx); err != nil {
@@ -554,6 +520,37 @@ func warmUp(ctx context.Context, driver *riverpgxv5.Driver, riverConfig *river.C
 		return completed, fmt.Errorf("%d of %d jobs completed: %w", completed, jobs, ctx.Err())
 	}
 	return completed, nil
+}
+
+// eventJobs is event ev's jobs, one per channel, for a user of the run's; body prefixes the event key
+// in their bodies.
+func eventJobs(run string, ev int, body string) []river.InsertManyParams {
+	user := fmt.Sprintf("%s-u%d", run, ev%workload.Users)
+	key := fmt.Sprintf("%s-ev%d", run, ev)
+	params := make([]river.InsertManyParams, 0, len(workload.Channels))
+	for _, ch := range workload.Channels {
+		params = append(params, river.InsertManyParams{Args: DeliveryArgs{
+			User: user, Event: key, Channel: ch, To: user + "@" + ch, Body: body + key,
+		}})
+	}
+	return params
+}
+
+// awaitCompleted counts the completion events of this workload's jobs until jobs have come or ctx is
+// done, and returns how many came.
+func awaitCompleted(ctx context.Context, events <-chan *river.Event, jobs int) int {
+	completed := 0
+	for completed < jobs {
+		select {
+		case ev := <-events:
+			if ev != nil && ev.Job != nil && ev.Job.Kind == jobKind {
+				completed++
+			}
+		case <-ctx.Done():
+			return completed
+		}
+	}
+	return completed
 }
 
 func msPer(d time.Duration, n int) float64 {
