@@ -76,7 +76,12 @@ const (
 	OutcomeGatewayError   Outcome = "GATEWAY_ERROR"      // 502/504, or a 5xx through a forward proxy: may have been passed on and accepted
 	OutcomeThrottled      Outcome = "THROTTLED"          // 429: refused before acceptance, retry later
 	OutcomeRejected       Outcome = "REJECTED"           // 4xx: the channel will never accept this request
-	OutcomeLeaseExpired   Outcome = "LEASE_EXPIRED"      // the holder vanished before recording anything
+	// OutcomeAccountRefused: the provider refused this request because of a state of our account that an
+	// operator can fix (a rejected or expired credential, a paused sending account, a sender not allowed
+	// to send). Certainly not accepted, and not the task's fault: the channel is paused for every worker
+	// instead of the task being written off (docs/channels.md#account-states).
+	OutcomeAccountRefused Outcome = "ACCOUNT_REFUSED"
+	OutcomeLeaseExpired   Outcome = "LEASE_EXPIRED" // the holder vanished before recording anything
 
 	OutcomePrefDisabled          Outcome = "PREF_DISABLED"
 	OutcomeTTLExpired            Outcome = "TTL_EXPIRED"
