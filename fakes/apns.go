@@ -5,12 +5,15 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,8 +30,19 @@ import (
 // The provider token is checked as APNs does: ES256 signed by the team's key with its kid and iss
 // (403 InvalidProviderToken), no older than an hour (403 ExpiredProviderToken), and not replaced by a
 // new one less than 20 minutes after the previous (429 TooManyProviderTokenUpdates). A device token
-// made Unregister answers 410 Unregistered. Notifications with the apns-collapse-id of one not yet
-// delivered (Deliver) replace it.
+// made Unregister answers 410 Unregistered. Headers and device tokens are checked as Apple's error
+// table describes them (https://developer.apple.com/documentation/usernotifications/handling-error-responses-from-apns):
+// a device token of 64 hexadecimal digits (400 BadDeviceToken), apns-topic present (400 MissingTopic,
+// required with token authentication) and the team's (400 TopicDisallowed), a known apns-push-type
+// (400 InvalidPushType), apns-priority 1, 5 or 10 (400 BadPriority), an integer apns-expiration (400
+// BadExpirationDate), a UUID apns-id (400 BadMessageId), an apns-collapse-id of at most 64 bytes (400
+// BadCollapseId), no repeated header (400 DuplicateHeaders), a payload present (400 PayloadEmpty) and
+// of at most 4 KB (413 PayloadTooLarge).
+//
+// Devices are offline until Online, and APNs stores for an offline device only the most recent
+// notification of the app: each new one discards the one stored before ("coalescing",
+// https://developer.apple.com/documentation/usernotifications/sending-notification-requests-to-apns).
+// A device shows notifications with the same apns-collapse-id as one (Shown).
 type APNs struct {
 	srv   *httptest.Server
 	key   *ecdsa.PrivateKey
@@ -46,8 +60,7 @@ type APNs struct {
 	nextScript   []Step            // for requests of a ref without a script of its own
 	sends        map[string]int
 	unregistered map[string]bool
-	pending      map[string]Message // collapse id -> undelivered
-	delivered    map[string][]Message
+	devices      map[string]*apnsDevice // by device token
 	lastHeader   http.Header
 	lastBody     []byte
 	protos       map[string]int
@@ -61,7 +74,7 @@ func StartAPNs() *APNs {
 	}
 	a := &APNs{key: key, Team: "TEAM123456", KeyID: "KEY1234567", Topic: "com.example.app", now: time.Now,
 		script: map[string][]Step{}, sends: map[string]int{}, unregistered: map[string]bool{},
-		pending: map[string]Message{}, delivered: map[string][]Message{}, protos: map[string]int{}}
+		devices: map[string]*apnsDevice{}, protos: map[string]int{}}
 	a.srv = httptest.NewUnstartedServer(http.HandlerFunc(a.serve))
 	a.srv.EnableHTTP2 = true
 	a.srv.Config.ConnState = a.conns.ConnState
@@ -129,24 +142,107 @@ func (a *APNs) Protos() map[string]int {
 	return out
 }
 
-// Deliver hands every pending notification to its device.
-func (a *APNs) Deliver() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for k, m := range a.pending {
-		a.delivered[m.Ref] = append(a.delivered[m.Ref], m)
-		delete(a.pending, k)
+// apnsDevice is what APNs holds for one device token of the fake's one app (topic).
+type apnsDevice struct {
+	online   bool
+	stored   *apnsNotification // the most recent notification while offline
+	received []apnsNotification
+}
+
+type apnsNotification struct {
+	Message
+	collapseID string
+}
+
+func (a *APNs) device(token string) *apnsDevice {
+	d := a.devices[token]
+	if d == nil {
+		d = &apnsDevice{}
+		a.devices[token] = d
+	}
+	return d
+}
+
+func (d *apnsDevice) flush() {
+	if d.stored != nil {
+		d.received = append(d.received, *d.stored)
+		d.stored = nil
 	}
 }
 
-// Outbound is how many copies of ref the device has or will get.
+// Deliver hands every device the notification APNs stored for it, as if each came online for a moment.
+func (a *APNs) Deliver() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, d := range a.devices {
+		d.flush()
+	}
+}
+
+// Online brings a device online: it receives the stored notification, and every later one at once.
+func (a *APNs) Online(device string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d := a.device(device)
+	d.flush()
+	d.online = true
+}
+
+// Offline takes a device offline again.
+func (a *APNs) Offline(device string) { a.mu.Lock(); a.device(device).online = false; a.mu.Unlock() }
+
+// Received is every notification the device received, in order.
+func (a *APNs) Received(device string) []Message {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []Message
+	for _, n := range a.device(device).received {
+		out = append(out, n.Message)
+	}
+	return out
+}
+
+// Shown is what the device shows: the notifications it received, those with the same apns-collapse-id
+// as one (the newest, in the place of the first).
+func (a *APNs) Shown(device string) []Message {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []Message
+	at := map[string]int{}
+	for _, n := range a.device(device).received {
+		if i, ok := at[n.collapseID]; ok && n.collapseID != "" {
+			out[i] = n.Message
+			continue
+		}
+		at[n.collapseID] = len(out)
+		out = append(out, n.Message)
+	}
+	return out
+}
+
+// Stored is the notification APNs holds for an offline device, if any.
+func (a *APNs) Stored(device string) (Message, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if n := a.device(device).stored; n != nil {
+		return n.Message, true
+	}
+	return Message{}, false
+}
+
+// Outbound is how many copies of ref the devices have or will get: received ones and stored ones.
 func (a *APNs) Outbound(ref string) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	n := len(a.delivered[ref])
-	for _, m := range a.pending {
-		if m.Ref == ref {
+	n := 0
+	for _, d := range a.devices {
+		if d.stored != nil && d.stored.Ref == ref {
 			n++
+		}
+		for _, m := range d.received {
+			if m.Ref == ref {
+				n++
+			}
 		}
 	}
 	return n
@@ -212,19 +308,11 @@ func (a *APNs) serve(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	unregistered := a.unregistered[device]
 	a.mu.Unlock()
+	if status, reason := a.checkRequest(r.Header, device, body); status != 0 {
+		apnsError(w, status, reason)
+		return
+	}
 	switch {
-	case r.Header.Get("apns-topic") != a.Topic:
-		apnsError(w, http.StatusBadRequest, "TopicDisallowed")
-		return
-	case r.Header.Get("apns-push-type") == "":
-		apnsError(w, http.StatusBadRequest, "InvalidPushType")
-		return
-	case len(body) > 4096:
-		apnsError(w, http.StatusRequestEntityTooLarge, "PayloadTooLarge")
-		return
-	case len(r.Header.Get("apns-collapse-id")) > 64:
-		apnsError(w, http.StatusBadRequest, "BadCollapseId")
-		return
 	case unregistered:
 		apnsError(w, http.StatusGone, "Unregistered")
 		return
@@ -245,11 +333,11 @@ func (a *APNs) serve(w http.ResponseWriter, r *http.Request) {
 	if id == "" {
 		id = fmt.Sprintf("%08x-0000-4000-8000-000000000000", a.seq)
 	}
-	m := Message{ID: id, Ref: p.Ref, To: device, Body: string(body)}
-	if k := r.Header.Get("apns-collapse-id"); k != "" {
-		a.pending[k] = m
+	n := apnsNotification{Message{ID: id, Ref: p.Ref, To: device, Body: string(body)}, r.Header.Get("apns-collapse-id")}
+	if d := a.device(device); d.online {
+		d.received = append(d.received, n)
 	} else {
-		a.delivered[p.Ref] = append(a.delivered[p.Ref], m)
+		d.stored = &n // replaces the one stored before: one per app
 	}
 	a.mu.Unlock()
 	if step.Delay > 0 || step.Hang {
@@ -261,6 +349,70 @@ func (a *APNs) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("apns-id", id)
 	w.WriteHeader(http.StatusOK)
+}
+
+// apnsPushTypes are the values of apns-push-type Apple lists.
+var apnsPushTypes = []string{"alert", "background", "location", "voip", "complication", "fileprovider", "mdm",
+	"liveactivity", "pushtotalk", "widgets", "controls"}
+
+// checkRequest applies Apple's rules for the device token, the headers and the payload; status 0
+// means the request is well formed.
+func (a *APNs) checkRequest(h http.Header, device string, body []byte) (int, string) {
+	for name, values := range h {
+		if strings.HasPrefix(strings.ToLower(name), "apns-") && len(values) > 1 {
+			return http.StatusBadRequest, "DuplicateHeaders"
+		}
+	}
+	if _, err := hex.DecodeString(device); err != nil || len(device) != 64 {
+		return http.StatusBadRequest, "BadDeviceToken"
+	}
+	topic := h.Get("apns-topic")
+	switch {
+	case topic == "":
+		return http.StatusBadRequest, "MissingTopic" // required with token-based authentication
+	case topic != a.Topic:
+		return http.StatusBadRequest, "TopicDisallowed"
+	case !slices.Contains(apnsPushTypes, h.Get("apns-push-type")):
+		return http.StatusBadRequest, "InvalidPushType"
+	}
+	if p := h.Get("apns-priority"); p != "" && p != "1" && p != "5" && p != "10" {
+		return http.StatusBadRequest, "BadPriority"
+	}
+	if e := h.Get("apns-expiration"); e != "" {
+		if _, err := strconv.ParseInt(e, 10, 64); err != nil {
+			return http.StatusBadRequest, "BadExpirationDate"
+		}
+	}
+	if id := h.Get("apns-id"); id != "" && !isUUID(id) {
+		return http.StatusBadRequest, "BadMessageId"
+	}
+	switch {
+	case len(h.Get("apns-collapse-id")) > 64:
+		return http.StatusBadRequest, "BadCollapseId"
+	case len(body) == 0:
+		return http.StatusBadRequest, "PayloadEmpty"
+	case len(body) > 4096:
+		return http.StatusRequestEntityTooLarge, "PayloadTooLarge"
+	}
+	return 0, ""
+}
+
+// isUUID reports the canonical 8-4-4-4-12 hexadecimal form.
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i, c := range s {
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return false
+			}
+		case !strings.ContainsRune("0123456789abcdefABCDEF", c):
+			return false
+		}
+	}
+	return true
 }
 
 // checkToken applies APNs' provider-token rules; status 0 means the token is good.

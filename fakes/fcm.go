@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -27,9 +28,16 @@ import (
 //
 // The assertion is checked against the service account's public key (iss, aud = the token URL, the
 // firebase.messaging scope, exp); a send needs a live access token (401 UNAUTHENTICATED otherwise),
-// the project (404 NOT_FOUND otherwise) and a registered token (404 UNREGISTERED after Unregister).
-// Errors are google.rpc.Status bodies with an FcmError detail, as FCM answers them. Messages with the
-// collapse key of a message not yet delivered (Deliver) replace it, as FCM collapses them.
+// the project (404 NOT_FOUND otherwise), a registered token (404 UNREGISTERED after Unregister) and a
+// valid one (400 INVALID_ARGUMENT after Invalid, with the body FCM's error-codes page shows). Errors
+// are google.rpc.Status bodies with an FcmError detail, as FCM answers them.
+//
+// Devices are offline until Online, and FCM stores their messages as it documents
+// (https://firebase.google.com/docs/cloud-messaging/customize-messages/collapsible-message-types):
+// a message with the collapse key of a stored one replaces it; at most four collapse keys are stored
+// per device (a fifth evicts the oldest: FCM names no rule for which it keeps); at most 100
+// non-collapsible messages are stored, and one more discards every stored message (the device is told
+// so when it comes online: DeletedNotices).
 type FCM struct {
 	srv     *httptest.Server
 	key     *rsa.PrivateKey
@@ -47,8 +55,8 @@ type FCM struct {
 	nextScript   []Step            // for requests of a ref without a script of its own
 	sends        map[string]int    // requests received, by ref
 	unregistered map[string]bool
-	pending      map[string]Message // collapse key -> undelivered message
-	delivered    map[string][]Message
+	invalid      map[string]bool
+	devices      map[string]*fcmDevice // by registration token
 	lastHeader   http.Header
 	lastBody     []byte
 }
@@ -61,7 +69,7 @@ func StartFCM(project string) *FCM {
 	}
 	f := &FCM{key: key, project: project, email: "notifier@" + project + ".iam.gserviceaccount.com",
 		tokens: map[string]time.Time{}, tokenLife: time.Hour, sendScript: map[string][]Step{}, sends: map[string]int{},
-		unregistered: map[string]bool{}, pending: map[string]Message{}, delivered: map[string][]Message{}}
+		unregistered: map[string]bool{}, invalid: map[string]bool{}, devices: map[string]*fcmDevice{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /token", f.handleToken)
 	mux.HandleFunc("POST /v1/projects/{project}/{method}", f.handleSend)
@@ -134,30 +142,136 @@ func (f *FCM) ScriptNext(steps ...Step) {
 // Unregister makes a registration token answer 404 UNREGISTERED.
 func (f *FCM) Unregister(token string) { f.mu.Lock(); f.unregistered[token] = true; f.mu.Unlock() }
 
+// Invalid makes a registration token answer 400 INVALID_ARGUMENT, "not a valid FCM registration token".
+func (f *FCM) Invalid(token string) { f.mu.Lock(); f.invalid[token] = true; f.mu.Unlock() }
+
 // TokenRequests is the number of token requests received.
 func (f *FCM) TokenRequests() int { f.mu.Lock(); defer f.mu.Unlock(); return f.tokenReqs }
 
 // Sends is the number of send requests received for ref (each one an attempt, whatever its answer).
 func (f *FCM) Sends(ref string) int { f.mu.Lock(); defer f.mu.Unlock(); return f.sends[ref] }
 
-// Deliver hands every pending message to its device: from now on they can no longer be collapsed.
-func (f *FCM) Deliver() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for k, m := range f.pending {
-		f.delivered[m.Ref] = append(f.delivered[m.Ref], m)
-		delete(f.pending, k)
+// FCM's documented storage for an offline device.
+const (
+	// FCMCollapseKeys is how many collapse keys FCM stores per device.
+	FCMCollapseKeys = 4
+	// FCMStoredLimit is how many non-collapsible messages FCM stores per device; one more discards all.
+	FCMStoredLimit = 100
+)
+
+// fcmDevice is what FCM holds for one registration token.
+type fcmDevice struct {
+	online      bool
+	collapsible []fcmCollapsed // oldest first, at most FCMCollapseKeys
+	plain       []Message      // at most FCMStoredLimit
+	received    []Message
+	deleted     int
+}
+
+type fcmCollapsed struct {
+	key string
+	msg Message
+}
+
+func (f *FCM) device(token string) *fcmDevice {
+	d := f.devices[token]
+	if d == nil {
+		d = &fcmDevice{}
+		f.devices[token] = d
+	}
+	return d
+}
+
+// store keeps m for the device as FCM does; an online device receives it at once.
+func (d *fcmDevice) store(m Message, collapseKey string) {
+	switch {
+	case d.online:
+		d.received = append(d.received, m)
+	case collapseKey != "":
+		d.collapsible = slices.DeleteFunc(d.collapsible, func(c fcmCollapsed) bool { return c.key == collapseKey })
+		if len(d.collapsible) == FCMCollapseKeys {
+			d.collapsible = d.collapsible[1:]
+		}
+		d.collapsible = append(d.collapsible, fcmCollapsed{collapseKey, m})
+	case len(d.plain) == FCMStoredLimit:
+		d.collapsible, d.plain = nil, nil
+		d.deleted++
+	default:
+		d.plain = append(d.plain, m)
 	}
 }
 
-// Outbound is how many copies of ref the device has or will get: delivered ones and the pending one.
+// flush hands the device what FCM stored for it.
+func (d *fcmDevice) flush() {
+	for _, c := range d.collapsible {
+		d.received = append(d.received, c.msg)
+	}
+	d.received = append(d.received, d.plain...)
+	d.collapsible, d.plain = nil, nil
+}
+
+func (d *fcmDevice) stored() []Message {
+	out := slices.Clone(d.plain)
+	for _, c := range d.collapsible {
+		out = append(out, c.msg)
+	}
+	return out
+}
+
+// Deliver hands every device what FCM stored for it, as if each came online for a moment: from now on
+// those messages can no longer be collapsed.
+func (f *FCM) Deliver() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, d := range f.devices {
+		d.flush()
+	}
+}
+
+// Online brings the device of a registration token online: it receives what FCM stored, and every
+// later message at once.
+func (f *FCM) Online(token string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d := f.device(token)
+	d.flush()
+	d.online = true
+}
+
+// Offline takes the device offline again: FCM stores its messages.
+func (f *FCM) Offline(token string) { f.mu.Lock(); f.device(token).online = false; f.mu.Unlock() }
+
+// Received is what the device of a registration token received, in order.
+func (f *FCM) Received(token string) []Message {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.device(token).received)
+}
+
+// Stored is what FCM holds for the (offline) device of a registration token.
+func (f *FCM) Stored(token string) []Message {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.device(token).stored()
+}
+
+// DeletedNotices is how many times FCM discarded the device's stored messages (too many stored).
+func (f *FCM) DeletedNotices(token string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.device(token).deleted
+}
+
+// Outbound is how many copies of ref the devices have or will get: received ones and stored ones.
 func (f *FCM) Outbound(ref string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n := len(f.delivered[ref])
-	for _, m := range f.pending {
-		if m.Ref == ref {
-			n++
+	n := 0
+	for _, d := range f.devices {
+		for _, m := range append(d.stored(), d.received...) {
+			if m.Ref == ref {
+				n++
+			}
 		}
 	}
 	return n
@@ -268,6 +382,7 @@ func (f *FCM) handleSend(w http.ResponseWriter, r *http.Request) {
 	exp, live := f.tokens[bearer]
 	live = live && time.Now().Before(exp)
 	unregistered := f.unregistered[req.Message.Token]
+	invalid := f.invalid[req.Message.Token]
 	f.mu.Unlock()
 	switch {
 	case !live:
@@ -276,7 +391,7 @@ func (f *FCM) handleSend(w http.ResponseWriter, r *http.Request) {
 	case r.PathValue("project") != f.project || r.PathValue("method") != "messages:send":
 		googleError(w, http.StatusNotFound, "NOT_FOUND", "", "Requested entity was not found.")
 		return
-	case jsonErr != nil || req.Message.Token == "":
+	case jsonErr != nil || req.Message.Token == "" || invalid:
 		googleError(w, http.StatusBadRequest, "INVALID_ARGUMENT", "INVALID_ARGUMENT", "The registration token is not a valid FCM registration token")
 		return
 	case unregistered:
@@ -297,11 +412,7 @@ func (f *FCM) handleSend(w http.ResponseWriter, r *http.Request) {
 	f.seq++
 	id := fmt.Sprintf("0:%d%%fake", f.seq)
 	m := Message{ID: id, Ref: ref, To: req.Message.Token, Body: req.Message.Notification.Body}
-	if k := req.Message.Android.CollapseKey; k != "" {
-		f.pending[k] = m // replaces an undelivered message of the same collapse key
-	} else {
-		f.delivered[ref] = append(f.delivered[ref], m)
-	}
+	f.device(req.Message.Token).store(m, req.Message.Android.CollapseKey)
 	f.mu.Unlock()
 	if step.Delay > 0 || step.Hang {
 		wait(r, step)

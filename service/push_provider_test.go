@@ -6,6 +6,7 @@ package service_test
 // every request a fake received is an attempt row.
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/apns"
+	"github.com/notifierhq/notifier/service/channelconfig"
 	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/fcm"
 )
@@ -63,6 +65,137 @@ func startFCM(t *testing.T) (*fakes.FCM, *fcm.Client) {
 	return f, c
 }
 
+// configRoute loads a channels file with one [channels.NAME] table and returns its route: the client
+// and the contract as a worker builds them (collapse keys, the kind's contract defaults).
+func configRoute(t *testing.T, name, table string, files, environ map[string]string) delivery.Route {
+	t.Helper()
+	dir := t.TempDir()
+	for f, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(dir, "channels.toml")
+	if err := os.WriteFile(path, []byte(fmt.Sprintf("[channels.%s]\n%s", name, table)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	routes, err := channelconfig.Load(path, func(k string) string { return environ[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return routes[name]
+}
+
+// fcmRoute is the route of a channels-file table of kind fcm served by f; extra adds keys.
+func fcmRoute(t *testing.T, f *fakes.FCM, extra string) delivery.Route {
+	t.Helper()
+	table := fmt.Sprintf("kind = \"fcm\"\nservice_account_env = \"SA\"\nendpoint = %q\ntoken_url = %q\nca_file = \"ca.pem\"\n%s",
+		f.URL(), f.TokenURL(), extra)
+	return configRoute(t, "fcm", table, map[string]string{"ca.pem": string(f.CertPEM())},
+		map[string]string{"SA": string(f.ServiceAccountJSON())})
+}
+
+// apnsRoute is the route of a channels-file table of kind apns served by a; extra adds keys.
+func apnsRoute(t *testing.T, a *fakes.APNs, extra string) delivery.Route {
+	t.Helper()
+	table := fmt.Sprintf("kind = \"apns\"\nauth_key_env = \"K\"\nkey_id = %q\nteam_id = %q\ntopic = %q\nendpoint = %q\nca_file = \"ca.pem\"\n%s",
+		a.KeyID, a.Team, a.Topic, a.URL(), extra)
+	return configRoute(t, "apns", table, map[string]string{"ca.pem": string(a.CertPEM())}, map[string]string{"K": string(a.KeyP8())})
+}
+
+// Six tasks to one offline device on a channel without resend_with_collapse: FCM stores all six
+// (no collapse key, so not FCM's four collapse keys), and the device receives them once online.
+func TestFCMProviderOfflineDeviceGetsEveryTask(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	f := fakes.StartFCM("demo-project")
+	t.Cleanup(f.Close)
+	r := fcmRoute(t, f, "")
+	e.user("u1", "fcm")
+	for i := range 6 {
+		e.create("u1", fmt.Sprintf("e%d", i), time.Hour, 3)
+	}
+	d := e.providerDispatcher("fcm", r.Client, r.Contract)
+	for range 6 {
+		is.Equal(runOnce(t, d).Kind, service.ResultSent)
+	}
+	is.Equal(len(f.Stored("u1@fcm")), 6) // all six kept for the offline device
+	f.Online("u1@fcm")
+	is.Equal(len(f.Received("u1@fcm")), 6)
+}
+
+// FCM does not say that a 500 or 503 comes before acceptance: on a NONE channel the task is parked
+// (UNKNOWN, needs_review) after one call, never resent.
+func TestPushProviderServerErrorParks(t *testing.T) {
+	for _, status := range []int{500, 503} {
+		t.Run(fmt.Sprintf("fcm %d", status), func(t *testing.T) {
+			is := is.New(t)
+			e := newEnv(t)
+			f := fakes.StartFCM("demo-project")
+			t.Cleanup(f.Close)
+			r := fcmRoute(t, f, "")
+			e.user("u1", "fcm")
+			id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+			f.ScriptSend(e.ref(id), fakes.Step{Status: status})
+			d := e.providerDispatcher("fcm", r.Client, r.Contract)
+			is.Equal(runOnce(t, d).Kind, service.ResultParked)
+			task := e.task(id)
+			is.True(task.NeedsReview && task.State == delivery.StateUnknown)
+			is.Equal(runOnce(t, d).Kind, service.ResultNothing)
+			is.Equal(f.Sends(task.Ref), 1) // one call, not resent
+			is.Equal(e.outcomes(id), outcomes(delivery.OutcomeHTTP5xx))
+		})
+		t.Run(fmt.Sprintf("apns %d", status), func(t *testing.T) {
+			is := is.New(t)
+			e := newEnv(t)
+			a := fakes.StartAPNs()
+			t.Cleanup(a.Close)
+			r := apnsRoute(t, a, "")
+			e.apnsUser("u1")
+			id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+			a.ScriptSend(e.ref(id), fakes.Step{Status: status})
+			d := e.providerDispatcher("apns", r.Client, r.Contract)
+			is.Equal(runOnce(t, d).Kind, service.ResultParked)
+			task := e.task(id)
+			is.True(task.NeedsReview && task.State == delivery.StateUnknown)
+			is.Equal(runOnce(t, d).Kind, service.ResultNothing)
+			is.Equal(a.Sends(task.Ref), 1)
+		})
+	}
+}
+
+// FCM documents its 429 as rejected (retried later); Apple does not, so an APNs 429 parks on NONE.
+func TestPushProviderThrottled(t *testing.T) {
+	t.Run("fcm", func(t *testing.T) {
+		is := is.New(t)
+		e := newEnv(t)
+		f := fakes.StartFCM("demo-project")
+		t.Cleanup(f.Close)
+		r := fcmRoute(t, f, "")
+		e.user("u1", "fcm")
+		id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+		f.ScriptSend(e.ref(id), fakes.Step{Status: 429})
+		d := e.providerDispatcher("fcm", r.Client, r.Contract)
+		is.Equal(runOnce(t, d).Outcome, delivery.OutcomeThrottled)
+		is.Equal(runNext(t, d).Kind, service.ResultSent) // retried
+		is.Equal(f.Sends(e.ref(id)), 2)
+	})
+	t.Run("apns", func(t *testing.T) {
+		is := is.New(t)
+		e := newEnv(t)
+		a := fakes.StartAPNs()
+		t.Cleanup(a.Close)
+		r := apnsRoute(t, a, "")
+		e.apnsUser("u1")
+		id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+		a.ScriptSend(e.ref(id), fakes.Step{Status: 429})
+		d := e.providerDispatcher("apns", r.Client, r.Contract)
+		is.Equal(runOnce(t, d).Kind, service.ResultParked)
+		is.True(e.task(id).NeedsReview)
+		is.Equal(a.Sends(e.ref(id)), 1)
+	})
+}
+
 func TestFCMProviderAccepted(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
@@ -105,12 +238,14 @@ func TestFCMProviderLostAnswerParks(t *testing.T) {
 func TestFCMProviderCollapseResend(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	f, c := startFCM(t)
+	f := fakes.StartFCM("demo-project")
+	t.Cleanup(f.Close)
+	r := fcmRoute(t, f, "resend_with_collapse = true\n")
 	e.user("u1", "fcm")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	ref := e.ref(id)
 	f.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
-	d := e.providerDispatcher("fcm", c, delivery.Contract{ResendWithTopic: true})
+	d := e.providerDispatcher("fcm", r.Client, r.Contract)
 	is.Equal(runOnce(t, d).Kind, service.ResultUnknown)
 	res := runNext(t, d)
 	is.Equal(res.Action, delivery.ActionTopicResend)
@@ -201,12 +336,14 @@ func TestAPNsProviderLostAnswerParks(t *testing.T) {
 func TestAPNsProviderCollapseResend(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	a, c := startAPNs(t)
+	a := fakes.StartAPNs()
+	t.Cleanup(a.Close)
+	r := apnsRoute(t, a, "resend_with_collapse = true\n")
 	e.apnsUser("u1")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	ref := e.ref(id)
 	a.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
-	d := e.providerDispatcher("apns", c, delivery.Contract{ResendWithTopic: true})
+	d := e.providerDispatcher("apns", r.Client, r.Contract)
 	is.Equal(runOnce(t, d).Kind, service.ResultUnknown)
 	res := runNext(t, d)
 	is.Equal(res.Action, delivery.ActionTopicResend)
@@ -216,8 +353,9 @@ func TestAPNsProviderCollapseResend(t *testing.T) {
 	is.Equal(len(e.attempts(id)), 2)
 }
 
-// 429 is throttled and retried; 410 Unregistered fails the task at once and, with
-// DisableUnregistered, switches the preference off.
+// With a contract that reads 429 as a refusal (not APNs's: see TestPushProviderThrottled) it is
+// retried; 410 Unregistered fails the task at once and, with DisableUnregistered, switches the
+// preference off.
 func TestAPNsProviderAnswers(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)

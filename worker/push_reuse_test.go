@@ -39,28 +39,28 @@ func caFile(t *testing.T, pem []byte) string {
 	return p
 }
 
-func fcmProvider(t *testing.T) pushProvider {
+func fcmProvider(t *testing.T, collapse bool) pushProvider {
 	f := fakes.StartFCM("demo-project")
 	t.Cleanup(f.Close)
 	sa, err := fcm.ParseServiceAccount(f.ServiceAccountJSON())
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := fcm.New(fcm.Options{Account: sa, Endpoint: f.URL(), CAFile: caFile(t, f.CertPEM())})
+	c, err := fcm.New(fcm.Options{Account: sa, Endpoint: f.URL(), CAFile: caFile(t, f.CertPEM()), Collapse: collapse})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return pushProvider{client: c, address: "registration-token-1", next: f.ScriptNext, sends: f.Sends, outbound: f.Outbound, conns: f.Conns}
 }
 
-func apnsProvider(t *testing.T) pushProvider {
+func apnsProvider(t *testing.T, collapse bool) pushProvider {
 	a := fakes.StartAPNs()
 	t.Cleanup(a.Close)
 	key, err := apns.ParseKey(a.KeyP8())
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := apns.New(apns.Options{Key: key, KeyID: a.KeyID, TeamID: a.Team, Topic: a.Topic, Endpoint: a.URL(), CAFile: caFile(t, a.CertPEM())})
+	c, err := apns.New(apns.Options{Key: key, KeyID: a.KeyID, TeamID: a.Team, Topic: a.Topic, Endpoint: a.URL(), CAFile: caFile(t, a.CertPEM()), Collapse: collapse})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func apnsProvider(t *testing.T) pushProvider {
 }
 
 func TestWorkerPushProvidersDropOnReusedConnection(t *testing.T) {
-	for name, start := range map[string]func(*testing.T) pushProvider{"fcm": fcmProvider, "apns": apnsProvider} {
+	for name, start := range map[string]func(*testing.T, bool) pushProvider{"fcm": fcmProvider, "apns": apnsProvider} {
 		for _, tc := range []struct {
 			name     string
 			contract delivery.Contract
@@ -85,7 +85,7 @@ func TestWorkerPushProvidersDropOnReusedConnection(t *testing.T) {
 				is := is.New(t)
 				pool := pgtest.NewDB(t)
 				n := service.NewNotifier(pool)
-				p := start(t)
+				p := start(t, tc.contract.ResendWithTopic) // resend_with_collapse: collapse keys on every send
 				_, err := n.SetPreference(context.Background(), "u1", name, p.address, true)
 				is.NoErr(err)
 				startWorker(t, pool, name, delivery.Route{Mode: delivery.ModeNone, Contract: tc.contract, Client: p.client})

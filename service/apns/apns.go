@@ -6,30 +6,35 @@
 // channel (msg.To) is the device token (hex).
 //
 // Contract: NONE. APNs takes no idempotency key and cannot be asked about a notification, so after a
-// lost answer the notification may be on its way. Every notification of a task carries the same
-// apns-collapse-id ("ntf-"+ref), so a resend (TOPIC_RESEND, with resend_with_collapse) replaces a copy
-// APNs still holds for an offline device; one already delivered is not replaced, and the payload's
-// "ref" lets the app drop the duplicate. A task whose ref is a UUID sends it as apns-id too, so Apple's
-// id of the notification is our ref.
+// lost answer the notification may be on its way. A channel with resend_with_collapse
+// (Options.Collapse) gives every notification of a task the same apns-collapse-id ("ntf-"+ref), so a
+// resend (TOPIC_RESEND) is shown as one notification with the first; without it no apns-collapse-id is
+// sent. For an offline device APNs stores only the most recent notification of the app, whatever the
+// collapse id (docs/channels.md#apns). The payload's "ref" lets the app drop a duplicate. A task whose
+// ref is a UUID sends it as apns-id too, so Apple's id of the notification is our ref.
 //
 // Headers: apns-push-type (alert by default), apns-topic (the bundle id), apns-expiration = the
 // notification's expiry (Message.ExpiresAt, Unix seconds: APNs stores it for an offline device until
-// then and no longer), apns-priority 10 for alerts (5 otherwise), apns-collapse-id, authorization.
+// then and no longer), apns-priority 10 for alerts (5 otherwise), apns-collapse-id with Collapse,
+// authorization.
 //
 // Provider token: a new JWT at most every TokenRefresh (40 minutes), inside Apple's window (APNs
 // refuses a token older than an hour, and a provider that changes its token more often than every 20
-// minutes); after ExpiredProviderToken it is replaced if it is at least 20 minutes old. Signing is
-// local: it never sends a request.
+// minutes); after ExpiredProviderToken it is dropped at once, so the next call signs a new one.
+// Signing is local: it never sends a request.
 //
-// Response mapping (https://developer.apple.com/documentation/usernotifications/handling-notification-responses-from-apns):
-// 200 -> ACCEPTED, ProviderMsgID = the apns-id header; 410 Unregistered (or ExpiredToken) -> REJECTED
-// with Unregistered (the device token is no longer active for the topic); 403 provider-token reasons
-// (InvalidProviderToken, ExpiredProviderToken, MissingProviderToken) and 403 BadCertificate... ->
-// REJECTED naming the credential; 429 TooManyRequests (and TooManyProviderTokenUpdates) -> THROTTLED,
-// Retry-After honoured when sent; 503 ServiceUnavailable/Shutdown -> HTTP_5XX (refused, retried);
-// 500 InternalServerError -> GATEWAY_ERROR: Apple does not say the notification was refused, so it may
-// be on its way (uncertain); other 4xx (BadDeviceToken, PayloadTooLarge, ...) -> REJECTED. No answer:
-// as service/httpkit (CONNECT_FAILED, TIMEOUT, IO_ERROR), at most one request on the wire per attempt.
+// Response mapping (https://developer.apple.com/documentation/usernotifications/handling-error-responses-from-apns,
+// docs/channels.md#apns): 200 -> ACCEPTED, ProviderMsgID = the apns-id header; 410 Unregistered (or
+// ExpiredToken) -> REJECTED with Unregistered (the device token is no longer active for the topic);
+// 403 (provider token or certificate: ExpiredProviderToken, InvalidProviderToken, MissingProviderToken,
+// BadCertificate, Forbidden, ...), 400 TopicDisallowed, BadTopic and MissingTopic (the channel's
+// topic), and 429 TooManyProviderTokenUpdates -> ACCOUNT_REFUSED naming the cause; 429
+// TooManyRequests -> THROTTLED, Retry-After honoured when sent; 500 InternalServerError and 503
+// ServiceUnavailable/Shutdown -> HTTP_5XX. Apple does not say that a throttled or failed request was
+// not processed, so the kind's contract (ServerErrorsUncertain) reads 429 and 5xx as "may have been
+// accepted". Other 4xx (BadDeviceToken, DeviceTokenNotForTopic, PayloadTooLarge, ...) -> REJECTED. No
+// answer: as service/httpkit (CONNECT_FAILED, TIMEOUT, IO_ERROR), at most one request on the wire per
+// attempt.
 package apns
 
 import (
@@ -60,8 +65,6 @@ const (
 	// TokenRefresh is the age at which a provider token is replaced: past Apple's 20-minute minimum,
 	// well before its one-hour limit.
 	TokenRefresh = 40 * time.Minute
-	// minTokenAge is Apple's least interval between two provider tokens.
-	minTokenAge = 20 * time.Minute
 	// MaxPayloadBytes is APNs' limit for a notification's payload.
 	MaxPayloadBytes = 4096
 )
@@ -75,6 +78,9 @@ type Options struct {
 	PushType string            // apns-push-type; default alert
 	Endpoint string            // default ProductionEndpoint
 	CAFile   string
+	// Collapse (the channel's resend_with_collapse) gives every notification of a task the task's
+	// apns-collapse-id; off, none is sent.
+	Collapse bool
 	Now      func() time.Time
 }
 
@@ -92,6 +98,7 @@ type Client struct {
 	key                          *ecdsa.PrivateKey
 	keyID, teamID, topic, pushTy string
 	endpoint                     string
+	collapse                     bool
 	kit                          *httpkit.Client
 	now                          func() time.Time
 
@@ -136,7 +143,7 @@ func New(opt Options) (*Client, error) {
 		now = time.Now
 	}
 	return &Client{key: opt.Key, keyID: opt.KeyID, teamID: opt.TeamID, topic: opt.Topic, pushTy: pushType,
-		endpoint: endpoint, kit: kit, now: now}, nil
+		endpoint: endpoint, collapse: opt.Collapse, kit: kit, now: now}, nil
 }
 
 // String names the channel kind for logs.
@@ -160,11 +167,12 @@ func (c *Client) providerToken() (string, error) {
 	return s, nil
 }
 
-// expired drops token after ExpiredProviderToken, if replacing it keeps Apple's 20-minute minimum.
+// expired drops token after ExpiredProviderToken: APNs will refuse it until it is replaced, so the
+// next call (the paused channel's probe) signs a new one, however young the old one is.
 func (c *Client) expired(token string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.token == token && c.now().Sub(c.signedAt) >= minTokenAge {
+	if c.token == token {
 		c.token = ""
 	}
 }
@@ -215,16 +223,18 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 	}
 	token, err := c.providerToken()
 	if err != nil {
-		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "credential: sign the provider token: " + err.Error()}
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused, Detail: "credential: sign the provider token: " + err.Error()}
 	}
 	h := http.Header{
-		"Authorization":    {"bearer " + token},
-		"Apns-Push-Type":   {c.pushTy},
-		"Apns-Topic":       {c.topic},
-		"Apns-Expiration":  {strconv.FormatInt(msg.ExpiresAt.Unix(), 10)},
-		"Apns-Priority":    {priority},
-		"Apns-Collapse-Id": {CollapseID(msg.Ref)},
-		"Content-Type":     {"application/json"},
+		"Authorization":   {"bearer " + token},
+		"Apns-Push-Type":  {c.pushTy},
+		"Apns-Topic":      {c.topic},
+		"Apns-Expiration": {strconv.FormatInt(msg.ExpiresAt.Unix(), 10)},
+		"Apns-Priority":   {priority},
+		"Content-Type":    {"application/json"},
+	}
+	if c.collapse {
+		h.Set("Apns-Collapse-Id", CollapseID(msg.Ref))
 	}
 	if len(msg.Ref) == 36 && strings.Count(msg.Ref, "-") == 4 {
 		h.Set("Apns-Id", msg.Ref) // our ref is a UUID, the form apns-id takes
@@ -269,18 +279,21 @@ func classify(resp *httpkit.Response) (delivery.Observation, string) {
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Unregistered: true,
 			Detail: what + ": the device token is no longer active for the topic"}, reason
 	case resp.Status == http.StatusForbidden:
-		return delivery.Observation{Outcome: delivery.OutcomeRejected,
-			Detail: what + ": credential: APNs refused the provider token (check key_id, team_id and the .p8 key)"}, reason
-	case resp.Status == http.StatusTooManyRequests:
-		return delivery.Observation{Outcome: delivery.OutcomeThrottled, RetryAfter: httpkit.RetryAfter(resp.Header), Detail: what}, reason
-	case resp.Status == http.StatusInternalServerError:
-		return delivery.Observation{Outcome: delivery.OutcomeGatewayError, RetryAfter: httpkit.RetryAfter(resp.Header),
-			Detail: what + ": APNs does not say whether it refused: the notification may be on its way"}, reason
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused,
+			Detail: what + ": credential: APNs refused the provider token or certificate (check key_id, team_id and the .p8 key)"}, reason
+	case reason == "TopicDisallowed" || reason == "BadTopic" || reason == "MissingTopic":
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused,
+			Detail: what + ": the channel's topic (bundle id) is not allowed for this key's team"}, reason
+	case reason == "TooManyProviderTokenUpdates":
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused, RetryAfter: httpkit.RetryAfter(resp.Header),
+			Detail: what + ": credential: the provider token changed less than 20 minutes after the previous one"}, reason
 	case resp.Status >= 300 && resp.Status < 400:
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: what + ": redirects are not followed"}, reason
 	}
 	obs := resp.Refused()
-	if reason != "" {
+	if obs.Outcome == delivery.OutcomeHTTP5xx {
+		obs.Detail = what + ": APNs does not say whether it refused before accepting: the notification may be on its way"
+	} else if reason != "" {
 		obs.Detail = what
 	}
 	return obs, reason

@@ -37,6 +37,12 @@ func (c *clock) message() delivery.Message { return msg(c.now().Add(time.Hour)) 
 
 func start(t *testing.T, clk *clock) (*fakes.APNs, *apns.Client) {
 	t.Helper()
+	return startWith(t, clk, false)
+}
+
+// startWith starts a fake and a client; collapse is the channel's resend_with_collapse.
+func startWith(t *testing.T, clk *clock, collapse bool) (*fakes.APNs, *apns.Client) {
+	t.Helper()
 	a := fakes.StartAPNs()
 	t.Cleanup(a.Close)
 	ca := filepath.Join(t.TempDir(), "ca.pem")
@@ -47,7 +53,7 @@ func start(t *testing.T, clk *clock) (*fakes.APNs, *apns.Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opt := apns.Options{Key: key, KeyID: a.KeyID, TeamID: a.Team, Topic: a.Topic, Endpoint: a.URL(), CAFile: ca}
+	opt := apns.Options{Key: key, KeyID: a.KeyID, TeamID: a.Team, Topic: a.Topic, Endpoint: a.URL(), CAFile: ca, Collapse: collapse}
 	if clk != nil {
 		a.SetClock(clk.now)
 		opt.Now = clk.now
@@ -81,7 +87,7 @@ func TestAPNsAccept(t *testing.T) {
 	is.Equal(h.Get("apns-push-type"), "alert")
 	is.Equal(h.Get("apns-topic"), "com.example.app")
 	is.Equal(h.Get("apns-expiration"), strconv.FormatInt(m.ExpiresAt.Unix(), 10)) // the notification's TTL
-	is.Equal(h.Get("apns-collapse-id"), "ntf-"+ref)
+	is.Equal(h.Get("apns-collapse-id"), "")                                       // none without resend_with_collapse
 	is.Equal(h.Get("apns-priority"), "10")
 	var p struct {
 		APS struct {
@@ -134,10 +140,10 @@ func TestAPNsErrorCodes(t *testing.T) {
 		detail     string
 	}{
 		{400, delivery.OutcomeRejected, 0, "BadDeviceToken"},
-		{403, delivery.OutcomeRejected, 0, "credential"},
+		{403, delivery.OutcomeAccountRefused, 0, "credential"},
 		{413, delivery.OutcomeRejected, 0, "PayloadTooLarge"},
-		{429, delivery.OutcomeThrottled, 7 * time.Second, "TooManyRequests"},
-		{500, delivery.OutcomeGatewayError, 7 * time.Second, "may be on its way"},
+		{429, delivery.OutcomeThrottled, 7 * time.Second, "TooManyRequests"}, // uncertain by the kind's contract
+		{500, delivery.OutcomeHTTP5xx, 7 * time.Second, "may be on its way"}, // uncertain by the kind's contract
 		{503, delivery.OutcomeHTTP5xx, 7 * time.Second, "ServiceUnavailable"},
 	} {
 		t.Run(http.StatusText(tc.status), func(t *testing.T) {
@@ -172,16 +178,111 @@ func TestAPNsLostAnswer(t *testing.T) {
 
 func TestAPNsCollapseResend(t *testing.T) {
 	is := is.New(t)
-	a, c := start(t, nil)
+	a, c := startWith(t, nil, true)
 	a.ScriptSend(ref, fakes.Step{Delay: 2 * time.Second})
 	is.Equal(send(c, msg(time.Now().Add(time.Hour)), 300*time.Millisecond).Outcome, delivery.OutcomeTimeout)
 	m := msg(time.Now().Add(time.Hour))
 	m.Action = delivery.ActionTopicResend
 	is.Equal(send(c, m, 5*time.Second).Outcome, delivery.OutcomeAccepted)
 	is.Equal(a.Outbound(ref), 1) // replaced the undelivered copy
-	a.Deliver()
+	a.Online(device)
 	is.Equal(send(c, m, 5*time.Second).Outcome, delivery.OutcomeAccepted)
-	is.Equal(a.Outbound(ref), 2)
+	is.Equal(a.Outbound(ref), 2)      // a second copy reached the device
+	is.Equal(len(a.Shown(device)), 1) // shown as one: the same apns-collapse-id
+	h, _ := a.Last()
+	is.Equal(h.Get("apns-collapse-id"), "ntf-"+ref)
+}
+
+// APNs stores one notification per app for an offline device: whatever our collapse ids, a device
+// offline for several tasks gets the newest only (what docs/channels.md#apns states).
+func TestAPNsOfflineDeviceKeepsTheNewest(t *testing.T) {
+	is := is.New(t)
+	a, c := start(t, nil)
+	var last string
+	for i := range 3 {
+		m := msg(time.Now().Add(time.Hour))
+		m.Ref = strings.Replace(ref, "1f2e3d4c5b6a", "00000000000"+strconv.Itoa(i), 1)
+		last = m.Ref
+		is.Equal(send(c, m, 5*time.Second).Outcome, delivery.OutcomeAccepted)
+	}
+	stored, ok := a.Stored(device)
+	is.True(ok)
+	is.Equal(stored.Ref, last) // the newest only
+	a.Online(device)
+	is.Equal(len(a.Received(device)), 1)
+}
+
+// The fake checks device tokens and headers as Apple documents them; the adapter's requests pass.
+func TestAPNsFakeValidates(t *testing.T) {
+	is := is.New(t)
+	a, c := start(t, nil)
+	m := msg(time.Now().Add(time.Hour))
+	m.To = device[:40] // hexadecimal, but not a device token's 64 digits
+	obs := send(c, m, 5*time.Second)
+	is.Equal(obs.Outcome, delivery.OutcomeRejected)
+	is.True(strings.Contains(obs.Detail, "BadDeviceToken"))
+	is.True(!obs.Unregistered) // the task's address, not a token APNs retired
+	is.Equal(a.Sends(ref), 1)
+}
+
+// ExpiredProviderToken drops the provider token however young it is: the next request (the paused
+// channel's probe) carries a newly signed one.
+func TestAPNsExpiredProviderTokenRefresh(t *testing.T) {
+	is := is.New(t)
+	clk := newClock()
+	a, c := start(t, clk)
+	is.Equal(send(c, clk.message(), 5*time.Second).Outcome, delivery.OutcomeAccepted)
+	h, _ := a.Last()
+	first := h.Get("Authorization")
+	a.SetClock(func() time.Time { return clk.now().Add(61 * time.Minute) }) // Apple's clock: the token is past its hour
+	clk.add(5 * time.Minute)                                                // ours: 5 minutes old
+	obs := send(c, clk.message(), 5*time.Second)
+	is.Equal(obs.Outcome, delivery.OutcomeAccountRefused)
+	is.True(strings.Contains(obs.Detail, "ExpiredProviderToken"))
+	a.SetClock(clk.now)
+	clk.add(time.Second)
+	send(c, clk.message(), 5*time.Second)
+	h, _ = a.Last()
+	is.True(h.Get("Authorization") != first) // a new provider token
+}
+
+// The mapping of Apple's reasons (https://developer.apple.com/documentation/usernotifications/handling-error-responses-from-apns).
+func TestAPNsClassify(t *testing.T) {
+	for _, tc := range []struct {
+		status       int
+		reason       string
+		outcome      delivery.Outcome
+		unregistered bool
+	}{
+		{403, "ExpiredProviderToken", delivery.OutcomeAccountRefused, false},
+		{403, "InvalidProviderToken", delivery.OutcomeAccountRefused, false},
+		{403, "MissingProviderToken", delivery.OutcomeAccountRefused, false},
+		{403, "BadCertificate", delivery.OutcomeAccountRefused, false},
+		{403, "BadCertificateEnvironment", delivery.OutcomeAccountRefused, false},
+		{403, "Forbidden", delivery.OutcomeAccountRefused, false},
+		{400, "TopicDisallowed", delivery.OutcomeAccountRefused, false},
+		{400, "BadTopic", delivery.OutcomeAccountRefused, false},
+		{400, "MissingTopic", delivery.OutcomeAccountRefused, false},
+		{429, "TooManyProviderTokenUpdates", delivery.OutcomeAccountRefused, false},
+		{400, "BadDeviceToken", delivery.OutcomeRejected, false},
+		{400, "DeviceTokenNotForTopic", delivery.OutcomeRejected, false},
+		{400, "BadCollapseId", delivery.OutcomeRejected, false},
+		{410, "Unregistered", delivery.OutcomeRejected, true},
+		{410, "ExpiredToken", delivery.OutcomeRejected, true},
+		{413, "PayloadTooLarge", delivery.OutcomeRejected, false},
+		{429, "TooManyRequests", delivery.OutcomeThrottled, false},
+		{500, "InternalServerError", delivery.OutcomeHTTP5xx, false},
+		{503, "ServiceUnavailable", delivery.OutcomeHTTP5xx, false},
+		{503, "Shutdown", delivery.OutcomeHTTP5xx, false},
+	} {
+		t.Run(tc.reason, func(t *testing.T) {
+			is := is.New(t)
+			obs := apns.Classify(tc.status, http.Header{}, []byte(`{"reason":"`+tc.reason+`"}`))
+			is.Equal(obs.Outcome, tc.outcome)
+			is.Equal(obs.Unregistered, tc.unregistered)
+			is.True(strings.Contains(obs.Detail, tc.reason)) // names the cause
+		})
+	}
 }
 
 func TestAPNsRefusedLocally(t *testing.T) {

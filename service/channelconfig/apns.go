@@ -8,8 +8,9 @@ import (
 )
 
 // KindAPNs is Apple's Push Notification service with token authentication: no keys, no queries;
-// resend_with_collapse resends under the task's apns-collapse-id, which replaces a copy the device has
-// not yet received.
+// resend_with_collapse gives a task's notifications its apns-collapse-id and resends under it, which
+// replaces a copy the device has not yet received. Apple does not say that a 5xx or a 429 comes before
+// acceptance: both are uncertain (docs/channels.md#apns).
 const KindAPNs = "apns"
 
 type apnsConfig struct {
@@ -30,6 +31,7 @@ func init() {
 		modes:        []delivery.Mode{delivery.ModeNone},
 		offers:       "offers neither idempotency keys nor queries: want none (see resend_with_collapse)",
 		contractKeys: []string{"resend_with_collapse"},
+		defaults:     delivery.Contract{ServerErrorsUncertain: true},
 	}, func(l loader, c *apnsConfig) (delivery.Channel, error) {
 		pem, err := l.secret("auth_key", c.AuthKeyEnv, c.AuthKeyFile)
 		if err != nil {
@@ -53,7 +55,7 @@ func init() {
 			return nil, fmt.Errorf("environment %q: want production or sandbox", c.Environment)
 		}
 		client, err := apns.New(apns.Options{Key: key, KeyID: c.KeyID, TeamID: c.TeamID, Topic: c.Topic,
-			PushType: c.PushType, Endpoint: endpoint, CAFile: l.path(c.CAFile)})
+			PushType: c.PushType, Endpoint: endpoint, CAFile: l.path(c.CAFile), Collapse: l.channelContract.ResendWithTopic})
 		return client, keyErr("apns", err)
 	})
 }

@@ -213,6 +213,9 @@ func checkUndecoded(md toml.MetaData, tables map[string]table) error {
 type loader struct {
 	dir    string
 	getenv func(string) string
+	// channelContract is the channel's contract, set before its client is built: an adapter whose
+	// requests depend on it (collapse keys only with resend_with_collapse) reads it.
+	channelContract delivery.Contract
 }
 
 func (l loader) route(name string, t table) (delivery.Route, error) {
@@ -234,6 +237,7 @@ func (l loader) route(name string, t table) (delivery.Route, error) {
 	if err != nil {
 		return delivery.Route{}, err
 	}
+	l.channelContract = contract
 	client, err := t.client(l)
 	if err != nil {
 		return delivery.Route{}, err

@@ -43,8 +43,9 @@ resend_with_collapse = true
 `, "sa.json": serviceAccountJSON(t)})
 	routes, err := channelconfig.Load(path, env(nil))
 	is.NoErr(err)
-	is.Equal(routes["app"].Mode, delivery.ModeNone)                               // the default, and the only mode
-	is.Equal(routes["app"].Contract, delivery.Contract{ResendWithTopic: true})    // collapse resend
+	is.Equal(routes["app"].Mode, delivery.ModeNone) // the default, and the only mode
+	// collapse resend; FCM's 5xx may follow acceptance, its 429 is documented as rejected
+	is.Equal(routes["app"].Contract, delivery.Contract{ResendWithTopic: true, ServerErrorsUncertain: true, ThrottleRefuses: true})
 	is.Equal(routes["app"].Client.(interface{ String() string }).String(), "fcm") // the FCM adapter
 }
 

@@ -5,27 +5,32 @@
 // golang.org/x/oauth2/jwt). The user's address on the channel (msg.To) is the app's registration token.
 //
 // Contract: NONE. FCM has no idempotency key and no way to look a message up, so after a lost answer
-// the message may or may not be on its way. What it offers is collapsing: every message of a task
-// carries the same collapse key (android.collapse_key, apns-collapse-id, the webpush Topic header), so a
-// resend (TOPIC_RESEND, with resend_with_collapse) replaces a copy the device has not received yet.
-// A copy already delivered is not replaced: the data payload carries the task's ref ("ref") so the app
-// can drop the duplicate.
+// the message may or may not be on its way. What it offers is collapsing, and only a channel with
+// resend_with_collapse (Options.Collapse) uses it: then every message of a task carries the same
+// collapse key (android.collapse_key, apns-collapse-id, the webpush Topic header), so a resend
+// (TOPIC_RESEND) replaces a copy the device has not received yet. Collapsing has a price: FCM keeps at
+// most four collapse keys per device (https://firebase.google.com/docs/cloud-messaging/customize-messages/collapsible-message-types),
+// so a device offline for more than four tasks loses some of them. Without it, messages carry no
+// collapse key and FCM stores up to 100 of them per offline device. A copy already delivered is not
+// replaced: the data payload carries the task's ref ("ref") so the app can drop the duplicate.
 //
-// Response mapping (https://firebase.google.com/docs/reference/fcm/rest/v1/ErrorCode): 2xx ->
-// ACCEPTED, ProviderMsgID = the response's "name" (projects/*/messages/*); UNREGISTERED (404) ->
-// REJECTED with Unregistered (the token is gone for good); 401/403 (UNAUTHENTICATED,
-// PERMISSION_DENIED, SENDER_ID_MISMATCH, THIRD_PARTY_AUTH_ERROR) -> REJECTED naming the credential
-// problem, and the cached access token is dropped; other 4xx (INVALID_ARGUMENT...) -> REJECTED; 429
-// QUOTA_EXCEEDED -> THROTTLED with Retry-After; 503 UNAVAILABLE -> HTTP_5XX with Retry-After (FCM is
-// overloaded and refused); 500 INTERNAL -> GATEWAY_ERROR: FCM does not say it refused before accepting,
-// so the message may be on its way (uncertain); 502/504 -> GATEWAY_ERROR. No answer: as
-// service/httpkit (CONNECT_FAILED, TIMEOUT, IO_ERROR).
+// Response mapping (https://firebase.google.com/docs/reference/fcm/rest/v1/ErrorCode, docs/channels.md#fcm):
+// 2xx -> ACCEPTED, ProviderMsgID = the response's "name" (projects/*/messages/*); UNREGISTERED (404),
+// and INVALID_ARGUMENT that names the registration token -> REJECTED with Unregistered; 401
+// UNAUTHENTICATED, THIRD_PARTY_AUTH_ERROR and 403 PERMISSION_DENIED -> ACCOUNT_REFUSED naming the
+// credential (the cached access token is dropped after a 401, so the next call fetches a new one);
+// SENDER_ID_MISMATCH and other 4xx -> REJECTED; 429 QUOTA_EXCEEDED -> THROTTLED with Retry-After;
+// 500 INTERNAL and 503 UNAVAILABLE -> HTTP_5XX with Retry-After, which the kind's contract
+// (ServerErrorsUncertain) reads as "may have been accepted": FCM does not say it refused before
+// accepting; 502/504 -> GATEWAY_ERROR. No answer: as service/httpkit (CONNECT_FAILED, TIMEOUT,
+// IO_ERROR).
 //
 // The access token is fetched before the send, never as part of it: a token failure means nothing
-// went to FCM. A refusal by the token endpoint (4xx: a revoked key, a wrong account) is REJECTED with
-// a detail naming the credential; any other failure (timeout, 5xx, no connection) is CONNECT_FAILED and
-// retried by the backoff. The token request has its own timeout (Options.TokenTimeout), is never resent by the
-// transport and does not follow redirects; a token is reused until five minutes before it expires.
+// went to FCM. A refusal by the token endpoint (4xx: a revoked key, a wrong account) is
+// ACCOUNT_REFUSED with a detail naming the credential; any other failure (timeout, 5xx, no connection)
+// is CONNECT_FAILED and retried by the backoff. The token request has its own timeout
+// (Options.TokenTimeout), is never resent by the transport and does not follow redirects; a token is
+// reused until five minutes before it expires.
 package fcm
 
 import (
@@ -118,16 +123,21 @@ type Options struct {
 	CAFile    string // extra PEM roots; verification stays on
 	// TokenTimeout bounds one token request; default DefaultTokenTimeout.
 	TokenTimeout time.Duration
-	Now          func() time.Time
+	// Collapse (the channel's resend_with_collapse) gives every message of a task the task's collapse
+	// key, so that a resend replaces an undelivered copy. Off, messages carry none (see the package
+	// comment for what collapsing costs).
+	Collapse bool
+	Now      func() time.Time
 }
 
 // Client sends FCM messages. Safe for concurrent use.
 type Client struct {
-	sendURL string
-	kit     *httpkit.Client
-	now     func() time.Time
-	conf    *jwt.Config
-	httpCtx context.Context // carries the token request's client (oauth2.HTTPClient)
+	sendURL  string
+	collapse bool
+	kit      *httpkit.Client
+	now      func() time.Time
+	conf     *jwt.Config
+	httpCtx  context.Context // carries the token request's client (oauth2.HTTPClient)
 
 	mu    sync.Mutex
 	token *oauth2.Token
@@ -184,8 +194,8 @@ func New(opt Options) (*Client, error) {
 		now = time.Now
 	}
 	return &Client{
-		sendURL: endpoint + "/v1/projects/" + project + "/messages:send",
-		kit:     kit, now: now,
+		sendURL: endpoint + "/v1/projects/" + project + "/messages:send", collapse: opt.Collapse,
+		kit: kit, now: now,
 		conf: conf, httpCtx: context.WithValue(context.Background(), oauth2.HTTPClient, hc),
 	}, nil
 }
@@ -240,8 +250,8 @@ func tokenFailure(err error) delivery.Observation {
 		if code == "" {
 			code = "HTTP " + strconv.Itoa(re.Response.StatusCode)
 		}
-		return delivery.Observation{Outcome: delivery.OutcomeRejected,
-			Detail: "credential: the OAuth token endpoint refused the service account (" + code + "): check the key file; nothing sent"}
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused,
+			Detail: "credential: the OAuth token endpoint refused the service account (" + code + "): check the key file (revoked or deleted?); nothing sent"}
 	}
 	msg := redact.Error(err)
 	if errors.As(err, &re) && re.Response != nil {
@@ -281,7 +291,7 @@ type notification struct {
 }
 
 type android struct {
-	CollapseKey string `json:"collapse_key"`
+	CollapseKey string `json:"collapse_key,omitempty"`
 	TTL         string `json:"ttl"`
 }
 
@@ -289,23 +299,27 @@ type headers struct {
 	Headers map[string]string `json:"headers"`
 }
 
-// Body is the JSON request body of msg with ttl seconds left.
-func Body(msg delivery.Message, ttl int64) ([]byte, error) {
-	return json.Marshal(sendRequest{Message: message{
+// Body is the JSON request body of msg with ttl seconds left; with collapse, it carries the task's
+// collapse key (android.collapse_key, apns-collapse-id, the webpush Topic).
+func Body(msg delivery.Message, ttl int64, collapse bool) ([]byte, error) {
+	m := message{
 		Token:        msg.To,
 		Notification: notification{Body: msg.Body},
 		Data:         map[string]string{"ref": msg.Ref},
-		Android:      android{CollapseKey: CollapseKey(msg.Ref), TTL: strconv.FormatInt(ttl, 10) + "s"},
-		APNs: headers{Headers: map[string]string{
-			"apns-collapse-id": CollapseKey(msg.Ref),
-			"apns-expiration":  strconv.FormatInt(msg.ExpiresAt.Unix(), 10),
-		}},
-		Webpush: headers{Headers: map[string]string{"Topic": Topic(msg.Ref), "TTL": strconv.FormatInt(ttl, 10)}},
-	}})
+		Android:      android{TTL: strconv.FormatInt(ttl, 10) + "s"},
+		APNs:         headers{Headers: map[string]string{"apns-expiration": strconv.FormatInt(msg.ExpiresAt.Unix(), 10)}},
+		Webpush:      headers{Headers: map[string]string{"TTL": strconv.FormatInt(ttl, 10)}},
+	}
+	if collapse {
+		m.Android.CollapseKey = CollapseKey(msg.Ref)
+		m.APNs.Headers["apns-collapse-id"] = CollapseKey(msg.Ref)
+		m.Webpush.Headers["Topic"] = Topic(msg.Ref)
+	}
+	return json.Marshal(sendRequest{Message: m})
 }
 
-// Send posts the message once. A TOPIC_RESEND is sent exactly like a SEND: the same collapse key
-// replaces only a copy not yet delivered.
+// Send posts the message once. A TOPIC_RESEND is sent exactly like a SEND: with Collapse, the same
+// collapse key replaces only a copy not yet delivered.
 func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observation {
 	if strings.TrimSpace(msg.To) == "" {
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "address: no registration token"}
@@ -317,7 +331,7 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 	if ttl <= 0 {
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "expired"}
 	}
-	body, err := Body(msg, ttl)
+	body, err := Body(msg, ttl, c.collapse)
 	if err != nil {
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "encode message: " + err.Error()}
 	}
@@ -339,17 +353,46 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 	return obs
 }
 
-// errorReply is google.rpc.Status as FCM answers it.
+// errorReply is google.rpc.Status as FCM answers it: an FcmError detail names FCM's code, a
+// google.rpc.BadRequest detail the invalid fields.
 type errorReply struct {
 	Error struct {
 		Code    int    `json:"code"`
 		Message string `json:"message"`
 		Status  string `json:"status"`
 		Details []struct {
-			Type      string `json:"@type"`
-			ErrorCode string `json:"errorCode"`
+			Type            string `json:"@type"`
+			ErrorCode       string `json:"errorCode"`
+			FieldViolations []struct {
+				Field string `json:"field"`
+			} `json:"fieldViolations"`
 		} `json:"details"`
 	} `json:"error"`
+}
+
+// tokenField is the request field of the registration token, as a BadRequest detail names it.
+const tokenField = "message.token"
+
+// invalidToken reports whether an INVALID_ARGUMENT is about the registration token: a BadRequest
+// detail that names message.token (and no other field), or, without field violations, FCM's message
+// for a bad token ("The registration token is not a valid FCM registration token",
+// https://firebase.google.com/docs/cloud-messaging/error-codes).
+func (e errorReply) invalidToken() bool {
+	var fields []string
+	for _, d := range e.Error.Details {
+		for _, v := range d.FieldViolations {
+			fields = append(fields, v.Field)
+		}
+	}
+	if len(fields) > 0 {
+		for _, f := range fields {
+			if f != tokenField {
+				return false
+			}
+		}
+		return true
+	}
+	return strings.Contains(strings.ToLower(e.Error.Message), "registration token is not a valid")
 }
 
 // Classify maps an FCM answer (see the package comment).
@@ -374,6 +417,7 @@ func classify(resp *httpkit.Response) delivery.Observation {
 			code = d.ErrorCode
 		}
 	}
+	code = truncate(strings.Map(printable, code), 64)
 	what := "HTTP " + strconv.Itoa(resp.Status)
 	if code != "" {
 		what += " " + code
@@ -382,22 +426,27 @@ func classify(resp *httpkit.Response) delivery.Observation {
 	case code == "UNREGISTERED": // only FCM's own code: a 404 of a wrong project or path is no verdict on the token
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Unregistered: true,
 			Detail: what + ": the registration token is no longer valid"}
-	case code == "SENDER_ID_MISMATCH":
+	case code == "INVALID_ARGUMENT" && resp.Status == http.StatusBadRequest && e.invalidToken():
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Unregistered: true,
+			Detail: what + ": the registration token is not a valid FCM registration token"}
+	case code == "SENDER_ID_MISMATCH": // the token's app registered for another sender: this task's address
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: what + ": the token belongs to another sender (project)"}
 	case code == "THIRD_PARTY_AUTH_ERROR":
-		return delivery.Observation{Outcome: delivery.OutcomeRejected,
-			Detail: what + ": credential: the APNs certificate or web push key configured in Firebase was refused"}
-	case resp.Status == http.StatusUnauthorized || resp.Status == http.StatusForbidden:
-		return delivery.Observation{Outcome: delivery.OutcomeRejected,
-			Detail: what + ": credential: FCM refused the service account's access token (check its role and project)"}
-	case resp.Status == http.StatusInternalServerError:
-		return delivery.Observation{Outcome: delivery.OutcomeGatewayError, RetryAfter: httpkit.RetryAfter(resp.Header),
-			Detail: what + ": FCM does not say whether it refused before accepting: the message may be on its way"}
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused,
+			Detail: what + ": credential: the APNs certificate or web push key configured in the Firebase project was refused"}
+	case resp.Status == http.StatusUnauthorized:
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused,
+			Detail: what + ": credential: FCM refused the service account's access token (revoked key or account?)"}
+	case resp.Status == http.StatusForbidden:
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused,
+			Detail: what + ": credential: the service account may not send for this project (check its role and project_id)"}
 	case resp.Status >= 300 && resp.Status < 400:
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: what + ": redirects are not followed"}
 	}
 	obs := resp.Refused()
-	if code != "" {
+	if obs.Outcome == delivery.OutcomeHTTP5xx {
+		obs.Detail = what + ": FCM does not say whether it refused before accepting: the message may be on its way"
+	} else if code != "" {
 		obs.Detail = what + strings.TrimPrefix(obs.Detail, "HTTP "+strconv.Itoa(resp.Status))
 	}
 	return obs
