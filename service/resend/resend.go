@@ -7,7 +7,9 @@
 // original response and sends nothing again
 // (https://resend.com/docs/dashboard/emails/idempotency-keys). Resend does not say whether an answer
 // is such a replay, so a deduplicated resend is reported ACCEPTED, like a first acceptance. The
-// channels file's idempotency_window defaults to those 24 hours for kind resend.
+// channels file's idempotency_window defaults to, and may not exceed, IdempotencyWindow: those 24
+// hours less the time a resend may take to reach Resend and a clock-skew allowance, so that no resend
+// arrives after the key expired.
 //
 // The message: from the configured sender to msg.To, the subject the body's first line (after an
 // optional prefix), the body as the plain-text part, and the task's ref as the tag notifier_ref
@@ -49,8 +51,25 @@ import (
 // DefaultBaseURL is Resend's API.
 const DefaultBaseURL = "https://api.resend.com"
 
-// IdempotencyWindow is how long Resend remembers an idempotency key (its documentation: 24 hours).
-const IdempotencyWindow = 24 * time.Hour
+// KeyLifetime is how long Resend remembers an idempotency key: "We keep idempotency keys in our system
+// for 24 hours" (https://resend.com/docs/dashboard/emails/idempotency-keys). Resend does not say from
+// when; we count from the first request that carried the key.
+const KeyLifetime = 24 * time.Hour
+
+// CallReachAllowance is how long after its claim a resend may still reach Resend: a call runs until its
+// lease ends (or its client timeout, if that is longer: work --allow-lease-overlap). It assumes work's
+// --lease and --timeout at most 25 minutes (their defaults: 30 s and 10 s).
+const CallReachAllowance = 25 * time.Minute
+
+// ClockSkewAllowance is how far the database's clock (which ages the uncertainty) and Resend's (which
+// ages the key) may disagree.
+const ClockSkewAllowance = 5 * time.Minute
+
+// IdempotencyWindow is the kind's idempotency_window: how long after the first uncertain attempt was
+// claimed a resend may still be claimed. That attempt's request reached Resend after its claim, so its
+// key lives at least KeyLifetime from then; a resend claimed before IdempotencyWindow reaches Resend
+// before KeyLifetime, however late in its lease it is sent and however the clocks disagree.
+const IdempotencyWindow = KeyLifetime - CallReachAllowance - ClockSkewAllowance
 
 // MaxKeyLength is the longest Idempotency-Key Resend accepts.
 const MaxKeyLength = 256

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,6 +71,29 @@ func TestResendLostAnswersResendWithTheKey(t *testing.T) {
 	is.Equal(obs.ProviderMsgID, f.Messages(ref)[0].ID)
 	is.Equal(f.Sends(ref), 3)    // three requests
 	is.Equal(f.Outbound(ref), 1) // one email
+}
+
+// The fake forgets a key 24 hours after its first request, as Resend does: a resend inside them is
+// answered with the original email, one at the 24 hours' end is a new email.
+func TestResendFakeForgetsKeysAfter24Hours(t *testing.T) {
+	is := is.New(t)
+	f := fakes.StartResend(apiKey)
+	defer f.Close()
+	first := time.Now()
+	var offset atomic.Int64 // how far the fake's clock is ahead of first
+	f.SetClock(func() time.Time { return first.Add(time.Duration(offset.Load())) })
+	c := client(t, f.URL())
+	obs := send(c, message(), 5*time.Second)
+	is.Equal(obs.Outcome, delivery.OutcomeAccepted)
+	offset.Store(int64(resend.KeyLifetime - time.Nanosecond))
+	replay := send(c, message(), 5*time.Second)
+	is.Equal(replay.ProviderMsgID, obs.ProviderMsgID) // still the key's email
+	is.Equal(f.Outbound(ref), 1)
+	offset.Store(int64(resend.KeyLifetime))
+	late := send(c, message(), 5*time.Second)
+	is.Equal(late.Outcome, delivery.OutcomeAccepted)
+	is.True(late.ProviderMsgID != obs.ProviderMsgID) // the key was forgotten
+	is.Equal(f.Outbound(ref), 2)                     // a second email
 }
 
 // While the first request with a key is still being answered, Resend answers a second one 409
