@@ -8,7 +8,8 @@
 // (https://postmarkapp.com/support/article/1125-custom-metadata-faq). So after a lost answer the
 // service asks first and resends only when Postmark has no such email. The search lags behind
 // acceptance, so a "not found" proves nothing until query_settle has passed (the kind's default,
-// service/channelconfig/postmark.go), and it keeps messages 45 days, which bounds max_in_flight_age.
+// service/channelconfig/postmark.go), and it keeps messages for the account's retention (7 to 365
+// days), which bounds max_in_flight_age (MaxInFlightAge).
 //
 // Response mapping (Postmark answers errors as {"ErrorCode":N,"Message":"..."}, HTTP 422 for most,
 // https://postmarkapp.com/developer/api/overview#error-codes): 200 with a MessageID -> ACCEPTED (the
@@ -50,8 +51,33 @@ const DefaultMessageStream = "outbound"
 // RefMetadata is the metadata field that carries the task's ref (and the search filters on).
 const RefMetadata = "notifier_ref"
 
-// Retention is how long Postmark keeps sent messages searchable (45 days).
-const Retention = 45 * 24 * time.Hour
+// Postmark keeps a message's content and metadata, and so finds it in the search, for the account's
+// retention: 45 days by default, 7 to 365 days with the Retention Add-on, one setting for the whole
+// account, and a change applies only to messages sent after it
+// (https://postmarkapp.com/support/article/1289-how-does-the-retention-add-on-work,
+// https://postmarkapp.com/support/article/838-how-long-are-inbound-and-outbound-messages-stored-in-activity).
+const (
+	MinRetention = 7 * 24 * time.Hour
+	MaxRetention = 365 * 24 * time.Hour
+	// DefaultRetention is the retention a channel that does not say is assumed to have: the shortest an
+	// account can set, so the default is safe for every account.
+	DefaultRetention = MinRetention
+)
+
+// ExpiryDayAllowance: Postmark shows a message's expiry as a date and does not say at what time of that
+// day it is deleted; we assume the day's start, up to a day before retention has passed.
+const ExpiryDayAllowance = 24 * time.Hour
+
+// QueryReachAllowance is how long after its claim a query may still reach Postmark (its lease or client
+// timeout, assumed at most 25 minutes) plus 5 minutes for the clocks' skew.
+const QueryReachAllowance = 30 * time.Minute
+
+// MaxInFlightAge is the longest max_in_flight_age a channel with this retention and query_settle may
+// have: a query claimed before it is answered while an email accepted after the uncertain attempt began
+// is still kept, with the settle time as a further margin. 0 or less: no such age.
+func MaxInFlightAge(retention, settle time.Duration) time.Duration {
+	return retention - ExpiryDayAllowance - settle - QueryReachAllowance
+}
 
 // MaxSubjectRunes bounds the subject (prefix + the body's first line).
 const MaxSubjectRunes = 120
@@ -235,7 +261,7 @@ func Classify(resp *httpkit.Response) delivery.Observation {
 }
 
 // Query searches the outbound messages for the ref's metadata. A hit is QUERY_FOUND with Postmark's
-// MessageID; none is QUERY_NOT_FOUND (which the contract's query_settle and the 45 days' retention
+// MessageID; none is QUERY_NOT_FOUND (which the contract's query_settle and the account's retention
 // qualify); anything else is QUERY_FAILED.
 func (c *Client) Query(ctx context.Context, ref string) delivery.Observation {
 	q := url.Values{"count": {"1"}, "offset": {"0"}, "metadata_" + RefMetadata: {ref}, "messagestream": {c.stream}}

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -72,6 +73,30 @@ func TestPostmarkSearchLags(t *testing.T) {
 	c := client(t, f.URL())
 	is.Equal(send(c, 5*time.Second).Outcome, delivery.OutcomeAccepted)
 	is.Equal(query(c).Outcome, delivery.OutcomeQueryNotFound) // accepted, not searchable yet
+}
+
+// On the fake's clock: the search finds an email only once its lag has passed, and no longer once the
+// account's retention has.
+func TestPostmarkFakeSearchLagsAndForgets(t *testing.T) {
+	is := is.New(t)
+	f := fakes.StartPostmark(token)
+	defer f.Close()
+	start := time.Now()
+	var offset atomic.Int64 // how far the fake's clock is ahead of start
+	f.SetClock(func() time.Time { return start.Add(time.Duration(offset.Load())) })
+	f.SetSearchLag(10 * time.Minute)
+	f.SetRetention(7 * 24 * time.Hour)
+	c := client(t, f.URL())
+	is.Equal(send(c, 5*time.Second).Outcome, delivery.OutcomeAccepted)
+	offset.Store(int64(10*time.Minute - time.Nanosecond))
+	is.Equal(query(c).Outcome, delivery.OutcomeQueryNotFound) // inside the lag
+	offset.Store(int64(10 * time.Minute))
+	is.Equal(query(c).Outcome, delivery.OutcomeQueryFound) // searchable
+	offset.Store(int64(7*24*time.Hour - time.Nanosecond))
+	is.Equal(query(c).Outcome, delivery.OutcomeQueryFound) // still kept
+	offset.Store(int64(7 * 24 * time.Hour))
+	is.Equal(query(c).Outcome, delivery.OutcomeQueryNotFound) // expired: forgotten
+	is.Equal(f.Outbound(ref), 1)                              // though it was sent
 }
 
 // Postmark has no key: each accepted request is one more email (which is why the mode queries first).
