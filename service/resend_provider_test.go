@@ -4,7 +4,6 @@ package service_test
 // kind resend, the Resend fake, a real database.
 
 import (
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -90,23 +89,6 @@ func TestResendProviderServerErrorsPark(t *testing.T) {
 	is.Equal(task.State, delivery.StateUnknown) // not FAILED
 	is.True(task.NeedsReview)                   // parked
 	is.Equal(f.Requests(), len(e.attempts(id)))
-}
-
-// A key Resend refuses fails the task at once, with a detail naming the credential and not its value.
-func TestResendProviderBadKey(t *testing.T) {
-	is := is.New(t)
-	e := newEnv(t)
-	f := startResend(t)
-	e.user("u1", "email")
-	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	res := runOnce(t, e.resendDispatcher(f, "re_not_the_key_0000"))
-	is.Equal(res.Outcome, delivery.OutcomeRejected) // refused
-	task := e.task(id)
-	is.Equal(task.State, delivery.StateFailed)                        // not retried forever
-	is.True(strings.Contains(task.LastError, "invalid_api_key"))      // says why
-	is.True(strings.Contains(task.LastError, "api_key_env"))          // and which setting
-	is.True(!strings.Contains(task.LastError, "re_not_the_key_0000")) // never the key
-	is.Equal(f.Requests(), 1)
 }
 
 // waitFor polls a fact for at most 10 s: a wait, not a timed assertion.

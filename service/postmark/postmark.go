@@ -14,13 +14,14 @@
 // Response mapping (Postmark answers errors as {"ErrorCode":N,"Message":"..."}, HTTP 422 for most,
 // https://postmarkapp.com/developer/api/overview#error-codes): 200 with a MessageID -> ACCEPTED (the
 // provider id), a 2xx without one -> MALFORMED_RESPONSE; ErrorCode 406 (inactive recipient: bounced,
-// complained or suppressed) -> REJECTED with Observation.Unregistered; ErrorCode 10 or HTTP 401 (bad or
-// missing server token) -> REJECTED naming server_token_env/server_token_file, never the token; other
-// ErrorCodes (300 invalid email request, 400/401 sender signature, 405 not allowed to send, 412
-// account pending approval, ...) -> REJECTED with the code and Postmark's message; 429 -> THROTTLED
-// with Retry-After; 5xx -> HTTP_5XX (502/504: GATEWAY_ERROR). Postmark does not promise that a 500
-// comes before it accepted ("in most cases the message is lost"), so the kind counts server errors as
-// uncertain: the next attempt queries. No answer: CONNECT_FAILED, TIMEOUT or IO_ERROR as
+// complained or suppressed) -> REJECTED with Observation.Unregistered; ErrorCodes of the account's state (10 and HTTP 401 bad or missing server token, 400 sender signature
+// not found, 401 sender signature not confirmed, 405 not allowed to send, 412 account pending approval,
+// 413 account may not send) -> ACCOUNT_REFUSED naming the cause (accountStates), never the token; other
+// ErrorCodes (300 invalid email request, 402 invalid JSON, ...) -> REJECTED with the code and
+// Postmark's message; 429 -> THROTTLED with Retry-After; 5xx -> HTTP_5XX (502/504: GATEWAY_ERROR).
+// Postmark does not promise that a 500 comes before it accepted ("in most cases the message is
+// lost"), nor that a 429 was not processed, so the kind counts both as uncertain: the next attempt
+// queries. No answer: CONNECT_FAILED, TIMEOUT or IO_ERROR as
 // service/httpkit decides; each attempt puts at most one request on the wire.
 package postmark
 
@@ -88,6 +89,20 @@ const (
 	ErrorInvalidEmail      = 300
 	ErrorInactiveRecipient = 406
 )
+
+// accountStates are Postmark's API error codes for a state of the account an operator can fix
+// (https://postmarkapp.com/developer/api/overview#error-codes), with the cause an operator reads: the
+// server token, the sender signature, sending not allowed (the account ran out of credits, or is paused),
+// an account pending approval (it may send only to its own domains until then), an account that may not
+// send. A refused request was not sent (ACCOUNT_REFUSED).
+var accountStates = map[int]string{
+	ErrorBadToken: "Postmark refused the server token: check server_token_env or server_token_file",
+	400:           "no sender signature at Postmark for the from address: add it",
+	401:           "the from address's sender signature is not confirmed at Postmark: confirm it",
+	405:           "Postmark does not allow this account to send (out of credits, or sending paused)",
+	412:           "the Postmark account is pending approval: it may send only to its own domains until approved",
+	413:           "Postmark says this account may not send",
+}
 
 // Options configure a client.
 type Options struct {
@@ -239,10 +254,13 @@ func Classify(resp *httpkit.Response) delivery.Observation {
 	if m := oneLine(a.Message); m != "" {
 		what += ": " + m
 	}
+	if cause, ok := accountStates[a.ErrorCode]; ok || resp.Status == http.StatusUnauthorized {
+		if !ok {
+			cause = accountStates[ErrorBadToken]
+		}
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused, Detail: what + " (" + cause + ")"}
+	}
 	switch {
-	case resp.Status == http.StatusUnauthorized || a.ErrorCode == ErrorBadToken:
-		return delivery.Observation{Outcome: delivery.OutcomeRejected,
-			Detail: what + " (Postmark refused the server token: check server_token_env or server_token_file)"}
 	case a.ErrorCode == ErrorInactiveRecipient:
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Unregistered: true,
 			Detail: what + " (the recipient is inactive at Postmark: bounced, complained or suppressed)"}

@@ -122,14 +122,17 @@ func TestPostmarkDocumentedErrors(t *testing.T) {
 		retryAfter   time.Duration
 		detail       string
 	}{
-		{401, 10, nil, delivery.OutcomeRejected, false, 0, "server_token_env"},
-		{422, 10, nil, delivery.OutcomeRejected, false, 0, "refused the server token"},
+		{401, 10, nil, delivery.OutcomeAccountRefused, false, 0, "server_token_env"},
+		{401, 0, nil, delivery.OutcomeAccountRefused, false, 0, "refused the server token"},
+		{422, 10, nil, delivery.OutcomeAccountRefused, false, 0, "refused the server token"},
 		{422, 300, nil, delivery.OutcomeRejected, false, 0, "ErrorCode 300"},
 		{422, 406, nil, delivery.OutcomeRejected, true, 0, "inactive"},
-		{422, 400, nil, delivery.OutcomeRejected, false, 0, "ErrorCode 400"},
-		{422, 401, nil, delivery.OutcomeRejected, false, 0, "ErrorCode 401"},
-		{422, 405, nil, delivery.OutcomeRejected, false, 0, "ErrorCode 405"},
-		{422, 412, nil, delivery.OutcomeRejected, false, 0, "ErrorCode 412"},
+		{422, 400, nil, delivery.OutcomeAccountRefused, false, 0, "sender signature"},
+		{422, 401, nil, delivery.OutcomeAccountRefused, false, 0, "sender signature"},
+		{422, 405, nil, delivery.OutcomeAccountRefused, false, 0, "out of credits"},
+		{422, 412, nil, delivery.OutcomeAccountRefused, false, 0, "pending approval"},
+		{422, 413, nil, delivery.OutcomeAccountRefused, false, 0, "may not send"},
+		{422, 402, nil, delivery.OutcomeRejected, false, 0, "ErrorCode 402"},
 		{429, 429, http.Header{"Retry-After": {"4"}}, delivery.OutcomeThrottled, false, 4 * time.Second, "429"},
 		{500, 0, nil, delivery.OutcomeHTTP5xx, false, 0, "500"},
 		{503, 0, nil, delivery.OutcomeHTTP5xx, false, 0, "503"},
@@ -168,7 +171,7 @@ func TestPostmarkFakeRefusals(t *testing.T) {
 	wrong, err := postmark.New(postmark.Options{ServerToken: "not-the-token", From: "noreply@example.com", BaseURL: f.URL()})
 	is.NoErr(err)
 	obs := send(wrong, 5*time.Second)
-	is.Equal(obs.Outcome, delivery.OutcomeRejected) // 401 ErrorCode 10
+	is.Equal(obs.Outcome, delivery.OutcomeAccountRefused) // 401 ErrorCode 10: the server token
 	is.True(strings.Contains(obs.Detail, "ErrorCode 10"))
 	is.True(!strings.Contains(obs.Detail, "not-the-token"))
 	c := client(t, f.URL())

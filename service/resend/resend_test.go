@@ -126,10 +126,12 @@ func TestResendDocumentedErrors(t *testing.T) {
 	}{
 		{400, "invalid_idempotency_key", nil, delivery.OutcomeRejected, 0, "invalid_idempotency_key"},
 		{400, "validation_error", nil, delivery.OutcomeRejected, 0, "validation_error"},
-		{401, "missing_api_key", nil, delivery.OutcomeRejected, 0, "api_key_env"},
-		{401, "restricted_api_key", nil, delivery.OutcomeRejected, 0, "refused the API key"},
-		{403, "invalid_api_key", nil, delivery.OutcomeRejected, 0, "refused the API key"},
-		{403, "validation_error", nil, delivery.OutcomeRejected, 0, "domain is not verified"},
+		{401, "missing_api_key", nil, delivery.OutcomeAccountRefused, 0, "api_key_env"},
+		{401, "restricted_api_key", nil, delivery.OutcomeAccountRefused, 0, "refused the API key"},
+		{403, "invalid_api_key", nil, delivery.OutcomeAccountRefused, 0, "refused the API key"},
+		{403, "validation_error", nil, delivery.OutcomeAccountRefused, 0, "domain is not verified"},
+		{403, "invalid_to_address", nil, delivery.OutcomeAccountRefused, 0, "verify the from address's domain"},
+		{403, "", nil, delivery.OutcomeAccountRefused, 0, "refused the API key"},
 		{404, "not_found", nil, delivery.OutcomeRejected, 0, "not_found"},
 		{405, "method_not_allowed", nil, delivery.OutcomeRejected, 0, "method_not_allowed"},
 		{409, "invalid_idempotent_request", nil, delivery.OutcomeRejected, 0, "earlier attempt"},
@@ -177,7 +179,7 @@ func TestResendFakeRefusals(t *testing.T) {
 	wrong, err := resend.New(resend.Options{APIKey: "re_wrong_key_123", From: "noreply@example.com", BaseURL: f.URL()})
 	is.NoErr(err)
 	obs := send(wrong, message(), 5*time.Second)
-	is.Equal(obs.Outcome, delivery.OutcomeRejected)            // auth failure: not retried forever
+	is.Equal(obs.Outcome, delivery.OutcomeAccountRefused)      // the account's key: an operator fixes it
 	is.True(strings.Contains(obs.Detail, "invalid_api_key"))   // named
 	is.True(!strings.Contains(obs.Detail, "re_wrong_key_123")) // without the key
 	f.ScriptSend(ref, fakes.Step{Status: 429, RetryAfter: "2"}, fakes.Step{Status: 500})
