@@ -117,6 +117,8 @@ func TestWorkChannelsConfigErrors(t *testing.T) {
 		{"unknown key", pushTable + "retries = 5\n", nil, []string{`channel "push"`, `unknown key "retries"`}},
 		{"defined twice", pushTable, []string{"--channel", "push=idempotent," + push.URL()}, []string{`channel "push"`, "also defined in --channels"}},
 		{"syntax error", "[channels.push\n", nil, []string{"invalid --channels", "channels.toml"}},
+		{"postmark retention", pushTable + "[channels.email]\nkind = \"postmark\"\nserver_token_env = \"PM_TOKEN\"\nfrom = \"a@example.com\"\nretention = \"3d\"\n",
+			nil, []string{`channel "email"`, `retention "3d"`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

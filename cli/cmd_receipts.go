@@ -33,7 +33,11 @@ Endpoints, each served only when its secret is given:
                                     --tolerance), webhook-signature v1 (HMAC-SHA256); body
                                     {"type":"message.delivered","data":{"ref":"ntf-<ref>"}}, types
                                     message.accepted, .sent, .delivered, .bounced (data.bounce hard or
-                                    soft), .complained, .undelivered; or data.provider_msg_id
+                                    soft), .complained, .undelivered; or data.provider_msg_id.
+                                    Also Resend's webhooks (Svix: svix-id, svix-timestamp,
+                                    svix-signature, the endpoint's whsec_ secret): email.sent,
+                                    .delivery_delayed, .delivered, .bounced (hard), .complained,
+                                    .failed, matched by the tag notifier_ref or data.email_id
   POST /receipts/twilio             Twilio status callbacks (X-Twilio-Signature, computed over
                                     --public-url + the path and query Twilio called); set the callback
                                     URL to <public-url>/receipts/twilio?ref=ntf-<ref>, or match by

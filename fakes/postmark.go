@@ -24,7 +24,11 @@ import (
 // body that is not JSON 422 ErrorCode 402, no From or To 422 ErrorCode 300, a recipient marked
 // inactive (SetInactive) 422 ErrorCode 406, a search without count and offset 422. Postmark has no
 // idempotency key: every accepted request is a new email. The search lags: an email is found only
-// SetSearchLag after it was accepted (Postmark's search is not immediately consistent).
+// SetSearchLag after it was accepted (Postmark publishes no bound on the lag). It forgets: an email is
+// no longer found once the account's retention (SetRetention; Postmark's default, 45 days) has passed
+// since it was accepted
+// (https://postmarkapp.com/support/article/1289-how-does-the-retention-add-on-work). Both are measured
+// on the fake's clock (SetClock).
 //
 // Scriptable like the channel fakes, per ref (the metadata field notifier_ref): ScriptSend and
 // ScriptQuery take Steps; a Status is answered with Postmark's error for it before anything is
@@ -34,17 +38,23 @@ type Postmark struct {
 
 	token string
 
-	mu       sync.Mutex
-	sendQ    queues
-	queryQ   queues
-	requests int
-	sends    map[string]int
-	queries  map[string]int
-	outbound map[string]int
-	emails   []postmarkEmail
-	inactive map[string]bool
-	lag      time.Duration
+	mu        sync.Mutex
+	sendQ     queues
+	queryQ    queues
+	requests  int
+	sends     map[string]int
+	queries   map[string]int
+	outbound  map[string]int
+	emails    []postmarkEmail
+	inactive  map[string]bool
+	lag       time.Duration
+	retention time.Duration
+	now       func() time.Time
 }
+
+// PostmarkDefaultRetention is how long Postmark keeps messages unless the account's Retention Add-on
+// says otherwise (7 to 365 days).
+const PostmarkDefaultRetention = 45 * 24 * time.Hour
 
 type postmarkEmail struct {
 	Message
@@ -76,7 +86,8 @@ func StartPostmarkOn(token, addr string) (*Postmark, error) {
 		return nil, fmt.Errorf("fakes: listen %s: %w", addr, err)
 	}
 	f := &Postmark{token: token, sendQ: queues{byRef: map[string][]Step{}}, queryQ: queues{byRef: map[string][]Step{}},
-		sends: map[string]int{}, queries: map[string]int{}, outbound: map[string]int{}, inactive: map[string]bool{}}
+		sends: map[string]int{}, queries: map[string]int{}, outbound: map[string]int{}, inactive: map[string]bool{},
+		retention: PostmarkDefaultRetention, now: time.Now}
 	f.start(l, f.serveHTTP)
 	return f, nil
 }
@@ -107,6 +118,22 @@ func (f *Postmark) SetSearchLag(d time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.lag = d
+}
+
+// SetRetention sets the account's retention: the search no longer finds an email this long after it
+// was accepted.
+func (f *Postmark) SetRetention(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.retention = d
+}
+
+// SetClock replaces the clock the fake stamps acceptances and ages the search's lag and retention by
+// (time.Now by default), so a test can reach days without waiting for them.
+func (f *Postmark) SetClock(now func() time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now = now
 }
 
 // Requests counts every request received (sends and searches, refused ones included).
@@ -230,7 +257,7 @@ func (f *Postmark) send(w http.ResponseWriter, r *http.Request) {
 		stream = "outbound"
 	}
 	id := newUUID()
-	now := time.Now()
+	now := f.now()
 	f.outbound[ref]++
 	f.emails = append(f.emails, postmarkEmail{Message: Message{ID: id, Ref: ref, To: req.To, Body: req.TextBody},
 		metadata: req.Metadata, stream: stream, at: now})
@@ -275,10 +302,14 @@ func (f *Postmark) search(w http.ResponseWriter, r *http.Request) {
 		MessageStream string            `json:"MessageStream"`
 	}
 	var hits []found
-	visible := time.Now().Add(-f.lag)
+	now := f.now()
+	visible, kept := now.Add(-f.lag), now.Add(-f.retention)
 	for i := len(f.emails) - 1; i >= 0; i-- { // newest first, as Postmark lists them
 		e := f.emails[i]
-		if e.at.After(visible) || (key != "" && e.metadata[key] != value) || (q.Has("messagestream") && q.Get("messagestream") != e.stream) {
+		if e.at.After(visible) || !e.at.After(kept) { // not searchable yet, or expired
+			continue
+		}
+		if (key != "" && e.metadata[key] != value) || (q.Has("messagestream") && q.Get("messagestream") != e.stream) {
 			continue
 		}
 		hits = append(hits, found{MessageID: e.ID, To: []map[string]any{{"Email": e.To, "Name": nil}}, Recipients: []string{e.To},

@@ -26,8 +26,9 @@ import (
 // (https://resend.com/docs/dashboard/emails/idempotency-keys): a key seen before with the same
 // payload is answered with the original id and sends nothing; with another payload 409
 // invalid_idempotent_request; while the first request with the key is still being answered (a
-// scripted delay or hang) 409 concurrent_idempotent_requests. Keys are remembered for the fake's
-// lifetime (Resend: 24 hours).
+// scripted delay or hang) 409 concurrent_idempotent_requests. A key is forgotten ResendKeyLifetime
+// after the request that first used it reached the fake ("We keep idempotency keys in our system for
+// 24 hours"), on the fake's clock (SetClock): a request with that key afterwards sends a new email.
 //
 // It is scriptable like the channel fakes, per ref (the tag notifier_ref): a Step's Status is
 // answered before anything is recorded, with Resend's error name for that status (429 with
@@ -46,12 +47,18 @@ type Resend struct {
 	byKey      map[string]resendSent
 	inProgress map[string]bool // keys whose first request has not been answered yet
 	messages   map[string][]Message
+	now        func() time.Time
 }
 
 type resendSent struct {
 	id      string
-	payload string // the request body, re-encoded: what "the same payload" compares
+	payload string    // the request body, re-encoded: what "the same payload" compares
+	first   time.Time // when the first request with the key reached the fake: the key expires 24 h later
 }
+
+// ResendKeyLifetime is how long Resend keeps an idempotency key
+// (https://resend.com/docs/dashboard/emails/idempotency-keys), counted from its first request.
+const ResendKeyLifetime = 24 * time.Hour
 
 // ResendRefTag is the tag the fake reads the task's ref from (service/resend sets it).
 const ResendRefTag = "notifier_ref"
@@ -76,7 +83,7 @@ func StartResendOn(apiKey, addr string) (*Resend, error) {
 		return nil, fmt.Errorf("fakes: listen %s: %w", addr, err)
 	}
 	f := &Resend{key: apiKey, q: queues{byRef: map[string][]Step{}}, sends: map[string]int{}, outbound: map[string]int{},
-		byKey: map[string]resendSent{}, inProgress: map[string]bool{}, messages: map[string][]Message{}}
+		byKey: map[string]resendSent{}, inProgress: map[string]bool{}, messages: map[string][]Message{}, now: time.Now}
 	f.start(l, f.serveHTTP)
 	return f, nil
 }
@@ -86,6 +93,14 @@ func (f *Resend) ScriptSend(ref string, steps ...Step) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.q.push(ref, steps)
+}
+
+// SetClock replaces the clock the fake ages idempotency keys by (time.Now by default), so a test can
+// reach a key's 24 hours without waiting for them.
+func (f *Resend) SetClock(now func() time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now = now
 }
 
 // Requests counts every request to /emails, refused ones included: what reached the provider.
@@ -227,6 +242,10 @@ func (f *Resend) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		resendScripted(w, step)
 		return
 	}
+	now := f.now()
+	if seen, ok := f.byKey[key]; ok && !now.Before(seen.first.Add(ResendKeyLifetime)) {
+		delete(f.byKey, key) // expired: Resend no longer knows the key
+	}
 	if key != "" {
 		if f.inProgress[key] {
 			f.mu.Unlock()
@@ -245,7 +264,7 @@ func (f *Resend) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	id := newUUID()
 	if key != "" {
-		f.byKey[key] = resendSent{id: id, payload: string(payload)}
+		f.byKey[key] = resendSent{id: id, payload: string(payload), first: now}
 		f.inProgress[key] = true
 		defer func() { // answered or aborted: the request is no longer in progress
 			f.mu.Lock()

@@ -4,14 +4,16 @@ package service_test
 // kind resend, the Resend fake, a real database.
 
 import (
-	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
+	"github.com/notifierhq/notifier/service/resend"
 )
 
 const resendTestKey = "re_service_test_5d4c3b2a"
@@ -89,23 +91,6 @@ func TestResendProviderServerErrorsPark(t *testing.T) {
 	is.Equal(f.Requests(), len(e.attempts(id)))
 }
 
-// A key Resend refuses fails the task at once, with a detail naming the credential and not its value.
-func TestResendProviderBadKey(t *testing.T) {
-	is := is.New(t)
-	e := newEnv(t)
-	f := startResend(t)
-	e.user("u1", "email")
-	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
-	res := runOnce(t, e.resendDispatcher(f, "re_not_the_key_0000"))
-	is.Equal(res.Outcome, delivery.OutcomeRejected) // refused
-	task := e.task(id)
-	is.Equal(task.State, delivery.StateFailed)                        // not retried forever
-	is.True(strings.Contains(task.LastError, "invalid_api_key"))      // says why
-	is.True(strings.Contains(task.LastError, "api_key_env"))          // and which setting
-	is.True(!strings.Contains(task.LastError, "re_not_the_key_0000")) // never the key
-	is.Equal(f.Requests(), 1)
-}
-
 // waitFor polls a fact for at most 10 s: a wait, not a timed assertion.
 func waitFor(t *testing.T, ok func() bool) {
 	t.Helper()
@@ -116,4 +101,89 @@ func waitFor(t *testing.T, ok func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// testClock is a provider fake's clock that a test moves by hand.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newTestClock() *testClock { return &testClock{now: time.Now()} }
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t
+}
+
+// ageUncertainty moves a task's uncertainty age back by age, as if its first uncertain attempt had been
+// claimed that long ago: a rewrite of history no protocol move makes, so outside the state machine.
+func (e *env) ageUncertainty(id int64, age time.Duration) {
+	e.t.Helper()
+	e.withoutStateMachine(func() {
+		if _, err := e.pool.Exec(e.ctx, `UPDATE delivery_task SET uncertain_since = uncertain_since - make_interval(secs => $2)
+			WHERE id = $1 AND outcome_uncertain`, id, age.Seconds()); err != nil {
+			e.t.Fatal(err)
+		}
+	})
+}
+
+// resendUncertainAged times out one Resend attempt after the fake accepted it (its key first used at
+// the fake's clock's now), then ages the task's uncertainty by age and moves the fake's clock to the
+// moment a resend claimed now would reach Resend at the latest: age later, plus the call's reach and
+// the clocks' skew. It returns the task and its ref.
+func resendUncertainAged(t *testing.T, e *env, f *fakes.Resend, d *dispatcher, age time.Duration) (int64, string) {
+	is := is.New(t)
+	clock := newTestClock()
+	f.SetClock(clock.Now)
+	first := clock.Now()
+	e.user("u1", "email")
+	id := e.create("u1", "e1", 48*time.Hour, 5)[0].TaskID
+	ref := e.ref(id)
+	f.ScriptSend(ref, fakes.Step{Delay: time.Second}) // accepted, answered after the 300 ms client timeout
+	is.Equal(runOnce(t, d).Outcome, delivery.OutcomeTimeout)
+	waitFor(t, func() bool { return !f.Busy() })
+	e.ageUncertainty(id, age)
+	clock.Set(first.Add(age + resend.CallReachAllowance + resend.ClockSkewAllowance))
+	return id, ref
+}
+
+// Resend keeps a key 24 hours from its first request. A resend claimed at the window's last moment
+// reaches Resend before that, even at the end of its reach: the original answer, one email.
+func TestResendProviderResendAtTheWindowsEndIsDeduplicated(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	f := startResend(t)
+	d := e.resendDispatcher(f, resendTestKey)
+	id, ref := resendUncertainAged(t, e, f, d, resend.IdempotencyWindow-time.Second)
+	res := runNext(t, d)
+	is.Equal(res.Action, delivery.ActionSend)       // resent with the key
+	is.Equal(res.Outcome, delivery.OutcomeAccepted) // Resend's original answer
+	is.Equal(e.task(id).State, delivery.StateSent)  //
+	is.Equal(f.Outbound(ref), 1)                    // one email
+	is.Equal(f.Requests(), len(e.attempts(id)))     // requests received == attempt rows
+}
+
+// A task uncertain for a minute less than 24 hours: a resend claimed now could reach Resend after the
+// key expired, and Resend would send a second email. It is parked instead.
+func TestResendProviderNoResendThatCouldOutliveTheKey(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	f := startResend(t)
+	d := e.resendDispatcher(f, resendTestKey)
+	id, ref := resendUncertainAged(t, e, f, d, resend.KeyLifetime-time.Minute)
+	res := runNext(t, d)
+	is.Equal(f.Outbound(ref), 1)             // no second email
+	is.Equal(res.Kind, service.ResultParked) // parked, not resent
+	task := e.task(id)
+	is.Equal(task.State, delivery.StateUnknown)
+	is.True(task.NeedsReview)
+	is.Equal(f.Sends(ref), 1)
 }

@@ -148,6 +148,7 @@ type table struct {
 	channel
 	kind   kind
 	client func(l loader) (delivery.Channel, error)
+	finish contractFinisher // nil: the kind's own keys leave the contract alone
 }
 
 // decode reads a table's common part, finds its kind and lets the kind decode the rest.
@@ -164,11 +165,11 @@ func decode(md toml.MetaData, p toml.Primitive) (table, error) {
 		return t, fmt.Errorf("kind %q: want %s", t.Kind, kindList())
 	}
 	t.kind = k
-	client, err := k.decode(md, p)
+	client, finish, err := k.decode(md, p)
 	if err != nil {
 		return t, err
 	}
-	t.client = client
+	t.client, t.finish = client, finish
 	return t, nil
 }
 
@@ -232,6 +233,11 @@ func (l loader) route(name string, t table) (delivery.Route, error) {
 	}
 	if contract, err = withDefaults(contract, mode, t.kind); err != nil {
 		return delivery.Route{}, err
+	}
+	if t.finish != nil {
+		if contract, err = t.finish(mode, contract); err != nil {
+			return delivery.Route{}, err
+		}
 	}
 	limit, err := rateLimit(t.channel)
 	if err != nil {

@@ -36,14 +36,21 @@ type kind struct {
 	defaults delivery.Contract
 	// keys the kind's own part reads (from its config struct's toml tags).
 	keys []string
-	// decode reads the kind's own part of a table and returns the builder of its client.
-	decode func(md toml.MetaData, p toml.Primitive) (func(loader) (delivery.Channel, error), error)
+	// decode reads the kind's own part of a table and returns the builder of its client, and what
+	// finishes the route's contract from the kind's own keys (nil when the kind has no such keys).
+	decode func(md toml.MetaData, p toml.Primitive) (func(loader) (delivery.Channel, error), contractFinisher, error)
 }
+
+// contractFinisher completes a route's contract, after the defaults, from a kind's own keys (Postmark's
+// retention bounds max_in_flight_age). Its errors name the keys.
+type contractFinisher func(mode delivery.Mode, k delivery.Contract) (delivery.Contract, error)
 
 var kinds = map[string]kind{}
 
-// register adds a kind whose own keys are the toml tags of C; build makes its client from them.
-func register[C any](k kind, build func(l loader, c *C) (delivery.Channel, error)) {
+// register adds a kind whose own keys are the toml tags of C; build makes its client from them, and
+// finish, when given, completes the route's contract from them.
+func register[C any](k kind, build func(l loader, c *C) (delivery.Channel, error),
+	finish ...func(c *C, mode delivery.Mode, k delivery.Contract) (delivery.Contract, error)) {
 	if _, dup := kinds[k.name]; dup {
 		panic("channelconfig: kind " + k.name + " registered twice")
 	}
@@ -56,12 +63,16 @@ func register[C any](k kind, build func(l loader, c *C) (delivery.Channel, error
 			panic("channelconfig: kind " + k.name + " redefines the common key " + key)
 		}
 	}
-	k.decode = func(md toml.MetaData, p toml.Primitive) (func(loader) (delivery.Channel, error), error) {
+	k.decode = func(md toml.MetaData, p toml.Primitive) (func(loader) (delivery.Channel, error), contractFinisher, error) {
 		c := new(C)
 		if err := md.PrimitiveDecode(p, c); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return func(l loader) (delivery.Channel, error) { return build(l, c) }, nil
+		var finisher contractFinisher
+		if len(finish) > 0 {
+			finisher = func(mode delivery.Mode, k delivery.Contract) (delivery.Contract, error) { return finish[0](c, mode, k) }
+		}
+		return func(l loader) (delivery.Channel, error) { return build(l, c) }, finisher, nil
 	}
 	kinds[k.name] = k
 }

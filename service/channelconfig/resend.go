@@ -27,7 +27,9 @@ func init() {
 		modes:        []delivery.Mode{delivery.ModeIdempotent, delivery.ModeNone},
 		offers:       "offers idempotency keys (24 hours) but no lookup by reference: want idempotent or none",
 		contractKeys: []string{"idempotency_window"},
-		// Resend documents the 24 hours, and no promise that a 5xx comes before acceptance.
+		// Resend documents the key's 24 hours (the window ends early enough that a resend arrives inside
+		// them: resend.IdempotencyWindow), and neither that a 5xx nor that a 429 comes before acceptance:
+		// no ThrottleRefuses (docs/channels.md#resend).
 		defaults: delivery.Contract{IdempotencyWindow: resend.IdempotencyWindow, ServerErrorsUncertain: true},
 	}, func(l loader, c *resendConfig) (delivery.Channel, error) {
 		key, err := l.secret("api_key", c.APIKeyEnv, c.APIKeyFile)

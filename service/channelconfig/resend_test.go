@@ -9,6 +9,7 @@ import (
 
 	"github.com/notifierhq/notifier/service/channelconfig"
 	"github.com/notifierhq/notifier/service/delivery"
+	"github.com/notifierhq/notifier/service/resend"
 )
 
 const resendKey = "re_config_test_1a2b3c"
@@ -19,16 +20,18 @@ func loadResend(t *testing.T, extra string) (map[string]delivery.Route, error) {
 	return channelconfig.Load(path, env(map[string]string{"RESEND_API_KEY": resendKey}))
 }
 
-// Kind resend is idempotent by default with Resend's documented contract: keys kept 24 hours, 5xx
-// uncertain (even when the file says otherwise).
+// Kind resend is idempotent by default with Resend's documented contract: keys kept 24 hours, of which
+// a resend may use all but the time it takes to reach Resend and the clocks' skew; 5xx uncertain (even
+// when the file says otherwise).
 func TestResendKindDefaults(t *testing.T) {
 	is := is.New(t)
 	routes, err := loadResend(t, "server_errors_uncertain = false\n")
 	is.NoErr(err)
 	r := routes["email"]
-	is.Equal(r.Mode, delivery.ModeIdempotent)            // the default mode
-	is.Equal(r.Contract.IdempotencyWindow, 24*time.Hour) // Resend's window
-	is.True(r.Contract.ServerErrorsUncertain)            // Resend's 5xx may follow acceptance
+	is.Equal(r.Mode, delivery.ModeIdempotent)                        // the default mode
+	is.Equal(r.Contract.IdempotencyWindow, resend.IdempotencyWindow) // Resend's 24 hours less the margin
+	is.True(!r.Contract.ThrottleRefuses)                             // Resend does not say a 429 sent nothing
+	is.True(r.Contract.ServerErrorsUncertain)                        // Resend's 5xx may follow acceptance
 	routes, err = loadResend(t, "idempotency_window = \"1h\"\n")
 	is.NoErr(err)
 	is.Equal(routes["email"].Contract.IdempotencyWindow, time.Hour) // a shorter window is allowed
@@ -43,6 +46,7 @@ func TestResendKindRefusals(t *testing.T) {
 	for _, tc := range []struct{ extra, want string }{
 		{"mode = \"queryable\"\n", "mode"},
 		{"idempotency_window = \"48h\"\n", "idempotency_window"},
+		{"idempotency_window = \"24h\"\n", "idempotency_window"}, // no margin left: a resend could outlive the key
 		{"query_settle = \"30s\"\n", "query_settle"},
 		{"api_key = \"" + resendKey + "\"\n", "api_key"},
 		{"base_url = \"http://api.resend.com\"\n", "base_url"},
@@ -64,4 +68,23 @@ func TestResendKindRefusals(t *testing.T) {
 	path = writeDir(t, map[string]string{"channels.toml": "[channels.email]\nkind = \"resend\"\nfrom = \"noreply@example.com\"\n"})
 	_, err = channelconfig.Load(path, env(nil))
 	is.True(err != nil && strings.Contains(err.Error(), "api_key_env or api_key_file")) // a key is required
+}
+
+// The window's boundary, as Decide applies the kind's contract: a resend claimed at the window's last
+// moment is sent, and reaches Resend before the key's 24 hours end even at the end of its call's reach
+// and with the clocks apart by the skew allowance; one claimed at the window's end is parked.
+func TestResendKindWindowEndsBeforeTheKey(t *testing.T) {
+	is := is.New(t)
+	routes, err := loadResend(t, "")
+	is.NoErr(err)
+	r := routes["email"]
+	facts := delivery.ClaimFacts{Uncertain: true, PrefEnabled: true, AttemptCount: 1, MaxAttempts: 5, Mode: r.Mode, Contract: r.Contract}
+	last := r.Contract.IdempotencyWindow - time.Nanosecond
+	facts.UncertainAge = last
+	d := delivery.Decide(facts)
+	is.Equal(d.Kind, delivery.ClaimCall)                                                   // the last allowed moment: resent with the key
+	is.Equal(d.Action, delivery.ActionSend)                                                //
+	is.True(last+resend.CallReachAllowance+resend.ClockSkewAllowance < resend.KeyLifetime) // and it arrives in time
+	facts.UncertainAge = r.Contract.IdempotencyWindow
+	is.Equal(delivery.Decide(facts).Kind, delivery.ClaimPark) // later: parked, never resent
 }

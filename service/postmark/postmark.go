@@ -8,18 +8,20 @@
 // (https://postmarkapp.com/support/article/1125-custom-metadata-faq). So after a lost answer the
 // service asks first and resends only when Postmark has no such email. The search lags behind
 // acceptance, so a "not found" proves nothing until query_settle has passed (the kind's default,
-// service/channelconfig/postmark.go), and it keeps messages 45 days, which bounds max_in_flight_age.
+// service/channelconfig/postmark.go), and it keeps messages for the account's retention (7 to 365
+// days), which bounds max_in_flight_age (MaxInFlightAge).
 //
 // Response mapping (Postmark answers errors as {"ErrorCode":N,"Message":"..."}, HTTP 422 for most,
 // https://postmarkapp.com/developer/api/overview#error-codes): 200 with a MessageID -> ACCEPTED (the
 // provider id), a 2xx without one -> MALFORMED_RESPONSE; ErrorCode 406 (inactive recipient: bounced,
-// complained or suppressed) -> REJECTED with Observation.Unregistered; ErrorCode 10 or HTTP 401 (bad or
-// missing server token) -> REJECTED naming server_token_env/server_token_file, never the token; other
-// ErrorCodes (300 invalid email request, 400/401 sender signature, 405 not allowed to send, 412
-// account pending approval, ...) -> REJECTED with the code and Postmark's message; 429 -> THROTTLED
-// with Retry-After; 5xx -> HTTP_5XX (502/504: GATEWAY_ERROR). Postmark does not promise that a 500
-// comes before it accepted ("in most cases the message is lost"), so the kind counts server errors as
-// uncertain: the next attempt queries. No answer: CONNECT_FAILED, TIMEOUT or IO_ERROR as
+// complained or suppressed) -> REJECTED with Observation.Unregistered; ErrorCodes of the account's state (10 and HTTP 401 bad or missing server token, 400 sender signature
+// not found, 401 sender signature not confirmed, 405 not allowed to send, 412 account pending approval,
+// 413 account may not send) -> ACCOUNT_REFUSED naming the cause (accountStates), never the token; other
+// ErrorCodes (300 invalid email request, 402 invalid JSON, ...) -> REJECTED with the code and
+// Postmark's message; 429 -> THROTTLED with Retry-After; 5xx -> HTTP_5XX (502/504: GATEWAY_ERROR).
+// Postmark does not promise that a 500 comes before it accepted ("in most cases the message is
+// lost"), nor that a 429 was not processed, so the kind counts both as uncertain: the next attempt
+// queries. No answer: CONNECT_FAILED, TIMEOUT or IO_ERROR as
 // service/httpkit decides; each attempt puts at most one request on the wire.
 package postmark
 
@@ -50,8 +52,33 @@ const DefaultMessageStream = "outbound"
 // RefMetadata is the metadata field that carries the task's ref (and the search filters on).
 const RefMetadata = "notifier_ref"
 
-// Retention is how long Postmark keeps sent messages searchable (45 days).
-const Retention = 45 * 24 * time.Hour
+// Postmark keeps a message's content and metadata, and so finds it in the search, for the account's
+// retention: 45 days by default, 7 to 365 days with the Retention Add-on, one setting for the whole
+// account, and a change applies only to messages sent after it
+// (https://postmarkapp.com/support/article/1289-how-does-the-retention-add-on-work,
+// https://postmarkapp.com/support/article/838-how-long-are-inbound-and-outbound-messages-stored-in-activity).
+const (
+	MinRetention = 7 * 24 * time.Hour
+	MaxRetention = 365 * 24 * time.Hour
+	// DefaultRetention is the retention a channel that does not say is assumed to have: the shortest an
+	// account can set, so the default is safe for every account.
+	DefaultRetention = MinRetention
+)
+
+// ExpiryDayAllowance: Postmark shows a message's expiry as a date and does not say at what time of that
+// day it is deleted; we assume the day's start, up to a day before retention has passed.
+const ExpiryDayAllowance = 24 * time.Hour
+
+// QueryReachAllowance is how long after its claim a query may still reach Postmark (its lease or client
+// timeout, assumed at most 25 minutes) plus 5 minutes for the clocks' skew.
+const QueryReachAllowance = 30 * time.Minute
+
+// MaxInFlightAge is the longest max_in_flight_age a channel with this retention and query_settle may
+// have: a query claimed before it is answered while an email accepted after the uncertain attempt began
+// is still kept, with the settle time as a further margin. 0 or less: no such age.
+func MaxInFlightAge(retention, settle time.Duration) time.Duration {
+	return retention - ExpiryDayAllowance - settle - QueryReachAllowance
+}
 
 // MaxSubjectRunes bounds the subject (prefix + the body's first line).
 const MaxSubjectRunes = 120
@@ -62,6 +89,20 @@ const (
 	ErrorInvalidEmail      = 300
 	ErrorInactiveRecipient = 406
 )
+
+// accountStates are Postmark's API error codes for a state of the account an operator can fix
+// (https://postmarkapp.com/developer/api/overview#error-codes), with the cause an operator reads: the
+// server token, the sender signature, sending not allowed (the account ran out of credits, or is paused),
+// an account pending approval (it may send only to its own domains until then), an account that may not
+// send. A refused request was not sent (ACCOUNT_REFUSED).
+var accountStates = map[int]string{
+	ErrorBadToken: "Postmark refused the server token: check server_token_env or server_token_file",
+	400:           "no sender signature at Postmark for the from address: add it",
+	401:           "the from address's sender signature is not confirmed at Postmark: confirm it",
+	405:           "Postmark does not allow this account to send (out of credits, or sending paused)",
+	412:           "the Postmark account is pending approval: it may send only to its own domains until approved",
+	413:           "Postmark says this account may not send",
+}
 
 // Options configure a client.
 type Options struct {
@@ -213,10 +254,13 @@ func Classify(resp *httpkit.Response) delivery.Observation {
 	if m := oneLine(a.Message); m != "" {
 		what += ": " + m
 	}
+	if cause, ok := accountStates[a.ErrorCode]; ok || resp.Status == http.StatusUnauthorized {
+		if !ok {
+			cause = accountStates[ErrorBadToken]
+		}
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused, Detail: what + " (" + cause + ")"}
+	}
 	switch {
-	case resp.Status == http.StatusUnauthorized || a.ErrorCode == ErrorBadToken:
-		return delivery.Observation{Outcome: delivery.OutcomeRejected,
-			Detail: what + " (Postmark refused the server token: check server_token_env or server_token_file)"}
 	case a.ErrorCode == ErrorInactiveRecipient:
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Unregistered: true,
 			Detail: what + " (the recipient is inactive at Postmark: bounced, complained or suppressed)"}
@@ -235,7 +279,7 @@ func Classify(resp *httpkit.Response) delivery.Observation {
 }
 
 // Query searches the outbound messages for the ref's metadata. A hit is QUERY_FOUND with Postmark's
-// MessageID; none is QUERY_NOT_FOUND (which the contract's query_settle and the 45 days' retention
+// MessageID; none is QUERY_NOT_FOUND (which the contract's query_settle and the account's retention
 // qualify); anything else is QUERY_FAILED.
 func (c *Client) Query(ctx context.Context, ref string) delivery.Observation {
 	q := url.Values{"count": {"1"}, "offset": {"0"}, "metadata_" + RefMetadata: {ref}, "messagestream": {c.stream}}

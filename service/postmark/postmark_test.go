@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,6 +75,30 @@ func TestPostmarkSearchLags(t *testing.T) {
 	is.Equal(query(c).Outcome, delivery.OutcomeQueryNotFound) // accepted, not searchable yet
 }
 
+// On the fake's clock: the search finds an email only once its lag has passed, and no longer once the
+// account's retention has.
+func TestPostmarkFakeSearchLagsAndForgets(t *testing.T) {
+	is := is.New(t)
+	f := fakes.StartPostmark(token)
+	defer f.Close()
+	start := time.Now()
+	var offset atomic.Int64 // how far the fake's clock is ahead of start
+	f.SetClock(func() time.Time { return start.Add(time.Duration(offset.Load())) })
+	f.SetSearchLag(10 * time.Minute)
+	f.SetRetention(7 * 24 * time.Hour)
+	c := client(t, f.URL())
+	is.Equal(send(c, 5*time.Second).Outcome, delivery.OutcomeAccepted)
+	offset.Store(int64(10*time.Minute - time.Nanosecond))
+	is.Equal(query(c).Outcome, delivery.OutcomeQueryNotFound) // inside the lag
+	offset.Store(int64(10 * time.Minute))
+	is.Equal(query(c).Outcome, delivery.OutcomeQueryFound) // searchable
+	offset.Store(int64(7*24*time.Hour - time.Nanosecond))
+	is.Equal(query(c).Outcome, delivery.OutcomeQueryFound) // still kept
+	offset.Store(int64(7 * 24 * time.Hour))
+	is.Equal(query(c).Outcome, delivery.OutcomeQueryNotFound) // expired: forgotten
+	is.Equal(f.Outbound(ref), 1)                              // though it was sent
+}
+
 // Postmark has no key: each accepted request is one more email (which is why the mode queries first).
 func TestPostmarkLostAnswerThenQuery(t *testing.T) {
 	is := is.New(t)
@@ -97,14 +122,17 @@ func TestPostmarkDocumentedErrors(t *testing.T) {
 		retryAfter   time.Duration
 		detail       string
 	}{
-		{401, 10, nil, delivery.OutcomeRejected, false, 0, "server_token_env"},
-		{422, 10, nil, delivery.OutcomeRejected, false, 0, "refused the server token"},
+		{401, 10, nil, delivery.OutcomeAccountRefused, false, 0, "server_token_env"},
+		{401, 0, nil, delivery.OutcomeAccountRefused, false, 0, "refused the server token"},
+		{422, 10, nil, delivery.OutcomeAccountRefused, false, 0, "refused the server token"},
 		{422, 300, nil, delivery.OutcomeRejected, false, 0, "ErrorCode 300"},
 		{422, 406, nil, delivery.OutcomeRejected, true, 0, "inactive"},
-		{422, 400, nil, delivery.OutcomeRejected, false, 0, "ErrorCode 400"},
-		{422, 401, nil, delivery.OutcomeRejected, false, 0, "ErrorCode 401"},
-		{422, 405, nil, delivery.OutcomeRejected, false, 0, "ErrorCode 405"},
-		{422, 412, nil, delivery.OutcomeRejected, false, 0, "ErrorCode 412"},
+		{422, 400, nil, delivery.OutcomeAccountRefused, false, 0, "sender signature"},
+		{422, 401, nil, delivery.OutcomeAccountRefused, false, 0, "sender signature"},
+		{422, 405, nil, delivery.OutcomeAccountRefused, false, 0, "out of credits"},
+		{422, 412, nil, delivery.OutcomeAccountRefused, false, 0, "pending approval"},
+		{422, 413, nil, delivery.OutcomeAccountRefused, false, 0, "may not send"},
+		{422, 402, nil, delivery.OutcomeRejected, false, 0, "ErrorCode 402"},
 		{429, 429, http.Header{"Retry-After": {"4"}}, delivery.OutcomeThrottled, false, 4 * time.Second, "429"},
 		{500, 0, nil, delivery.OutcomeHTTP5xx, false, 0, "500"},
 		{503, 0, nil, delivery.OutcomeHTTP5xx, false, 0, "503"},
@@ -143,7 +171,7 @@ func TestPostmarkFakeRefusals(t *testing.T) {
 	wrong, err := postmark.New(postmark.Options{ServerToken: "not-the-token", From: "noreply@example.com", BaseURL: f.URL()})
 	is.NoErr(err)
 	obs := send(wrong, 5*time.Second)
-	is.Equal(obs.Outcome, delivery.OutcomeRejected) // 401 ErrorCode 10
+	is.Equal(obs.Outcome, delivery.OutcomeAccountRefused) // 401 ErrorCode 10: the server token
 	is.True(strings.Contains(obs.Detail, "ErrorCode 10"))
 	is.True(!strings.Contains(obs.Detail, "not-the-token"))
 	c := client(t, f.URL())

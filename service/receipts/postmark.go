@@ -83,15 +83,18 @@ type postmarkEvent struct {
 	DeliveredAt string            `json:"DeliveredAt"`
 	BouncedAt   string            `json:"BouncedAt"`
 	Metadata    map[string]string `json:"Metadata"`
+	// Inactive: Postmark deactivated the address after this bounce and sends it nothing more until it
+	// is reactivated (https://postmarkapp.com/developer/webhooks/bounce-webhook,
+	// https://postmarkapp.com/developer/api/bounce-api: "Inactive", "CanActivate").
+	Inactive bool `json:"Inactive"`
 }
 
-// postmarkHardBounces are the bounce types after which the address will not take email: a hard bounce
-// (the server said the address does not exist) and an invalid address.
-var postmarkHardBounces = map[string]bool{"HardBounce": true, "BadEmailAddress": true}
-
 // ParsePostmark reads a verified Postmark webhook body. Delivery -> DELIVERED; Bounce -> BOUNCED, hard
-// for the types HardBounce and BadEmailAddress (every other bounce type is soft: a delay, a full
-// mailbox, an auto-responder); SpamComplaint -> COMPLAINED; any other RecordType (Open, Click,
+// (the address is gone: `receipts --disable-on-bounce` switches the preference off, as FCM's
+// UNREGISTERED does with `work --disable-on-unregistered`) exactly when the payload says Inactive:
+// Postmark's own verdict that it will not send to the address again, whatever the bounce's type (a
+// HardBounce Postmark keeps active is not; repeated soft bounces it deactivated are);
+// SpamComplaint -> COMPLAINED; any other RecordType (Open, Click,
 // SubscriptionChange) is refused as no receipt. The ref is Metadata.notifier_ref; the MessageID is
 // matched when there is none. The event id: the bounce's ID for Bounce and SpamComplaint, the
 // MessageID and recipient for Delivery (Postmark retries a webhook that failed; each is recorded once).
@@ -118,7 +121,7 @@ func ParsePostmark(body []byte) (delivery.Receipt, error) {
 		}
 		rec.EventID = ev.RecordType + ":" + ev.ID.String()
 		if ev.RecordType == "Bounce" {
-			rec.Kind, rec.HardBounce = delivery.ReceiptBounced, postmarkHardBounces[ev.Type]
+			rec.Kind, rec.HardBounce = delivery.ReceiptBounced, ev.Inactive
 		} else {
 			rec.Kind = delivery.ReceiptComplained
 		}

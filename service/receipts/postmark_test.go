@@ -54,6 +54,17 @@ func TestParsePostmark(t *testing.T) {
 	is.Equal(rec.Ref, "")            // no metadata:
 	is.True(rec.ProviderMsgID != "") // matched by MessageID
 
+	// Postmark's Inactive flag decides, not the bounce's type.
+	active := strings.Replace(pmHardBounce, `"Inactive":true`, `"Inactive":false`, 1)
+	rec, err = receipts.ParsePostmark([]byte(active))
+	is.NoErr(err)
+	is.Equal(rec.Kind, delivery.ReceiptBounced)
+	is.True(!rec.HardBounce) // a hard bounce Postmark keeps active: the address is not gone
+	deactivated := strings.Replace(pmSoftBounce, `"Description"`, `"Inactive":true,"Description"`, 1)
+	rec, err = receipts.ParsePostmark([]byte(deactivated))
+	is.NoErr(err)
+	is.True(rec.HardBounce) // a soft bounce after which Postmark deactivated the address: gone
+
 	rec, err = receipts.ParsePostmark([]byte(pmComplaint))
 	is.NoErr(err)
 	is.Equal(rec.Kind, delivery.ReceiptComplained) // SpamComplaint

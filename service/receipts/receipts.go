@@ -267,9 +267,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // "v1,<base64 HMAC-SHA256 of id.timestamp.body>", any of which may match any key. It returns the
 // message id (the event id receipts are deduplicated by) and the timestamp.
 func VerifyStandardWebhook(keys [][]byte, header http.Header, body []byte, now time.Time, tolerance time.Duration) (string, time.Time, error) {
-	id, tsText, sigs := header.Get("webhook-id"), header.Get("webhook-timestamp"), header.Get("webhook-signature")
+	id, tsText, sigs := standardHeaders(header)
 	if id == "" || tsText == "" || sigs == "" {
-		return "", time.Time{}, refuse(http.StatusUnauthorized, "bad_signature", "missing webhook-id, webhook-timestamp or webhook-signature")
+		return "", time.Time{}, refuse(http.StatusUnauthorized, "bad_signature", "missing webhook-id, webhook-timestamp or webhook-signature (or svix-id, svix-timestamp, svix-signature)")
 	}
 	secs, err := strconv.ParseInt(tsText, 10, 64)
 	if err != nil {
@@ -289,6 +289,19 @@ func VerifyStandardWebhook(keys [][]byte, header http.Header, body []byte, now t
 		}
 	}
 	return "", time.Time{}, refuse(http.StatusUnauthorized, "bad_signature", "webhook-signature does not match")
+}
+
+// standardHeaders reads a Standard Webhooks request's id, timestamp and signatures: the specification's
+// webhook-* headers or, when a request has none of them, Svix's svix-* headers. Svix (which signs
+// Resend's webhooks: https://resend.com/docs/dashboard/webhooks/verify-webhooks-requests) uses the same
+// algorithm and whsec_ secrets under those names (https://docs.svix.com/receiving/verifying-payloads/how-manual).
+// Never a mix: a request that sets any webhook-* header is read by those names only.
+func standardHeaders(h http.Header) (id, ts, sigs string) {
+	id, ts, sigs = h.Get("webhook-id"), h.Get("webhook-timestamp"), h.Get("webhook-signature")
+	if id == "" && ts == "" && sigs == "" {
+		id, ts, sigs = h.Get("svix-id"), h.Get("svix-timestamp"), h.Get("svix-signature")
+	}
+	return id, ts, sigs
 }
 
 func signV1(key []byte, id, ts string, body []byte) string {
@@ -322,14 +335,18 @@ var standardKinds = map[string]delivery.ReceiptKind{
 
 // ParseStandardWebhook reads a verified Standard Webhooks body: {"type": "message.delivered",
 // "timestamp": RFC 3339, "data": {"ref": "ntf-<ref>", "provider_msg_id": ..., "bounce": "hard"}}.
+// A Resend event (type email.*) is read as Resend documents it (ParseResend).
 func ParseStandardWebhook(body []byte) (delivery.Receipt, error) {
 	var ev standardEvent
 	if err := json.Unmarshal(body, &ev); err != nil {
 		return delivery.Receipt{}, refuse(http.StatusBadRequest, "malformed", "body is not a JSON event: %v", err)
 	}
+	if strings.HasPrefix(ev.Type, "email.") {
+		return ParseResend(body)
+	}
 	kind, ok := standardKinds[ev.Type]
 	if !ok {
-		return delivery.Receipt{}, refuse(http.StatusBadRequest, "unknown_type", "event type %q is not a receipt (want message.accepted, .sent, .delivered, .bounced, .complained or .undelivered)", ev.Type)
+		return delivery.Receipt{}, refuse(http.StatusBadRequest, "unknown_type", "event type %q is not a receipt (want message.accepted, .sent, .delivered, .bounced, .complained or .undelivered, or Resend's email.*)", ev.Type)
 	}
 	rec := delivery.Receipt{Source: delivery.ReceiptSourceStandardWebhooks, Kind: kind,
 		ProviderMsgID: ev.Data.ProviderMsgID, Detail: ev.Data.Detail}

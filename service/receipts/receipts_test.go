@@ -265,3 +265,91 @@ func TestHandlerTwilio(t *testing.T) {
 	is.Equal(rec.got[0].Kind, delivery.ReceiptDelivered)
 	is.True(strings.Contains(w.Body.String(), `"result":"noted"`))
 }
+
+// svixHeader is swHeader under Svix's names, as Resend sends its webhooks.
+func svixHeader(id string, ts int64, sig string) http.Header {
+	h := http.Header{}
+	h.Set("svix-id", id)
+	h.Set("svix-timestamp", strconv.FormatInt(ts, 10))
+	h.Set("svix-signature", sig)
+	return h
+}
+
+// Svix signs Resend's webhooks with the Standard Webhooks algorithm under svix-* header names: the
+// specification's vector under those names verifies; a mix of the two namings does not.
+func TestStandardWebhooksSvixHeaders(t *testing.T) {
+	is := is.New(t)
+	key := specKey(t)
+	at := time.Unix(specTimestamp, 0)
+	id, ts, err := receipts.VerifyStandardWebhook([][]byte{key}, svixHeader(specID, specTimestamp, specSignature), []byte(specBody), at, receipts.DefaultTolerance)
+	is.NoErr(err) // svix-id, svix-timestamp, svix-signature
+	is.Equal(id, specID)
+	is.True(ts.Equal(at))
+	_, _, err = receipts.VerifyStandardWebhook([][]byte{key}, svixHeader(specID, specTimestamp, "v1,AAAA"), []byte(specBody), at, receipts.DefaultTolerance)
+	is.True(err != nil) // a wrong signature under svix-* is refused like one under webhook-*
+	mixed := swHeader(specID, specTimestamp, "")
+	mixed.Del("webhook-signature")
+	mixed.Set("svix-signature", specSignature)
+	_, _, err = receipts.VerifyStandardWebhook([][]byte{key}, mixed, []byte(specBody), at, receipts.DefaultTolerance)
+	is.True(err != nil) // never half of each
+}
+
+// A Resend webhook, signed by Svix with the endpoint's whsec_ secret, settles the task its tag names:
+// the receipt path of a Resend task parked after its key window.
+func TestHandlerResendWebhook(t *testing.T) {
+	is := is.New(t)
+	key := specKey(t)
+	now := time.Unix(1_800_000_000, 0)
+	rec := &fakeRecorder{answer: delivery.ReceiptResult{TaskID: 42, Effect: delivery.ReceiptSettled, State: delivery.StateSent}}
+	h := receipts.NewHandler(rec, receipts.Config{WebhookKeys: [][]byte{key}, Now: func() time.Time { return now }})
+	body := `{"type":"email.delivered","created_at":"2027-01-15T08:00:00.126Z","data":{"created_at":"2027-01-15T07:59:59.894719+00:00",` +
+		`"email_id":"56761188-7520-42d8-8898-ff6fc54ce618","from":"Acme <noreply@example.com>","to":["ada@example.com"],` +
+		`"subject":"Your order shipped","tags":{"notifier_ref":"ntf-task-42"}}}`
+	r := httptest.NewRequest(http.MethodPost, "/receipts/standard-webhooks", strings.NewReader(body))
+	for k, v := range svixHeader("msg_2Lh9KRb0pzN4LePd3XjFuaA", now.Unix(), webhook.Sign(key, "msg_2Lh9KRb0pzN4LePd3XjFuaA", now.Unix(), []byte(body))) {
+		r.Header[k] = v
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	is.Equal(w.Code, http.StatusOK) // verified and recorded
+	is.Equal(len(rec.got), 1)
+	is.Equal(rec.got[0], delivery.Receipt{Source: delivery.ReceiptSourceStandardWebhooks, EventID: "msg_2Lh9KRb0pzN4LePd3XjFuaA",
+		Kind: delivery.ReceiptDelivered, Ref: "task-42", ProviderMsgID: "56761188-7520-42d8-8898-ff6fc54ce618",
+		OccurredAt: time.Date(2027, 1, 15, 8, 0, 0, 126_000_000, time.UTC), Detail: "Resend email.delivered"})
+}
+
+// Resend's event types as receipts; tags as an object or a list; opens and clicks are no receipt.
+func TestParseResend(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		kind delivery.ReceiptKind
+		hard bool
+		ref  string
+	}{
+		{`{"type":"email.sent","data":{"email_id":"e1","tags":{"notifier_ref":"task-7"}}}`, delivery.ReceiptAccepted, false, "task-7"},
+		{`{"type":"email.delivery_delayed","data":{"email_id":"e1"}}`, delivery.ReceiptAccepted, false, ""},
+		{`{"type":"email.bounced","data":{"email_id":"e1","tags":[{"name":"notifier_ref","value":"ntf-task-7"}]}}`, delivery.ReceiptBounced, true, "task-7"},
+		{`{"type":"email.complained","data":{"email_id":"e1"}}`, delivery.ReceiptComplained, false, ""},
+		{`{"type":"email.failed","data":{"email_id":"e1"}}`, delivery.ReceiptUndelivered, false, ""},
+	} {
+		t.Run(tc.body, func(t *testing.T) {
+			is := is.New(t)
+			rec, err := receipts.ParseStandardWebhook([]byte(tc.body))
+			is.NoErr(err)
+			is.Equal(rec.Kind, tc.kind)
+			is.Equal(rec.HardBounce, tc.hard) // email.bounced: "permanently rejected"
+			is.Equal(rec.Ref, tc.ref)
+			is.Equal(rec.ProviderMsgID, "e1")
+		})
+	}
+	for _, body := range []string{
+		`{"type":"email.opened","data":{"email_id":"e1"}}`,
+		`{"type":"email.sent","data":{}}`,
+		`{"type":"email.sent","data":{"email_id":"e1","tags":{"notifier_ref":"order-1"}}}`,
+	} {
+		_, err := receipts.ParseStandardWebhook([]byte(body))
+		if err == nil {
+			t.Errorf("%s: accepted", body)
+		}
+	}
+}

@@ -7,7 +7,9 @@
 // original response and sends nothing again
 // (https://resend.com/docs/dashboard/emails/idempotency-keys). Resend does not say whether an answer
 // is such a replay, so a deduplicated resend is reported ACCEPTED, like a first acceptance. The
-// channels file's idempotency_window defaults to those 24 hours for kind resend.
+// channels file's idempotency_window defaults to, and may not exceed, IdempotencyWindow: those 24
+// hours less the time a resend may take to reach Resend and a clock-skew allowance, so that no resend
+// arrives after the key expired.
 //
 // The message: from the configured sender to msg.To, the subject the body's first line (after an
 // optional prefix), the body as the plain-text part, and the task's ref as the tag notifier_ref
@@ -18,13 +20,16 @@
 // concurrent_idempotent_requests -> IN_FLIGHT (the first request with our key is still being
 // processed: uncertain, resent later with the key); 409 invalid_idempotent_request -> REJECTED (the
 // key was used with another payload: an earlier attempt reached Resend, so the task's history is
-// uncertain and it is parked); 401 and 403 naming the API key (missing_api_key, restricted_api_key,
-// invalid_api_key) -> REJECTED with a detail that names the credential, never its value; 429
-// rate_limit_exceeded -> THROTTLED with Retry-After; 429 daily_quota_exceeded -> THROTTLED, at least
-// an hour when Resend sends no Retry-After; other 4xx (validation_error, missing_required_field,
-// invalid_from_address, ...) -> REJECTED with Resend's name and message; 5xx -> HTTP_5XX (502/504:
-// GATEWAY_ERROR). Resend does not promise that a 5xx comes before it accepted the email, so the kind
-// counts server errors as uncertain (service/channelconfig/resend.go). No answer: CONNECT_FAILED,
+// uncertain and it is parked); every 401 and 403, which Resend documents only for states of the
+// account (the API key: missing_api_key, restricted_api_key, invalid_api_key; the sender: a domain not
+// verified, "testing emails only to your own address") -> ACCOUNT_REFUSED with a detail that names the
+// cause, never the key; 429 rate_limit_exceeded -> THROTTLED with Retry-After; 429
+// daily_quota_exceeded -> THROTTLED, at least an hour when Resend sends no Retry-After; other 4xx
+// (validation_error, missing_required_field, invalid_from_address 422, ...) -> REJECTED with Resend's
+// name and message; 5xx -> HTTP_5XX (502/504: GATEWAY_ERROR). Resend promises neither that a 5xx nor
+// that a 429 comes before it accepted the email (https://resend.com/docs/api-reference/rate-limit says
+// only that the limit was exceeded), so the kind counts both as uncertain
+// (service/channelconfig/resend.go): the next attempt resends with the key. No answer: CONNECT_FAILED,
 // TIMEOUT or IO_ERROR as service/httpkit decides; each attempt puts at most one request on the wire.
 package resend
 
@@ -49,8 +54,25 @@ import (
 // DefaultBaseURL is Resend's API.
 const DefaultBaseURL = "https://api.resend.com"
 
-// IdempotencyWindow is how long Resend remembers an idempotency key (its documentation: 24 hours).
-const IdempotencyWindow = 24 * time.Hour
+// KeyLifetime is how long Resend remembers an idempotency key: "We keep idempotency keys in our system
+// for 24 hours" (https://resend.com/docs/dashboard/emails/idempotency-keys). Resend does not say from
+// when; we count from the first request that carried the key.
+const KeyLifetime = 24 * time.Hour
+
+// CallReachAllowance is how long after its claim a resend may still reach Resend: a call runs until its
+// lease ends (or its client timeout, if that is longer: work --allow-lease-overlap). It assumes work's
+// --lease and --timeout at most 25 minutes (their defaults: 30 s and 10 s).
+const CallReachAllowance = 25 * time.Minute
+
+// ClockSkewAllowance is how far the database's clock (which ages the uncertainty) and Resend's (which
+// ages the key) may disagree.
+const ClockSkewAllowance = 5 * time.Minute
+
+// IdempotencyWindow is the kind's idempotency_window: how long after the first uncertain attempt was
+// claimed a resend may still be claimed. That attempt's request reached Resend after its claim, so its
+// key lives at least KeyLifetime from then; a resend claimed before IdempotencyWindow reaches Resend
+// before KeyLifetime, however late in its lease it is sent and however the clocks disagree.
+const IdempotencyWindow = KeyLifetime - CallReachAllowance - ClockSkewAllowance
 
 // MaxKeyLength is the longest Idempotency-Key Resend accepts.
 const MaxKeyLength = 256
@@ -219,9 +241,8 @@ func Classify(resp *httpkit.Response) delivery.Observation {
 	case resp.Status == http.StatusConflict:
 		// A 409 we cannot name concerns our key all the same: the first request may be in progress.
 		return delivery.Observation{Outcome: delivery.OutcomeInFlight, RetryAfter: httpkit.RetryAfter(resp.Header), Detail: what}
-	case resp.Status == http.StatusUnauthorized || (resp.Status == http.StatusForbidden && strings.HasSuffix(e.Name, "_api_key")):
-		return delivery.Observation{Outcome: delivery.OutcomeRejected,
-			Detail: what + " (Resend refused the API key: check api_key_env or api_key_file)"}
+	case resp.Status == http.StatusUnauthorized || resp.Status == http.StatusForbidden:
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused, Detail: what + " (" + accountCause(e.Name) + ")"}
 	case resp.Status == http.StatusTooManyRequests:
 		obs := delivery.Observation{Outcome: delivery.OutcomeThrottled, RetryAfter: httpkit.RetryAfter(resp.Header), Detail: what}
 		if e.Name == "daily_quota_exceeded" && obs.RetryAfter == 0 {
@@ -236,6 +257,18 @@ func Classify(resp *httpkit.Response) delivery.Observation {
 		obs.Detail = what // Resend's own words (a gateway's detail says why it is uncertain)
 	}
 	return obs
+}
+
+// accountCause names, for an operator, the state of the account behind a 401 or 403. Resend documents
+// these as the API key (missing_api_key, restricted_api_key: 401; invalid_api_key: 403) or the sender
+// (validation_error 403: testing emails only to your own address, or the domain is not verified;
+// invalid_from_address, invalid_to_address 403 in older versions of the page):
+// https://resend.com/docs/api-reference/errors.
+func accountCause(name string) string {
+	if strings.HasSuffix(name, "_api_key") || name == "" {
+		return "Resend refused the API key: check api_key_env or api_key_file"
+	}
+	return "Resend does not let this account send from this sender: verify the from address's domain at Resend"
 }
 
 // Query is not offered: Resend cannot look an email up by our reference (the contract is the key).

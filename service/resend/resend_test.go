@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -72,6 +73,29 @@ func TestResendLostAnswersResendWithTheKey(t *testing.T) {
 	is.Equal(f.Outbound(ref), 1) // one email
 }
 
+// The fake forgets a key 24 hours after its first request, as Resend does: a resend inside them is
+// answered with the original email, one at the 24 hours' end is a new email.
+func TestResendFakeForgetsKeysAfter24Hours(t *testing.T) {
+	is := is.New(t)
+	f := fakes.StartResend(apiKey)
+	defer f.Close()
+	first := time.Now()
+	var offset atomic.Int64 // how far the fake's clock is ahead of first
+	f.SetClock(func() time.Time { return first.Add(time.Duration(offset.Load())) })
+	c := client(t, f.URL())
+	obs := send(c, message(), 5*time.Second)
+	is.Equal(obs.Outcome, delivery.OutcomeAccepted)
+	offset.Store(int64(resend.KeyLifetime - time.Nanosecond))
+	replay := send(c, message(), 5*time.Second)
+	is.Equal(replay.ProviderMsgID, obs.ProviderMsgID) // still the key's email
+	is.Equal(f.Outbound(ref), 1)
+	offset.Store(int64(resend.KeyLifetime))
+	late := send(c, message(), 5*time.Second)
+	is.Equal(late.Outcome, delivery.OutcomeAccepted)
+	is.True(late.ProviderMsgID != obs.ProviderMsgID) // the key was forgotten
+	is.Equal(f.Outbound(ref), 2)                     // a second email
+}
+
 // While the first request with a key is still being answered, Resend answers a second one 409
 // concurrent_idempotent_requests: uncertain, tried again later with the key.
 func TestResendConcurrentKeyIsInFlight(t *testing.T) {
@@ -102,10 +126,12 @@ func TestResendDocumentedErrors(t *testing.T) {
 	}{
 		{400, "invalid_idempotency_key", nil, delivery.OutcomeRejected, 0, "invalid_idempotency_key"},
 		{400, "validation_error", nil, delivery.OutcomeRejected, 0, "validation_error"},
-		{401, "missing_api_key", nil, delivery.OutcomeRejected, 0, "api_key_env"},
-		{401, "restricted_api_key", nil, delivery.OutcomeRejected, 0, "refused the API key"},
-		{403, "invalid_api_key", nil, delivery.OutcomeRejected, 0, "refused the API key"},
-		{403, "validation_error", nil, delivery.OutcomeRejected, 0, "domain is not verified"},
+		{401, "missing_api_key", nil, delivery.OutcomeAccountRefused, 0, "api_key_env"},
+		{401, "restricted_api_key", nil, delivery.OutcomeAccountRefused, 0, "refused the API key"},
+		{403, "invalid_api_key", nil, delivery.OutcomeAccountRefused, 0, "refused the API key"},
+		{403, "validation_error", nil, delivery.OutcomeAccountRefused, 0, "domain is not verified"},
+		{403, "invalid_to_address", nil, delivery.OutcomeAccountRefused, 0, "verify the from address's domain"},
+		{403, "", nil, delivery.OutcomeAccountRefused, 0, "refused the API key"},
 		{404, "not_found", nil, delivery.OutcomeRejected, 0, "not_found"},
 		{405, "method_not_allowed", nil, delivery.OutcomeRejected, 0, "method_not_allowed"},
 		{409, "invalid_idempotent_request", nil, delivery.OutcomeRejected, 0, "earlier attempt"},
@@ -153,7 +179,7 @@ func TestResendFakeRefusals(t *testing.T) {
 	wrong, err := resend.New(resend.Options{APIKey: "re_wrong_key_123", From: "noreply@example.com", BaseURL: f.URL()})
 	is.NoErr(err)
 	obs := send(wrong, message(), 5*time.Second)
-	is.Equal(obs.Outcome, delivery.OutcomeRejected)            // auth failure: not retried forever
+	is.Equal(obs.Outcome, delivery.OutcomeAccountRefused)      // the account's key: an operator fixes it
 	is.True(strings.Contains(obs.Detail, "invalid_api_key"))   // named
 	is.True(!strings.Contains(obs.Detail, "re_wrong_key_123")) // without the key
 	f.ScriptSend(ref, fakes.Step{Status: 429, RetryAfter: "2"}, fakes.Step{Status: 500})
