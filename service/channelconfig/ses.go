@@ -45,11 +45,6 @@ func init() {
 		if c.From == "" {
 			return nil, errors.New("from: required (an identity verified in SES)")
 		}
-		if c.ConfigurationSet == "" {
-			// Without a configuration set SES publishes no events tagged with notifier_ref, and a task
-			// whose answer was lost (no MessageId) could then never be settled by a receipt.
-			return nil, errors.New("configuration_set: required (the SES configuration set whose events, published to SNS for notifier receipts, settle tasks whose answer was lost)")
-		}
 		opt := ses.Options{Region: c.Region, From: c.From, ConfigurationSet: c.ConfigurationSet,
 			SubjectPrefix: c.SubjectPrefix, Endpoint: c.Endpoint, CAFile: l.path(c.CAFile)}
 		keyGiven := c.AccessKeyIDEnv != "" || c.AccessKeyIDFile != ""
