@@ -114,6 +114,8 @@ func TestWorkChannelsConfigErrors(t *testing.T) {
 			nil, []string{"invalid --channels", `channel "email"`, `mode "idempotent"`}},
 		{"inline password", pushTable + "[channels.email]\nkind = \"smtp\"\naddr = \"smtp.example:587\"\nfrom = \"a@example.com\"\nusername = \"u\"\npassword = \"hunter2\"\n",
 			nil, []string{`channel "email"`, "secrets only from password_env/password_file"}},
+		{"ses without configuration_set", pushTable + "[channels.email]\nkind = \"ses\"\nregion = \"eu-west-1\"\nfrom = \"a@example.com\"\n",
+			nil, []string{`channel "email"`, "configuration_set: required"}},
 		{"unknown key", pushTable + "retries = 5\n", nil, []string{`channel "push"`, `unknown key "retries"`}},
 		{"defined twice", pushTable, []string{"--channel", "push=idempotent," + push.URL()}, []string{`channel "push"`, "also defined in --channels"}},
 		{"syntax error", "[channels.push\n", nil, []string{"invalid --channels", "channels.toml"}},

@@ -29,7 +29,12 @@ import (
 // Errors are SES's REST-JSON errors: X-Amzn-ErrorType names the error and the body is
 // {"message":"..."}: a missing or wrong signature 403 InvalidSignatureException, an unknown access key
 // 403 UnrecognizedClientException, a From that is not a verified identity 400 MessageRejected, no
-// recipient 400 BadRequestException. SES has no idempotency key: every accepted request is a new email.
+// recipient 400 BadRequestException, a ConfigurationSetName the fake was not started with 404
+// NotFoundException (SendEmail's errors), a message tag whose name or value is empty, longer than 256
+// characters or has a character other than ASCII letters, digits, _ and - 400 BadRequestException
+// (https://docs.aws.amazon.com/ses/latest/APIReference-V2/API_MessageTag.html), sending paused
+// (PauseSending) 400 SendingPausedException. SES has no idempotency key: every accepted request is a
+// new email.
 //
 // Scriptable like the channel fakes, per ref (the message tag notifier_ref): a Status is answered with
 // SES's error for it before anything is recorded; Delay, Hang, Malformed and Drop come after.
@@ -41,6 +46,8 @@ type SES struct {
 	mu       sync.Mutex
 	sendQ    queues
 	verified map[string]bool
+	confSets map[string]bool
+	paused   bool
 	requests int
 	sends    map[string]int
 	outbound map[string]int
@@ -51,22 +58,26 @@ type SES struct {
 // SESEmail is one email the fake accepted.
 type SESEmail struct {
 	Message
-	From string
-	Tags map[string]string
+	From             string
+	Tags             map[string]string
+	ConfigurationSet string
 }
 
 // SESRefTag is the message tag the fake files emails under (service/ses sets it).
 const SESRefTag = "notifier_ref"
 
-// StartSES starts an SES fake on 127.0.0.1 for region, accepting one access key, with from verified.
-// It panics on failure, like httptest.NewServer.
-func StartSES(region, keyID, secret, from string) *SES {
+// StartSES starts an SES fake on 127.0.0.1 for region, accepting one access key, with from verified
+// and the configuration sets configurationSets existing. It panics on failure, like httptest.NewServer.
+func StartSES(region, keyID, secret, from string, configurationSets ...string) *SES {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		panic(err)
 	}
 	f := &SES{region: region, keyID: keyID, secret: secret, sendQ: queues{byRef: map[string][]Step{}}, verified: map[string]bool{strings.ToLower(from): true},
-		sends: map[string]int{}, outbound: map[string]int{}}
+		confSets: map[string]bool{}, sends: map[string]int{}, outbound: map[string]int{}}
+	for _, name := range configurationSets {
+		f.confSets[name] = true
+	}
 	f.start(l, f.serveHTTP)
 	return f
 }
@@ -87,6 +98,14 @@ func (f *SES) NameError(status int, name, message string) {
 		f.named = map[int][2]string{}
 	}
 	f.named[status] = [2]string{name, message}
+}
+
+// PauseSending pauses (or resumes) the account's sending: while paused, SendEmail answers 400
+// SendingPausedException.
+func (f *SES) PauseSending(paused bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.paused = paused
 }
 
 // Requests counts every request received, refused ones included.
@@ -196,8 +215,9 @@ func (f *SES) verify(r *http.Request, body []byte) (int, string, string) {
 }
 
 type sesRequest struct {
-	FromEmailAddress string `json:"FromEmailAddress"`
-	Destination      struct {
+	ConfigurationSetName string `json:"ConfigurationSetName"`
+	FromEmailAddress     string `json:"FromEmailAddress"`
+	Destination          struct {
 		ToAddresses []string `json:"ToAddresses"`
 	} `json:"Destination"`
 	Content struct {
@@ -243,6 +263,11 @@ func (f *SES) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	tags := map[string]string{}
 	for _, t := range req.EmailTags {
+		if !validTagPart(t.Name) || !validTagPart(t.Value) {
+			sesError(w, http.StatusBadRequest, "BadRequestException",
+				"Invalid message tag: a name and a value of 1 to 256 ASCII letters, digits, '_' or '-' are required.")
+			return
+		}
 		tags[t.Name] = t.Value
 	}
 	ref := tags[SESRefTag]
@@ -253,6 +278,16 @@ func (f *SES) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		named := f.named
 		f.mu.Unlock()
 		sesScripted(w, step, named)
+		return
+	}
+	if req.ConfigurationSetName != "" && !f.confSets[req.ConfigurationSetName] {
+		f.mu.Unlock()
+		sesError(w, http.StatusNotFound, "NotFoundException", "Configuration set <"+req.ConfigurationSetName+"> does not exist.")
+		return
+	}
+	if f.paused {
+		f.mu.Unlock()
+		sesError(w, http.StatusBadRequest, "SendingPausedException", "Sending is paused for this account.")
 		return
 	}
 	if !f.verified[strings.ToLower(req.FromEmailAddress)] {
@@ -267,7 +302,7 @@ func (f *SES) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	f.outbound[ref]++
 	f.emails = append(f.emails, SESEmail{Message: Message{ID: id, Ref: ref, To: req.Destination.ToAddresses[0], Body: text},
-		From: req.FromEmailAddress, Tags: tags})
+		From: req.FromEmailAddress, Tags: tags, ConfigurationSet: req.ConfigurationSetName})
 	f.mu.Unlock()
 	if step.Delay > 0 {
 		providerWait(r, f.done, step.Delay)
@@ -287,4 +322,18 @@ func (f *SES) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Amzn-Requestid", newRequestID())
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(out)
+}
+
+// validTagPart is a message tag's name or value as SES accepts it: 1 to 256 ASCII letters, digits,
+// underscores or dashes.
+func validTagPart(s string) bool {
+	if s == "" || len(s) > 256 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
 }

@@ -1,7 +1,10 @@
 package fakes
 
 import (
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha1"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -10,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -25,8 +29,12 @@ import (
 // Errors are Twilio's {"code":N,"message":"...","more_info":"https://www.twilio.com/docs/errors/N","status":S}:
 // bad credentials 401 code 20003, another account's path 404 20404, no To 400 21604, To not E.164 400
 // 21211, no Body 400 21602, no sender 400 21603, a recipient that replied STOP (SetUnsubscribed) 400
-// 21610, a ValidityPeriod outside 1..36000 400 21624. Twilio has no idempotency key: every accepted
-// request is a new SMS.
+// 21610, a ValidityPeriod outside 1..36000 400 21624, a From that is not one of the account's numbers
+// (SetOwnedNumbers) 400 21606, an account that is not active (Suspend) 401 20005. Twilio has no
+// idempotency key: every accepted request is a new SMS.
+//
+// Callback builds the status callback Twilio posts to a message's StatusCallback, signed with the
+// auth token as Twilio signs it (TwilioSignature).
 //
 // Scriptable like the channel fakes, per ref (the ref= of StatusCallback): a Status is answered with
 // Twilio's error for it before anything is recorded; Delay, Hang, Malformed and Drop come after.
@@ -43,6 +51,8 @@ type Twilio struct {
 	outbound     map[string]int
 	messages     []TwilioMessage
 	unsubscribed map[string]bool
+	owned        map[string]bool // nil: any From is accepted
+	suspended    bool
 }
 
 // TwilioMessage is one SMS the fake queued.
@@ -99,6 +109,26 @@ func (f *Twilio) SetUnsubscribed(number string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.unsubscribed[number] = true
+}
+
+// SetOwnedNumbers makes the fake refuse, with 21606, a From that is not one of numbers (until then
+// any From is the account's).
+func (f *Twilio) SetOwnedNumbers(numbers ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.owned = map[string]bool{}
+	for _, n := range numbers {
+		f.owned[n] = true
+	}
+}
+
+// Suspend makes the account inactive (suspended) or active again: while inactive, every authenticated
+// request is refused with error 20005 "Account not active" (https://www.twilio.com/docs/api/errors/20005;
+// Twilio's page names no HTTP status, the fake answers 401).
+func (f *Twilio) Suspend(suspended bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.suspended = suspended
 }
 
 // Requests counts every request received, refused ones included.
@@ -172,10 +202,15 @@ func (f *Twilio) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	f.requests++
 	user, pass, ok := r.BasicAuth()
 	authed := ok && f.creds[user] != "" && f.creds[user] == pass
+	suspended := f.suspended
 	f.mu.Unlock()
 	if !authed {
 		w.Header().Set("WWW-Authenticate", `Basic realm="Twilio API"`)
 		twilioError(w, http.StatusUnauthorized, 20003, "Authenticate")
+		return
+	}
+	if suspended {
+		twilioError(w, http.StatusUnauthorized, 20005, "Account not active")
 		return
 	}
 	account, ok := strings.CutPrefix(r.URL.Path, "/2010-04-01/Accounts/")
@@ -243,6 +278,11 @@ func (f *Twilio) create(w http.ResponseWriter, r *http.Request) {
 		twilioError(w, http.StatusBadRequest, 21610, "Attempt to send to unsubscribed recipient")
 		return
 	}
+	if from != "" && f.owned != nil && !f.owned[from] {
+		f.mu.Unlock()
+		twilioError(w, http.StatusBadRequest, 21606, "The From phone number "+from+" is not a valid, message-capable Twilio phone number for this account.")
+		return
+	}
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	sid := "SM" + hex.EncodeToString(b[:])
@@ -302,4 +342,64 @@ func providerWait(r *http.Request, done <-chan struct{}, d time.Duration) {
 	case <-done:
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// Callback is the status callback Twilio posts for the message sid (one the fake queued) with
+// MessageStatus status: to the message's StatusCallback, form-encoded, signed with the account's auth
+// token. extra adds parameters, repeated names included.
+func (f *Twilio) Callback(sid, status string, extra url.Values) (*http.Request, error) {
+	f.mu.Lock()
+	var msg *TwilioMessage
+	for i := range f.messages {
+		if f.messages[i].ID == sid {
+			msg = &f.messages[i]
+		}
+	}
+	token := f.creds[f.account]
+	f.mu.Unlock()
+	if msg == nil || msg.StatusCallback == "" {
+		return nil, fmt.Errorf("fakes: twilio: no message %s with a StatusCallback", sid)
+	}
+	form := url.Values{"MessageSid": {sid}, "SmsSid": {sid}, "MessageStatus": {status}, "SmsStatus": {status},
+		"AccountSid": {f.account}, "To": {msg.To}, "ApiVersion": {"2010-04-01"}}
+	if msg.From != "" {
+		form.Set("From", msg.From)
+	}
+	for name, values := range extra {
+		form[name] = append(form[name], values...)
+	}
+	req, err := http.NewRequest(http.MethodPost, msg.StatusCallback, strings.NewReader(form.Encode()))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("X-Twilio-Signature", TwilioSignature(token, msg.StatusCallback, form))
+	return req, nil
+}
+
+// TwilioSignature is X-Twilio-Signature as Twilio computes it
+// (https://www.twilio.com/docs/usage/webhooks/webhooks-security): base64 of HMAC-SHA1, keyed with the
+// auth token, over the full URL followed by the POST parameters sorted by name, each as name+value
+// without delimiters. A name given several times contributes each of its distinct values, sorted: the
+// rule of Twilio's own validators (twilio-node's toFormUrlEncodedParam,
+// https://github.com/twilio/twilio-node/blob/main/src/webhooks/webhooks.ts; twilio-python's
+// compute_signature), which the webhooks-security page asks receivers to use. Written apart from
+// service/receipts' verifier on purpose: the fake must not share the code it checks.
+func TwilioSignature(authToken, fullURL string, form url.Values) string {
+	names := make([]string, 0, len(form))
+	for name := range form {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	data := fullURL
+	for _, name := range names {
+		values := slices.Clone(form[name])
+		slices.Sort(values)
+		for _, v := range slices.Compact(values) {
+			data += name + v
+		}
+	}
+	mac := hmac.New(sha1.New, []byte(authToken))
+	mac.Write([]byte(data))
+	return base64.StdEncoding.EncodeToString(mac.Sum(nil))
 }

@@ -39,7 +39,7 @@ func (e *env) sesDispatcher(f *fakes.SES) *dispatcher {
 }
 
 func startSES(t *testing.T) *fakes.SES {
-	f := fakes.StartSES(sesTestRegion, sesTestKeyID, sesTestSecret, sesTestFrom)
+	f := fakes.StartSES(sesTestRegion, sesTestKeyID, sesTestSecret, sesTestFrom, "notifier-events")
 	t.Cleanup(f.Close)
 	return f
 }
@@ -147,8 +147,9 @@ func TestSESProviderThrottledRetries(t *testing.T) {
 	}
 }
 
-// SES's documented refusals fail the task at once (nothing was sent, nothing is retried): MessageRejected,
-// and AccessDenied with a detail naming the credential, never the secret.
+// SES's documented refusals fail the task at once (nothing was sent, nothing is retried): MessageRejected.
+// (AccessDenied and the other account states are ACCOUNT_REFUSED, unit-tested in service/ses until the
+// channel pause that consumes them lands.)
 func TestSESProviderRejections(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
@@ -157,7 +158,7 @@ func TestSESProviderRejections(t *testing.T) {
 	for i, c := range []struct {
 		status int
 		detail string
-	}{{http.StatusBadRequest, "MessageRejected"}, {http.StatusForbidden, "credentials"}} {
+	}{{http.StatusBadRequest, "MessageRejected"}} {
 		id, ref := e.sesTask("u"+string(rune('1'+i)), "e1", 3)
 		f.ScriptSend(ref, fakes.Step{Status: c.status})
 		is.Equal(runOnce(t, d).Outcome, delivery.OutcomeRejected)
@@ -168,7 +169,23 @@ func TestSESProviderRejections(t *testing.T) {
 		is.Equal(f.Outbound(ref), 0)
 		is.Equal(len(e.attempts(id)), 1)
 	}
-	is.Equal(f.Requests(), 2) // requests received == attempt rows
+	is.Equal(f.Requests(), 1) // requests received == attempt rows
+}
+
+// A 200 whose body is lost: SES accepted the email, so the task is SENT (not parked), without a MessageId.
+func TestSESProviderOKWithUnreadableBodyIsSent(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	f := startSES(t)
+	id, ref := e.sesTask("u1", "e1", 3)
+	f.ScriptSend(ref, fakes.Step{Malformed: true})
+	is.Equal(runOnce(t, e.sesDispatcher(f)).Outcome, delivery.OutcomeAccepted)
+	task := e.task(id)
+	is.Equal(task.State, delivery.StateSent) // not parked for a human
+	is.Equal(task.ProviderMsgID, "")
+	is.Equal(f.Outbound(ref), 1)
+	is.Equal(f.Emails(ref)[0].ConfigurationSet, "notifier-events") // whose events carry the ref tag
+	is.Equal(f.Requests(), len(e.attempts(id)))
 }
 
 // A drop on a kept-alive connection (SES took the email; the answer never came): one request on the

@@ -51,12 +51,13 @@ func (e *env) twilioTask(maxAttempts int) (int64, string) {
 	return id, e.ref(id)
 }
 
-// twilioCallbackRequest is the status callback Twilio posts for a message, signed with the auth token.
-func twilioCallbackRequest(callbackURL, sid, status string) *http.Request {
-	form := url.Values{"MessageSid": {sid}, "MessageStatus": {status}, "AccountSid": {twilioTestAccount}, "To": {twilioTestNumber}}
-	req := httptest.NewRequest(http.MethodPost, callbackURL, strings.NewReader(form.Encode()))
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("X-Twilio-Signature", receipts.TwilioSignature(twilioTestToken, callbackURL, form))
+// signedTwilioCallback is the status callback the fake posts for a message it queued, signed as Twilio signs.
+func signedTwilioCallback(t *testing.T, f *fakes.Twilio, sid, status string) *http.Request {
+	t.Helper()
+	req, err := f.Callback(sid, status, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return req
 }
 
@@ -94,19 +95,46 @@ func TestTwilioProviderLostAnswerParksAndCallbackSettles(t *testing.T) {
 			h := receipts.NewHandler(e.n, receipts.Config{TwilioAuthToken: twilioTestToken,
 				PublicURL: &url.URL{Scheme: "https", Host: "notifier.example.com"}})
 			w := httptest.NewRecorder()
-			h.ServeHTTP(w, twilioCallbackRequest(msg.StatusCallback, msg.ID, "sent"))
+			h.ServeHTTP(w, signedTwilioCallback(t, f, msg.ID, "sent"))
 			is.Equal(w.Code, http.StatusOK) // verified and recorded
 			task := e.task(id)
 			is.Equal(task.State, delivery.StateSent) // settled by the receipt
 			is.Equal(f.Outbound(ref), 1)             // still one SMS
 
-			forged := twilioCallbackRequest(msg.StatusCallback, msg.ID, "delivered")
+			forged := signedTwilioCallback(t, f, msg.ID, "delivered")
 			forged.Header.Set("X-Twilio-Signature", "AAAA")
 			w = httptest.NewRecorder()
 			h.ServeHTTP(w, forged)
 			is.Equal(w.Code, http.StatusUnauthorized) // an unsigned callback is refused
 		})
 	}
+}
+
+// A 201 Created whose body is lost proves Twilio created the message: the task is SENT (not parked),
+// without a message sid, and Twilio's callback still finds it by the ref in its StatusCallback.
+func TestTwilioProviderCreatedWithUnreadableBodyIsSent(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	f := startTwilio(t)
+	id, ref := e.twilioTask(3)
+	f.ScriptSend(ref, fakes.Step{Malformed: true})
+	res := runOnce(t, e.twilioDispatcher(f))
+	is.Equal(res.Outcome, delivery.OutcomeAccepted)
+	task := e.task(id)
+	is.Equal(task.State, delivery.StateSent) // not parked for a human
+	is.Equal(task.ProviderMsgID, "")         // no sid was read
+	is.Equal(f.Outbound(ref), 1)
+	is.Equal(f.Requests(), len(e.attempts(id))) // requests received == attempt rows
+
+	msg := f.Messages(ref)[0]
+	h := receipts.NewHandler(e.n, receipts.Config{TwilioAuthToken: twilioTestToken,
+		PublicURL: &url.URL{Scheme: "https", Host: "notifier.example.com"}})
+	for _, status := range []string{"partially_delivered", "delivered"} {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, signedTwilioCallback(t, f, msg.ID, status))
+		is.Equal(w.Code, http.StatusOK) // matched by ref, recorded
+	}
+	is.Equal(e.task(id).State, delivery.StateSent)
 }
 
 // A 500 may come after Twilio queued the message: the task is parked, not resent.

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -92,14 +93,17 @@ var dummyHash = sync.OnceValue(func() []byte {
 	return h
 })
 
-// check reports whether name's password is password.
-func (u Users) check(name, password string) bool {
+// compareFunc is bcrypt.CompareHashAndPassword, or a test's counter around it.
+type compareFunc func(hash, password []byte) error
+
+// check reports whether name's password is password, comparing with compare (one bcrypt run).
+func (u Users) check(compare compareFunc, name, password string) bool {
 	hash, ok := u[name]
 	if !ok {
-		_ = bcrypt.CompareHashAndPassword(dummyHash(), []byte(password))
+		_ = compare(dummyHash(), []byte(password))
 		return false
 	}
-	return bcrypt.CompareHashAndPassword(hash, []byte(password)) == nil
+	return compare(hash, []byte(password)) == nil
 }
 
 // session is a signed-in operator: the cookie holds its id, the server everything else.
@@ -234,6 +238,70 @@ func (l *loginLimiter) succeeded(key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.m, key)
+}
+
+// Sign-in attempt limits, checked before bcrypt runs (each check costs about a quarter of a second of
+// a core at HashCost): at most loginAttemptsPerAddress attempts from one source address, and
+// loginAttemptsGlobal from all addresses together, within each loginAttemptWindow, right or wrong
+// passwords alike. An attempt past either limit is answered 429 with Retry-After and runs no bcrypt,
+// so sign-in costs at most loginAttemptsGlobal bcrypt runs a minute (about a quarter of one core)
+// however many addresses an attacker has. The price: while the global limit is reached, operators
+// cannot sign in either (sessions already open are unaffected) until the window ends.
+const (
+	loginAttemptsPerAddress = 20
+	loginAttemptsGlobal     = 60
+	loginAttemptWindow      = time.Minute
+)
+
+// attemptLimiter counts sign-in attempts per source address and in all, in fixed windows.
+type attemptLimiter struct {
+	mu       sync.Mutex
+	now      func() time.Time
+	perAddr  map[netip.Addr]*failures // count: attempts admitted in the window since since
+	global   failures
+	addrMax  int
+	totalMax int
+	window   time.Duration
+}
+
+func newAttemptLimiter(now func() time.Time) *attemptLimiter {
+	return &attemptLimiter{now: now, perAddr: map[netip.Addr]*failures{},
+		addrMax: loginAttemptsPerAddress, totalMax: loginAttemptsGlobal, window: loginAttemptWindow}
+}
+
+// admit counts an attempt from addr and returns 0, or, when addr or everyone has used up the window's
+// attempts, how long until the next may be made (the attempt is then not counted). The per-address map
+// only holds addresses admitted in the current window, so it is bounded by the global limit.
+func (l *attemptLimiter) admit(addr netip.Addr) (wait time.Duration, scope string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	if !now.Before(l.global.since.Add(l.window)) {
+		l.global = failures{since: now}
+	}
+	for a, f := range l.perAddr {
+		if !now.Before(f.since.Add(l.window)) {
+			delete(l.perAddr, a)
+		}
+	}
+	f := l.perAddr[addr]
+	switch {
+	case f != nil && f.count >= l.addrMax:
+		return f.since.Add(l.window).Sub(now), "address"
+	case l.global.count >= l.totalMax:
+		return l.global.since.Add(l.window).Sub(now), "global"
+	case f == nil:
+		l.perAddr[addr] = &failures{count: 1, since: now}
+	default:
+		f.count++
+	}
+	l.global.count++
+	return 0, ""
+}
+
+// retryAfter is wait as Retry-After's whole seconds, rounded up.
+func retryAfter(wait time.Duration) string {
+	return strconv.FormatInt(int64((wait+time.Second-1)/time.Second), 10)
 }
 
 // remoteIP is the request's peer address: the proxy's, when there is one (a header naming the client is

@@ -22,6 +22,8 @@ import (
 	"net/netip"
 	"time"
 
+	"golang.org/x/crypto/bcrypt"
+
 	"github.com/notifierhq/notifier/service"
 )
 
@@ -63,6 +65,8 @@ type Server struct {
 	pages    map[string]*template.Template
 	sessions *sessions
 	limiter  *loginLimiter
+	attempts *attemptLimiter
+	compare  compareFunc // bcrypt.CompareHashAndPassword; tests count its runs
 	metrics  *metrics
 	handler  http.Handler
 }
@@ -94,7 +98,8 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, pages: pages, sessions: newSessions(cfg.SessionTTL, cfg.Now), limiter: newLoginLimiter(cfg.Now), metrics: newMetrics()}
+	s := &Server{cfg: cfg, pages: pages, sessions: newSessions(cfg.SessionTTL, cfg.Now), limiter: newLoginLimiter(cfg.Now),
+		attempts: newAttemptLimiter(cfg.Now), compare: bcrypt.CompareHashAndPassword, metrics: newMetrics()}
 	static, _ := fs.Sub(staticFS, "static")
 	mux := http.NewServeMux()
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))

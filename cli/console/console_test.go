@@ -7,11 +7,13 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/matryer/is"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/crypto/bcrypt"
 )
 
 // TestHeadersOnEveryAnswer: the sign-in page, a signed-in page, an error and the stylesheet all carry
@@ -137,22 +139,7 @@ func TestLoginRateLimited(t *testing.T) {
 	is := is.New(t)
 	f := newFixture(t, nil)
 	h := f.srv.Handler()
-	try := func(user, password, addr string) int {
-		rec := httptest.NewRecorder()
-		req := httptest.NewRequest("GET", "/login", nil)
-		req.RemoteAddr = addr
-		h.ServeHTTP(rec, req)
-		token := csrfField.FindStringSubmatch(rec.Body.String())[1]
-		cookie := rec.Result().Cookies()[0]
-		form := url.Values{"csrf": {token}, "user": {user}, "password": {password}}
-		req = httptest.NewRequest("POST", "/login", strings.NewReader(form.Encode()))
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		req.RemoteAddr = addr
-		req.AddCookie(cookie)
-		rec = httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec.Code
-	}
+	try := func(user, password, addr string) int { return tryLogin(t, h, user, password, addr).Code }
 	const here, there = "192.0.2.1:5000", "192.0.2.2:5000"
 	for range loginFailures {
 		is.Equal(try("alice", "wrong", here), http.StatusUnauthorized)
@@ -163,6 +150,87 @@ func TestLoginRateLimited(t *testing.T) {
 	is.Equal(try("alice", alicePassword, there), http.StatusSeeOther) // alice from elsewhere
 	f.now.advance(loginWindow + time.Second)
 	is.Equal(try("alice", alicePassword, here), http.StatusSeeOther) // the window has passed
+}
+
+// tryLogin fetches the sign-in form from addr and posts user and password with its token.
+func tryLogin(t *testing.T, h http.Handler, user, password, addr string) *httptest.ResponseRecorder {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("GET", "/login", nil)
+	req.RemoteAddr = addr
+	h.ServeHTTP(rec, req)
+	token := csrfField.FindStringSubmatch(rec.Body.String())[1]
+	cookie := rec.Result().Cookies()[0]
+	form := url.Values{"csrf": {token}, "user": {user}, "password": {password}}
+	req = httptest.NewRequest("POST", "/login", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.RemoteAddr = addr
+	req.AddCookie(cookie)
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+// countBcrypt makes the console count its password comparisons (and skip bcrypt's cost: the limits,
+// not the hashing, are under test).
+func countBcrypt(srv *Server) *atomic.Int64 {
+	var n atomic.Int64
+	srv.compare = func(hash, password []byte) error {
+		n.Add(1)
+		if string(password) == alicePassword {
+			return nil
+		}
+		return bcrypt.ErrMismatchedHashAndPassword
+	}
+	return &n
+}
+
+// TestLoginAttemptsPerAddressLimited: many user names from one address reach the per-address limit
+// (the per-user count never does); the next attempt is 429 with Retry-After and runs no bcrypt, while
+// another address still signs in; the next window admits the address again.
+func TestLoginAttemptsPerAddressLimited(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	f := newFixture(t, nil)
+	runs := countBcrypt(f.srv)
+	h := f.srv.Handler()
+	const here, there = "192.0.2.1:5000", "192.0.2.2:5000"
+	for i := range loginAttemptsPerAddress {
+		is.Equal(tryLogin(t, h, "user"+strconv.Itoa(i), "guess", here).Code, http.StatusUnauthorized)
+	}
+	is.Equal(runs.Load(), int64(loginAttemptsPerAddress)) // one bcrypt per admitted attempt
+	rec := tryLogin(t, h, "alice", alicePassword, here)
+	is.Equal(rec.Code, http.StatusTooManyRequests)                                    // over the address's limit
+	is.Equal(rec.Header().Get("Retry-After"), "60")                                   // the window's rest
+	is.Equal(runs.Load(), int64(loginAttemptsPerAddress))                             // no bcrypt for it
+	is.Equal(tryLogin(t, h, "alice", alicePassword, there).Code, http.StatusSeeOther) // another address
+	f.now.advance(30 * time.Second)
+	is.Equal(tryLogin(t, h, "alice", alicePassword, here).Header().Get("Retry-After"), "30")
+	f.now.advance(30 * time.Second)
+	is.Equal(tryLogin(t, h, "alice", alicePassword, here).Code, http.StatusSeeOther) // a new window
+	is.Equal(testutil.ToFloat64(f.srv.metrics.signIns.WithLabelValues("rate_limited_address")), 2.0)
+}
+
+// TestLoginAttemptsGloballyLimited: attempts from many addresses reach the global limit; then an
+// attempt from any address, even with the right password, is 429 and runs no bcrypt.
+func TestLoginAttemptsGloballyLimited(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	f := newFixture(t, nil)
+	runs := countBcrypt(f.srv)
+	h := f.srv.Handler()
+	for i := range loginAttemptsGlobal {
+		addr := "198.51.100." + strconv.Itoa(i%250+1) + ":4000"
+		is.Equal(tryLogin(t, h, "bob", "guess", addr).Code, http.StatusUnauthorized)
+	}
+	is.Equal(runs.Load(), int64(loginAttemptsGlobal))
+	rec := tryLogin(t, h, "alice", alicePassword, "203.0.113.9:4000") // a fresh address
+	is.Equal(rec.Code, http.StatusTooManyRequests)
+	is.True(rec.Header().Get("Retry-After") != "")
+	is.Equal(runs.Load(), int64(loginAttemptsGlobal)) // no bcrypt for the refused attempt
+	is.Equal(testutil.ToFloat64(f.srv.metrics.signIns.WithLabelValues("rate_limited_global")), 1.0)
+	f.now.advance(loginAttemptWindow)
+	is.Equal(tryLogin(t, h, "alice", alicePassword, "203.0.113.9:4000").Code, http.StatusSeeOther)
 }
 
 // TestCSRFRefused: a resolve without the session's token, or with another session's, is 403 and
@@ -365,9 +433,9 @@ func TestParseUsers(t *testing.T) {
 	users, err := ParseUsers(strings.NewReader("# operators\n\nalice:" + h + "\nbob:" + h + "\n"))
 	is.NoErr(err)
 	is.Equal(len(users), 2)
-	is.True(users.check("alice", "pw"))
-	is.True(!users.check("alice", "PW"))
-	is.True(!users.check("carol", "pw"))
+	is.True(users.check(bcrypt.CompareHashAndPassword, "alice", "pw"))
+	is.True(!users.check(bcrypt.CompareHashAndPassword, "alice", "PW"))
+	is.True(!users.check(bcrypt.CompareHashAndPassword, "carol", "pw"))
 	for _, bad := range []string{
 		"alice:$apr1$abc$def\n", // htpasswd's MD5
 		"alice:{SHA}W6ph5Mm5Pz8GgiULbPgzG37mj9g=\n",
@@ -384,5 +452,5 @@ func TestParseUsers(t *testing.T) {
 	is.NoErr(err)
 	users, err = ParseUsers(strings.NewReader("ops:" + hash))
 	is.NoErr(err)
-	is.True(users.check("ops", "s3cret"))
+	is.True(users.check(bcrypt.CompareHashAndPassword, "ops", "s3cret"))
 }

@@ -24,7 +24,7 @@ func newMetrics() *metrics {
 		}, []string{"state", "result"}),
 		signIns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "notifier_console_sign_ins_total",
-			Help: "Password sign-ins by result: ok, wrong_password (or unknown user), rate_limited (too many failures for that user from that address).",
+			Help: "Password sign-ins by result: ok, wrong_password (or unknown user), rate_limited (too many failures for that user from that address), rate_limited_address (too many attempts from that address), rate_limited_global (too many attempts from all addresses): the last two ran no bcrypt.",
 		}, []string{"result"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "notifier_console_refused_total",
@@ -36,7 +36,7 @@ func newMetrics() *metrics {
 			m.resolves.WithLabelValues(state, result)
 		}
 	}
-	for _, result := range []string{"ok", "wrong_password", "rate_limited"} {
+	for _, result := range []string{"ok", "wrong_password", "rate_limited", "rate_limited_address", "rate_limited_global"} {
 		m.signIns.WithLabelValues(result)
 	}
 	for _, reason := range []string{"csrf", "untrusted_proxy", "too_large"} {

@@ -202,11 +202,20 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	if wait := s.limiter.wait(key); wait > 0 {
 		s.metrics.signIns.WithLabelValues("rate_limited").Inc()
 		s.cfg.Log.Warn("console: sign-in refused: too many failures", "user", user, "remote", ip)
+		w.Header().Set("Retry-After", retryAfter(wait))
 		s.renderLogin(w, r, http.StatusTooManyRequests,
 			fmt.Sprintf("Too many failed sign-ins for this user from your address: try again in %s.", wait.Round(time.Minute)+time.Minute))
 		return
 	}
-	if !s.cfg.Users.check(user, password) {
+	// Before bcrypt: an attempt over the per-address or the global limit costs no hashing.
+	if wait, scope := s.attempts.admit(ip); wait > 0 {
+		s.metrics.signIns.WithLabelValues("rate_limited_" + scope).Inc()
+		s.cfg.Log.Warn("console: sign-in refused: too many attempts", "scope", scope, "user", user, "remote", ip)
+		w.Header().Set("Retry-After", retryAfter(wait))
+		s.renderLogin(w, r, http.StatusTooManyRequests, "Too many sign-in attempts: try again in "+retryAfter(wait)+" seconds.")
+		return
+	}
+	if !s.cfg.Users.check(s.compare, user, password) {
 		s.limiter.failed(key)
 		s.metrics.signIns.WithLabelValues("wrong_password").Inc()
 		s.cfg.Log.Warn("console: sign-in refused: wrong user name or password", "user", user, "remote", ip)

@@ -13,6 +13,7 @@ import (
 const sesSecret = "ses_config_test_secret_4d3c"
 
 const sesTable = "[channels.email]\nkind = \"ses\"\nregion = \"eu-west-1\"\nfrom = \"noreply@example.com\"\n" +
+	"configuration_set = \"notifier-events\"\n" +
 	"access_key_id_env = \"AWS_ACCESS_KEY_ID\"\nsecret_access_key_env = \"AWS_SECRET_ACCESS_KEY\"\n"
 
 func loadSES(t *testing.T, table string) (map[string]delivery.Route, error) {
@@ -44,6 +45,7 @@ func TestSESKindRefusals(t *testing.T) {
 		{strings.Replace(sesTable, "access_key_id_env = \"AWS_ACCESS_KEY_ID\"\n", "", 1), "access_key_id_env"},
 		{strings.Replace(sesTable, "region = \"eu-west-1\"\n", "", 1), "region"},
 		{strings.Replace(sesTable, "from = \"noreply@example.com\"\n", "", 1), "from"},
+		{strings.Replace(sesTable, "configuration_set = \"notifier-events\"\n", "", 1), "configuration_set"},
 	} {
 		t.Run(tc.want, func(t *testing.T) {
 			is := is.New(t)

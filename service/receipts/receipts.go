@@ -33,6 +33,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -376,8 +377,8 @@ func ParseStandardWebhook(body []byte) (delivery.Receipt, error) {
 }
 
 // VerifyTwilio checks X-Twilio-Signature: base64 of HMAC-SHA1, keyed with the auth token, over the full
-// URL Twilio called followed by every form parameter's name and value, sorted by name. Like Twilio's
-// own libraries it also accepts the URL with the default port added or removed (proxies differ).
+// URL Twilio called followed by the form parameters (TwilioSignature). Like Twilio's own libraries it
+// also accepts the URL with the default port added or removed (proxies differ).
 func VerifyTwilio(authToken, fullURL string, form url.Values, signature string) bool {
 	if authToken == "" || signature == "" {
 		return false
@@ -390,7 +391,12 @@ func VerifyTwilio(authToken, fullURL string, form url.Values, signature string) 
 	return false
 }
 
-// TwilioSignature is the X-Twilio-Signature Twilio sends for a callback to fullURL with form.
+// TwilioSignature is the X-Twilio-Signature Twilio sends for a callback to fullURL with form
+// (https://www.twilio.com/docs/usage/webhooks/webhooks-security): the URL, then the parameters sorted
+// by name, each appended as name+value without delimiters. A name that is repeated appends each of its
+// distinct values in sorted order, as Twilio's validators do (twilio-node's toFormUrlEncodedParam,
+// https://github.com/twilio/twilio-node/blob/main/src/webhooks/webhooks.ts, and twilio-python's
+// compute_signature): the order in which the values arrived does not count, and a duplicate value once.
 func TwilioSignature(authToken, fullURL string, form url.Values) string {
 	names := make([]string, 0, len(form))
 	for name := range form {
@@ -400,7 +406,9 @@ func TwilioSignature(authToken, fullURL string, form url.Values) string {
 	var b strings.Builder
 	b.WriteString(fullURL)
 	for _, name := range names {
-		for _, v := range form[name] {
+		values := slices.Clone(form[name])
+		slices.Sort(values)
+		for _, v := range slices.Compact(values) {
 			b.WriteString(name)
 			b.WriteString(v)
 		}
@@ -436,7 +444,7 @@ func urlVariants(fullURL string) []string {
 var twilioHardBounces = map[string]bool{"30005": true, "30006": true}
 
 // ParseTwilio reads a verified Twilio status callback: MessageSid, MessageStatus (queued, sending, sent,
-// accepted, scheduled: ACCEPTED; delivered, read: DELIVERED; undelivered, failed, canceled: UNDELIVERED,
+// accepted, scheduled, partially_delivered: ACCEPTED; delivered, read: DELIVERED; undelivered, failed, canceled: UNDELIVERED,
 // or BOUNCED hard for the error codes of a number that does not exist), ErrorCode. ref is the ?ref= of
 // the callback URL, when the bridge that sent the message set it. The event id is the message sid and
 // its status: Twilio repeats a callback it could not deliver, and it is recorded once.
@@ -448,6 +456,12 @@ func ParseTwilio(form url.Values, ref string) (delivery.Receipt, error) {
 	rec := delivery.Receipt{Source: delivery.ReceiptSourceTwilio, EventID: sid + ":" + status, ProviderMsgID: sid}
 	switch status {
 	case "queued", "sending", "sent", "accepted", "scheduled":
+		rec.Kind = delivery.ReceiptAccepted
+	case "partially_delivered":
+		// Twilio lists it among an outbound message's statuses
+		// (https://www.twilio.com/docs/messaging/api/message-resource#message-status-values): only a
+		// message Twilio accepted gets that far. Part of it reached the handset, so it is neither
+		// undelivered (nothing may be written off) nor proof that the user saw all of it.
 		rec.Kind = delivery.ReceiptAccepted
 	case "delivered", "read":
 		rec.Kind = delivery.ReceiptDelivered

@@ -2,6 +2,9 @@ package receipts_test
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha1"
+	"encoding/base64"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +19,7 @@ import (
 
 	"github.com/matryer/is"
 
+	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/receipts"
 	"github.com/notifierhq/notifier/service/webhook"
@@ -129,6 +133,7 @@ func TestParseTwilio(t *testing.T) {
 	for status, want := range map[string]delivery.ReceiptKind{
 		"queued": delivery.ReceiptAccepted, "sent": delivery.ReceiptAccepted, "delivered": delivery.ReceiptDelivered,
 		"read": delivery.ReceiptDelivered, "undelivered": delivery.ReceiptUndelivered, "failed": delivery.ReceiptUndelivered,
+		"partially_delivered": delivery.ReceiptAccepted, // Twilio had the message: accepted, never written off
 	} {
 		r, err := receipts.ParseTwilio(url.Values{"MessageSid": {"SM1"}, "MessageStatus": {status}}, "ntf-task-7")
 		is.NoErr(err)
@@ -247,6 +252,34 @@ func TestHandlerRefusesUnverifiedCallbacks(t *testing.T) {
 	is.Equal(counts.n["standard-webhooks unknown_reference"], 1)
 	is.Equal(counts.n["standard-webhooks duplicate"], 1)
 	is.Equal(counts.n["twilio bad_signature"], 1)
+}
+
+// A parameter Twilio repeats: the signature covers the parameters sorted by name and, for a repeated
+// name, its distinct values sorted (Twilio's validators, twilio-node toFormUrlEncodedParam), whatever
+// the order on the wire. The string signed is spelt out here, apart from both signers.
+func TestTwilioSignatureRepeatedValues(t *testing.T) {
+	is := is.New(t)
+	const token, callback = "tok", "https://receipts.example/receipts/twilio?ref=ntf-task-9"
+	body := "MessageStatus=partially_delivered&MessageSid=SM9&Tag=b&AccountSid=AC1&Tag=a&Tag=b"
+	form, err := url.ParseQuery(body)
+	is.NoErr(err)
+	mac := hmac.New(sha1.New, []byte(token))
+	mac.Write([]byte(callback + "AccountSidAC1" + "MessageSidSM9" + "MessageStatuspartially_delivered" + "Taga" + "Tagb"))
+	want := base64.StdEncoding.EncodeToString(mac.Sum(nil))
+	is.Equal(fakes.TwilioSignature(token, callback, form), want)    // the fake signs as Twilio does
+	is.Equal(receipts.TwilioSignature(token, callback, form), want) // and the receiver computes the same
+	is.True(receipts.VerifyTwilio(token, callback, form, want))
+
+	rec := &fakeRecorder{answer: delivery.ReceiptResult{TaskID: 9, Effect: delivery.ReceiptNoted, State: delivery.StateSending}}
+	h := receipts.NewHandler(rec, receipts.Config{TwilioAuthToken: token, PublicURL: &url.URL{Scheme: "https", Host: "receipts.example"}})
+	r := httptest.NewRequest(http.MethodPost, "/receipts/twilio?ref=ntf-task-9", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	r.Header.Set("X-Twilio-Signature", want)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	is.Equal(w.Code, http.StatusOK) // verified, and partially_delivered accepted
+	is.Equal(rec.got[0].Kind, delivery.ReceiptAccepted)
+	is.Equal(rec.got[0].Ref, "task-9")
 }
 
 // A Twilio callback signed for the public URL the receiver is told (it sits behind a proxy).

@@ -14,19 +14,30 @@
 // transport a body it cannot rewind (as service/httpkit does), so net/http cannot resend either.
 //
 // Response mapping (https://docs.aws.amazon.com/ses/latest/APIReference-V2/API_SendEmail.html#API_SendEmail_Errors,
-// https://docs.aws.amazon.com/ses/latest/APIReference-V2/CommonErrors.html): 200 -> ACCEPTED with the
-// MessageId; a 2xx that cannot be read -> MALFORMED_RESPONSE (uncertain); MessageRejected,
-// MailFromDomainNotVerifiedException, AccountSuspendedException, SendingPausedException,
-// BadRequestException, NotFoundException -> REJECTED; the credential errors (UnrecognizedClientException,
-// InvalidSignatureException, AccessDeniedException, ExpiredToken...) -> REJECTED naming the credential;
-// TooManyRequestsException, ThrottlingException, LimitExceededException and 429 -> THROTTLED with
-// Retry-After, a refusal: past its sending rate or quota "Amazon SES drops the message and doesn't
-// attempt to redeliver it" and the sender should wait and "retry the send request"
-// (https://docs.aws.amazon.com/ses/latest/dg/manage-sending-quotas-errors.html), so the kind sets
-// ThrottleRefuses and a throttled send is retried, never parked (LimitExceededException, a 400 SendEmail
-// documents as "too many instances of the specified resource type", a limit of the account's, is
-// retried too: nothing was sent, and a limit passes where a failed task stays failed); 5xx -> HTTP_5XX (uncertain: the kind sets ServerErrorsUncertain); no connection -> CONNECT_FAILED;
-// a timeout once connected -> TIMEOUT; a broken connection -> IO_ERROR.
+// https://docs.aws.amazon.com/ses/latest/APIReference-V2/CommonErrors.html):
+//   - 200 -> ACCEPTED with the MessageId. A 200 whose body cannot be read (or carries no MessageId) is
+//     ACCEPTED too, without a provider message id: "If the action is successful, the service sends back
+//     an HTTP 200 response" and the MessageId is "generated when the message is accepted" (SendEmail's
+//     Response Syntax), so the status is the acceptance; SES's events then find the task by the
+//     notifier_ref tag (which is why the kind requires a configuration set). Another 2xx that cannot be
+//     read -> MALFORMED_RESPONSE (uncertain).
+//   - Account states an operator fixes -> ACCOUNT_REFUSED naming the cause: SendingPausedException
+//     (sending paused for the account or the configuration set), AccountSuspendedException (sending
+//     "permanently restricted": only AWS can lift it, yet it is the account's state, not the task's),
+//     MailFromDomainNotVerifiedException (the From's MAIL FROM domain is not verified: every message of
+//     the channel fails alike), NotFoundException (the configuration set the channel names does not
+//     exist), and the credential errors (UnrecognizedClientException, InvalidSignatureException,
+//     AccessDeniedException, ExpiredToken..., any 401 or 403).
+//   - MessageRejected, BadRequestException and other 4xx -> REJECTED.
+//   - TooManyRequestsException, ThrottlingException, LimitExceededException and 429 -> THROTTLED with
+//     Retry-After, a refusal: past its sending rate or quota "Amazon SES drops the message and doesn't
+//     attempt to redeliver it" and the sender should "retry the send request"
+//     (https://docs.aws.amazon.com/ses/latest/dg/manage-sending-quotas-errors.html), so the kind sets
+//     ThrottleRefuses and a throttled send is retried, never parked (LimitExceededException, a 400
+//     SendEmail documents as "too many instances of the specified resource type", a limit of the
+//     account's, is retried too: nothing was sent, and a limit passes where a failed task stays failed).
+//   - 5xx -> HTTP_5XX (uncertain: the kind sets ServerErrorsUncertain); no connection -> CONNECT_FAILED;
+//     a timeout once connected -> TIMEOUT; a broken connection -> IO_ERROR.
 package ses
 
 import (
@@ -62,7 +73,8 @@ type Options struct {
 	Region string // e.g. eu-west-1 (required)
 	From   string // FromEmailAddress: a verified identity (required)
 	// ConfigurationSet is the configuration set whose event destination (SNS) publishes the events
-	// that settle parked tasks.
+	// that settle parked tasks (required: without one SES publishes no tagged events, and a task whose
+	// answer was lost could never be settled).
 	ConfigurationSet string
 	SubjectPrefix    string
 	// Credentials: a static key pair when AccessKeyID is set, else the SDK's default chain
@@ -93,6 +105,9 @@ func New(ctx context.Context, opt Options) (*Client, error) {
 	}
 	if opt.From == "" {
 		return nil, fmt.Errorf("%w: from: required (an identity verified in SES)", delivery.ErrInvalidInput)
+	}
+	if opt.ConfigurationSet == "" {
+		return nil, fmt.Errorf("%w: configuration_set: required (the configuration set whose events, tagged with notifier_ref, settle parked tasks)", delivery.ErrInvalidInput)
 	}
 	if (opt.AccessKeyID == "") != (opt.SecretAccessKey == "") {
 		return nil, fmt.Errorf("%w: an access key id and its secret access key go together", delivery.ErrInvalidInput)
@@ -157,10 +172,8 @@ func (c *Client) Input(msg delivery.Message) *sesv2.SendEmailInput {
 			Subject: &types.Content{Data: aws.String(c.prefix + subject(msg.Body)), Charset: aws.String("UTF-8")},
 			Body:    &types.Body{Text: &types.Content{Data: aws.String(msg.Body), Charset: aws.String("UTF-8")}},
 		}},
-		EmailTags: []types.MessageTag{{Name: aws.String(RefTag), Value: aws.String(msg.Ref)}},
-	}
-	if c.confSet != "" {
-		in.ConfigurationSetName = aws.String(c.confSet)
+		EmailTags:            []types.MessageTag{{Name: aws.String(RefTag), Value: aws.String(msg.Ref)}},
+		ConfigurationSetName: aws.String(c.confSet),
 	}
 	return in
 }
@@ -193,7 +206,7 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 	out, err := c.api.SendEmail(context.WithValue(ctx, progressKey{}, p), c.Input(msg))
 	if err == nil {
 		if out.MessageId == nil || *out.MessageId == "" {
-			return delivery.Observation{Outcome: delivery.OutcomeMalformed, Detail: "SES answered without a MessageId (it may have been accepted)"}
+			return acceptedWithoutID
 		}
 		return delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: *out.MessageId}
 	}
@@ -203,6 +216,19 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 // Query is not offered: SES cannot look a message up by our reference.
 func (c *Client) Query(context.Context, string) delivery.Observation {
 	return delivery.Observation{Outcome: delivery.OutcomeQueryFailed, Detail: "not supported"}
+}
+
+// acceptedWithoutID is a 200 from SendEmail whose MessageId could not be read: SES accepted the email.
+var acceptedWithoutID = delivery.Observation{Outcome: delivery.OutcomeAccepted,
+	Detail: "HTTP 200 without a readable MessageId: SES accepted the email; its events name the task by the notifier_ref tag"}
+
+// accountStates are SendEmail's errors for a state of the account or of the channel's configuration
+// that an operator fixes, with what to fix.
+var accountStates = map[string]string{
+	"SendingPausedException":             "sending is paused for the account or the configuration set: resume it in SES",
+	"AccountSuspendedException":          "the account's sending is suspended by AWS: contact AWS to restore it",
+	"MailFromDomainNotVerifiedException": "the From's MAIL FROM domain is not verified: fix its DNS records in SES",
+	"NotFoundException":                  "the configuration set does not exist in this region: create it or fix configuration_set",
 }
 
 var credentialErrors = map[string]bool{
@@ -233,6 +259,9 @@ func classify(ctx context.Context, err error, p *progress) delivery.Observation 
 		return delivery.Observation{Outcome: delivery.OutcomeIOError, Detail: "the connection broke after the request was sent, without an answer: " + redact.Error(err)}
 	}
 	code := "HTTP " + strconv.Itoa(status)
+	if status == http.StatusOK {
+		return acceptedWithoutID
+	}
 	if status >= 200 && status < 300 {
 		return delivery.Observation{Outcome: delivery.OutcomeMalformed, Detail: code + ", then the answer could not be read (it may have been accepted)"}
 	}
@@ -247,8 +276,10 @@ func classify(ctx context.Context, err error, p *progress) delivery.Observation 
 		code += " " + name
 	}
 	switch {
+	case accountStates[name] != "":
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused, Detail: code + ": " + accountStates[name]}
 	case credentialErrors[name] || status == http.StatusForbidden || status == http.StatusUnauthorized:
-		return delivery.Observation{Outcome: delivery.OutcomeRejected,
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused,
 			Detail: code + ": SES refused the credentials: check the access key, its secret and the IAM policy (ses:SendEmail)"}
 	case throttleErrors[name] || status == http.StatusTooManyRequests:
 		return delivery.Observation{Outcome: delivery.OutcomeThrottled, RetryAfter: httpkit.RetryAfter(header), Detail: code}

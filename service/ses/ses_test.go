@@ -20,16 +20,18 @@ const (
 	secret = "ses-secret-key-9f8e7d6c5b4a"
 	from   = "noreply@example.com"
 	ref    = "0b1c2d3e-4f50-4a6b-8c7d-9e0f1a2b3c4d"
+	// confSet is the configuration set the fake has and the client names.
+	confSet = "notifier-events"
 )
 
 func start(t *testing.T) *fakes.SES {
-	f := fakes.StartSES(region, keyID, secret, from)
+	f := fakes.StartSES(region, keyID, secret, from, confSet)
 	t.Cleanup(f.Close)
 	return f
 }
 
 func options(f *fakes.SES) ses.Options {
-	return ses.Options{Region: region, From: from, ConfigurationSet: "notifier-events", AccessKeyID: keyID,
+	return ses.Options{Region: region, From: from, ConfigurationSet: confSet, AccessKeyID: keyID,
 		SecretAccessKey: secret, Endpoint: f.URL()}
 }
 
@@ -80,7 +82,7 @@ func TestSESOneRequestPerCall(t *testing.T) {
 		"500":     {fakes.Step{Status: 500}, 5 * time.Second, delivery.OutcomeHTTP5xx},
 		"503":     {fakes.Step{Status: 503}, 5 * time.Second, delivery.OutcomeHTTP5xx},
 		"429":     {fakes.Step{Status: 429, RetryAfter: "2"}, 5 * time.Second, delivery.OutcomeThrottled},
-		"cut":     {fakes.Step{Malformed: true}, 5 * time.Second, delivery.OutcomeMalformed},
+		"cut":     {fakes.Step{Malformed: true}, 5 * time.Second, delivery.OutcomeAccepted},
 	} {
 		t.Run(name, func(t *testing.T) {
 			is := is.New(t)
@@ -119,10 +121,6 @@ func TestSESDocumentedErrors(t *testing.T) {
 		detail string
 	}{
 		"unverified from": {mod: func(o *ses.Options) { o.From = "other@example.com" }, want: delivery.OutcomeRejected, detail: "MessageRejected"},
-		"wrong secret":    {mod: func(o *ses.Options) { o.SecretAccessKey = "wrong-secret-0" }, want: delivery.OutcomeRejected, detail: "refused the credentials"},
-		"unknown key":     {mod: func(o *ses.Options) { o.AccessKeyID = "AKIAUNKNOWN000000000" }, want: delivery.OutcomeRejected, detail: "UnrecognizedClientException"},
-		"wrong region":    {mod: func(o *ses.Options) { o.Region = "us-east-1" }, want: delivery.OutcomeRejected, detail: "InvalidSignatureException"},
-		"access denied":   {step: fakes.Step{Status: 403}, want: delivery.OutcomeRejected, detail: "AccessDeniedException"},
 		"400":             {step: fakes.Step{Status: 400}, want: delivery.OutcomeRejected, detail: "MessageRejected"},
 		"429":             {step: fakes.Step{Status: 429, RetryAfter: "3"}, want: delivery.OutcomeThrottled, detail: "TooManyRequestsException"},
 		"limit exceeded":  {step: fakes.Step{Status: 400, RetryAfter: "3"}, named: "LimitExceededException", want: delivery.OutcomeThrottled, detail: "LimitExceededException"},
@@ -153,6 +151,86 @@ func TestSESDocumentedErrors(t *testing.T) {
 	}
 }
 
+// A 200 whose body is cut: SES accepted the email (SendEmail answers 200 and generates the MessageId
+// "when the message is accepted"), so it is ACCEPTED, without a MessageId; SES's events find the task
+// by the notifier_ref tag of the configuration set's events.
+func TestSESOKWithUnreadableBodyIsAccepted(t *testing.T) {
+	is := is.New(t)
+	f := start(t)
+	f.ScriptSend(ref, fakes.Step{Malformed: true})
+	obs := send(client(t, options(f)), 5*time.Second)
+	is.Equal(obs.Outcome, delivery.OutcomeAccepted) // the 200 is the acceptance
+	is.Equal(obs.ProviderMsgID, "")                 // no MessageId could be read
+	is.True(strings.Contains(obs.Detail, "200"))
+	emails := f.Emails(ref)
+	is.Equal(len(emails), 1)
+	is.Equal(emails[0].Tags[ses.RefTag], ref) // what the events will carry
+	is.Equal(emails[0].ConfigurationSet, confSet)
+}
+
+// States of the account or the channel's configuration an operator fixes are ACCOUNT_REFUSED,
+// naming the cause and never a secret.
+func TestSESAccountStates(t *testing.T) {
+	for name, tc := range map[string]struct {
+		setup  func(f *fakes.SES)
+		mod    func(*ses.Options)
+		detail string
+	}{
+		"sending paused": {setup: func(f *fakes.SES) { f.PauseSending(true) }, detail: "SendingPausedException"},
+		"account suspended": {setup: func(f *fakes.SES) {
+			f.ScriptSend(ref, fakes.Step{Status: 400})
+			f.NameError(400, "AccountSuspendedException", "Account suspended.")
+		}, detail: "AccountSuspendedException"},
+		"mail from unverified": {setup: func(f *fakes.SES) {
+			f.ScriptSend(ref, fakes.Step{Status: 400})
+			f.NameError(400, "MailFromDomainNotVerifiedException", "MAIL FROM not verified.")
+		}, detail: "MailFromDomainNotVerifiedException"},
+		"no such config set": {mod: func(o *ses.Options) { o.ConfigurationSet = "other-set" }, detail: "NotFoundException"},
+		"wrong secret":       {mod: func(o *ses.Options) { o.SecretAccessKey = "wrong-secret-0" }, detail: "refused the credentials"},
+		"unknown key":        {mod: func(o *ses.Options) { o.AccessKeyID = "AKIAUNKNOWN000000000" }, detail: "UnrecognizedClientException"},
+		"wrong region":       {mod: func(o *ses.Options) { o.Region = "us-east-1" }, detail: "InvalidSignatureException"},
+		"access denied":      {setup: func(f *fakes.SES) { f.ScriptSend(ref, fakes.Step{Status: 403}) }, detail: "AccessDeniedException"},
+		"expired token": {setup: func(f *fakes.SES) {
+			f.ScriptSend(ref, fakes.Step{Status: 403})
+			f.NameError(403, "ExpiredTokenException", "The security token included in the request is expired")
+		}, detail: "ExpiredTokenException"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			is := is.New(t)
+			f := start(t)
+			if tc.setup != nil {
+				tc.setup(f)
+			}
+			opt := options(f)
+			if tc.mod != nil {
+				tc.mod(&opt)
+			}
+			obs := send(client(t, opt), 5*time.Second)
+			is.Equal(obs.Outcome, delivery.OutcomeAccountRefused)
+			is.True(strings.Contains(obs.Detail, tc.detail)) // names the cause
+			is.True(!strings.Contains(obs.Detail, secret) && !strings.Contains(obs.Detail, "wrong-secret-0"))
+			is.Equal(f.Outbound(ref), 0)
+		})
+	}
+}
+
+// The fake holds message tags to SES's rules (1-256 ASCII letters, digits, _ or -) and answers as SES
+// does: 400 BadRequestException, nothing sent.
+func TestSESFakeRefusesBadTags(t *testing.T) {
+	for name, bad := range map[string]string{"space": "task 7", "slash": "a/b", "long": strings.Repeat("a", 257)} {
+		t.Run(name, func(t *testing.T) {
+			is := is.New(t)
+			f := start(t)
+			msg := message()
+			msg.Ref = bad
+			obs := client(t, options(f)).Send(context.Background(), msg)
+			is.Equal(obs.Outcome, delivery.OutcomeRejected)
+			is.True(strings.Contains(obs.Detail, "BadRequestException"))
+			is.Equal(f.Outbound(bad), 0)
+		})
+	}
+}
+
 func TestSESDropOnKeptAliveConnection(t *testing.T) {
 	is := is.New(t)
 	f := start(t)
@@ -167,15 +245,16 @@ func TestSESDropOnKeptAliveConnection(t *testing.T) {
 
 func TestSESConnectFailed(t *testing.T) {
 	is := is.New(t)
-	c := client(t, ses.Options{Region: region, From: from, AccessKeyID: keyID, SecretAccessKey: secret, Endpoint: "http://127.0.0.1:1"})
+	c := client(t, ses.Options{Region: region, From: from, ConfigurationSet: confSet, AccessKeyID: keyID, SecretAccessKey: secret, Endpoint: "http://127.0.0.1:1"})
 	is.Equal(send(c, 2*time.Second).Outcome, delivery.OutcomeConnectFailed) // nothing sent
 }
 
 func TestSESOptions(t *testing.T) {
 	is := is.New(t)
-	good := ses.Options{Region: region, From: from, AccessKeyID: keyID, SecretAccessKey: secret}
+	good := ses.Options{Region: region, From: from, ConfigurationSet: confSet, AccessKeyID: keyID, SecretAccessKey: secret}
 	for name, mod := range map[string]func(*ses.Options){
 		"no region":      func(o *ses.Options) { o.Region = "" },
+		"no config set":  func(o *ses.Options) { o.ConfigurationSet = "" },
 		"no from":        func(o *ses.Options) { o.From = "" },
 		"half a key":     func(o *ses.Options) { o.AccessKeyID = "" },
 		"plain http":     func(o *ses.Options) { o.Endpoint = "http://email.eu-west-1.amazonaws.com" },

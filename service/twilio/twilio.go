@@ -15,14 +15,23 @@
 // maximum), so Twilio drops a message still queued after its expiry; an expired one is not sent.
 //
 // Response mapping (https://www.twilio.com/docs/usage/twilios-response, https://www.twilio.com/docs/errors):
-// 2xx -> ACCEPTED with the message "sid" (a 2xx whose body cannot be read is MALFORMED_RESPONSE,
-// uncertain); 401 or error 20003 -> REJECTED naming the credential; 400 21610 (the recipient replied
-// STOP) -> REJECTED and Unregistered; other 4xx (21211 invalid To, 21614 not a mobile number, 21408
-// region not enabled, ...) -> REJECTED with Twilio's code; 429 or 20429 -> THROTTLED with Retry-After,
-// a refusal ("Requests that receive 429 responses aren't processed and are safe to retry after backing
-// off", https://www.twilio.com/docs/api/errors/20429: the kind sets ThrottleRefuses, so a 429 is retried
-// and never parks); 5xx -> uncertain (the kind sets ServerErrorsUncertain: Twilio does not promise a 5xx
-// comes before it queued the message). Each attempt puts at most one request on the wire (service/httpkit).
+// 201 Created -> ACCEPTED with the message "sid" ("201 CREATED: The request was successful. We created a
+// new resource", twilios-response). A 201 whose body cannot be read is ACCEPTED too: the status alone
+// says the Message resource exists, so the SMS is Twilio's to send; it has no provider message id, and
+// Twilio's status callback finds the task by the ?ref= of its StatusCallback (service/receipts). Another
+// 2xx without a sid is MALFORMED_RESPONSE (uncertain): Twilio documents 201 for Create Message.
+// Account states an operator fixes -> ACCOUNT_REFUSED naming the cause: 401 or 403 or error 20003 (the
+// credential, https://www.twilio.com/docs/api/errors/20003), 20005 and 10001 (the account is not active:
+// suspended, out of funds, https://www.twilio.com/docs/api/errors/20005,
+// https://www.twilio.com/docs/api/errors/10001), 21606 (the From number is not a message-capable Twilio
+// number of this account, https://www.twilio.com/docs/api/errors/21606). 400 21610 (the recipient
+// replied STOP) -> REJECTED and Unregistered; other 4xx (21211 invalid To, 21614 not a mobile number,
+// 21408 region not enabled, ...) -> REJECTED with Twilio's code; 429 or 20429 -> THROTTLED with
+// Retry-After, a refusal ("Requests that receive 429 responses aren't processed and are safe to retry
+// after backing off", https://www.twilio.com/docs/api/errors/20429: the kind sets ThrottleRefuses, so a
+// 429 is retried and never parks); 5xx -> uncertain (the kind sets ServerErrorsUncertain: Twilio does
+// not promise a 5xx comes before it queued the message). Each attempt puts at most one request on the
+// wire (service/httpkit).
 package twilio
 
 import (
@@ -50,10 +59,13 @@ const MaxValidityPeriod = 36000 * time.Second
 
 // Error codes with a meaning of their own (https://www.twilio.com/docs/errors/<code>).
 const (
-	CodeAuthenticate    = 20003 // bad account SID, API key or secret
-	CodeTooManyRequests = 20429
-	CodeInvalidTo       = 21211
-	CodeUnsubscribed    = 21610 // the recipient replied STOP: Twilio refuses every message to it
+	CodeAccountInactive  = 10001 // the account is not active (suspended, disabled)
+	CodeAuthenticate     = 20003 // bad account SID, API key or secret
+	CodeAccountNotActive = 20005 // the account is not active: out of funds, suspended, trial not activated
+	CodeTooManyRequests  = 20429
+	CodeFromNotOwned     = 21606 // the From number is not a message-capable Twilio number of this account
+	CodeInvalidTo        = 21211
+	CodeUnsubscribed     = 21610 // the recipient replied STOP: Twilio refuses every message to it
 )
 
 // Options configure a client.
@@ -183,7 +195,8 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 	if resp == nil {
 		return failed
 	}
-	if obs, ok := resp.Unreadable(true); ok {
+	// A 201 proves the message was created even when its body is lost: Classify reads the status first.
+	if obs, ok := resp.Unreadable(false); ok {
 		return obs
 	}
 	return Classify(resp.Status, resp.Header, resp.Body)
@@ -204,11 +217,15 @@ func Classify(status int, header http.Header, body []byte) delivery.Observation 
 			SID    string `json:"sid"`
 			Status string `json:"status"`
 		}
-		if err := json.Unmarshal(body, &m); err != nil || m.SID == "" {
-			return delivery.Observation{Outcome: delivery.OutcomeMalformed,
-				Detail: "HTTP " + strconv.Itoa(status) + " without a message sid (it may have been accepted)"}
+		if err := json.Unmarshal(body, &m); err == nil && m.SID != "" {
+			return delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: m.SID}
 		}
-		return delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: m.SID}
+		if status == http.StatusCreated {
+			return delivery.Observation{Outcome: delivery.OutcomeAccepted,
+				Detail: "HTTP 201 Created without a readable message sid: Twilio created the message; its status callback names the task by ref"}
+		}
+		return delivery.Observation{Outcome: delivery.OutcomeMalformed,
+			Detail: "HTTP " + strconv.Itoa(status) + " without a message sid (it may have been accepted)"}
 	}
 	var e apiError
 	_ = json.Unmarshal(body, &e)
@@ -217,9 +234,15 @@ func Classify(status int, header http.Header, body []byte) delivery.Observation 
 		what += ", Twilio error " + strconv.Itoa(e.Code) + " (https://www.twilio.com/docs/errors/" + strconv.Itoa(e.Code) + ")"
 	}
 	switch {
+	case e.Code == CodeAccountNotActive || e.Code == CodeAccountInactive:
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused,
+			Detail: what + ": the Twilio account is not active (suspended or out of funds): reactivate it in the Twilio Console"}
 	case status == http.StatusUnauthorized || status == http.StatusForbidden || e.Code == CodeAuthenticate:
-		return delivery.Observation{Outcome: delivery.OutcomeRejected,
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused,
 			Detail: what + ": Twilio refused the credentials: check the account SID, the API key SID and its secret or auth token"}
+	case e.Code == CodeFromNotOwned:
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused,
+			Detail: what + ": the channel's From number is not a message-capable Twilio number of this account"}
 	case status == http.StatusTooManyRequests || e.Code == CodeTooManyRequests:
 		return delivery.Observation{Outcome: delivery.OutcomeThrottled, RetryAfter: httpkit.RetryAfter(header), Detail: what}
 	case e.Code == CodeUnsubscribed:

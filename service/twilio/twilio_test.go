@@ -97,9 +97,70 @@ func TestTwilioLostAnswer(t *testing.T) {
 	is.Equal(send(c, 200*time.Millisecond).Outcome, delivery.OutcomeTimeout) // queued, answer late
 	f.ScriptSend(ref, fakes.Step{Drop: true})
 	is.Equal(send(c, 5*time.Second).Outcome, delivery.OutcomeIOError) // queued, connection dropped
+	is.Equal(f.Outbound(ref), 2)                                      // each one an SMS: uncertain, never "failed"
+}
+
+// A 201 Created whose body is cut: Twilio created the message ("201 CREATED: ... We created a new
+// resource", https://www.twilio.com/docs/usage/twilios-response), so it is ACCEPTED, without a message
+// sid; the status callback finds the task by the ref its StatusCallback carries.
+func TestTwilioCreatedWithUnreadableBodyIsAccepted(t *testing.T) {
+	is := is.New(t)
+	f := start(t)
+	c := client(t, f.URL(), nil)
 	f.ScriptSend(ref, fakes.Step{Malformed: true})
-	is.Equal(send(c, 5*time.Second).Outcome, delivery.OutcomeMalformed) // queued, body cut
-	is.Equal(f.Outbound(ref), 3)                                        // each one an SMS: uncertain, never "failed"
+	obs := send(c, 5*time.Second)
+	is.Equal(obs.Outcome, delivery.OutcomeAccepted) // the status proves the message exists
+	is.Equal(obs.ProviderMsgID, "")                 // no sid could be read
+	is.True(strings.Contains(obs.Detail, "201"))
+	is.Equal(f.Outbound(ref), 1)
+	is.Equal(f.Messages(ref)[0].StatusCallback, callback+"?ref="+ref) // the callback still names the task
+}
+
+// Only a 201 is Twilio's documented proof; another 2xx without a sid stays uncertain.
+func TestTwilioClassifyOther2xxWithoutSid(t *testing.T) {
+	is := is.New(t)
+	is.Equal(twilio.Classify(201, nil, []byte(`{"sid":"SMab`)).Outcome, delivery.OutcomeAccepted)
+	is.Equal(twilio.Classify(200, nil, []byte(`{"sid":"SMab`)).Outcome, delivery.OutcomeMalformed)
+	is.Equal(twilio.Classify(200, nil, []byte(`{"sid":"SMab"}`)).ProviderMsgID, "SMab")
+}
+
+// Account states an operator fixes are ACCOUNT_REFUSED, naming the cause and never a secret: the
+// credential (401, 20003), an inactive account (20005, 10001), a From that is not the account's (21606).
+func TestTwilioAccountStates(t *testing.T) {
+	for name, tc := range map[string]struct {
+		setup  func(f *fakes.Twilio)
+		mod    func(*twilio.Options)
+		detail string
+	}{
+		"bad secret 20003": {mod: func(o *twilio.Options) { o.Password = "wrong-secret-x" }, detail: "refused the credentials"},
+		"suspended 20005":  {setup: func(f *fakes.Twilio) { f.Suspend(true) }, detail: "20005"},
+		"from not owned 21606": {setup: func(f *fakes.Twilio) { f.SetOwnedNumbers("+15017122662") },
+			detail: "From number is not a message-capable Twilio number"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			is := is.New(t)
+			f := start(t)
+			if tc.setup != nil {
+				tc.setup(f)
+			}
+			obs := send(client(t, f.URL(), tc.mod), 5*time.Second)
+			is.Equal(obs.Outcome, delivery.OutcomeAccountRefused)
+			is.True(strings.Contains(obs.Detail, tc.detail))
+			for _, secret := range []string{apiSecret, authToken, "wrong-secret-x", number} {
+				is.True(!strings.Contains(obs.Detail, secret)) // no credential, no phone number
+			}
+			is.Equal(f.Outbound(ref), 0) // nothing queued
+		})
+	}
+	is := is.New(t)
+	for code, want := range map[string]delivery.Outcome{
+		`{"code":10001,"status":403}`: delivery.OutcomeAccountRefused,
+		`{"code":20003,"status":401}`: delivery.OutcomeAccountRefused,
+		`{"code":21211,"status":400}`: delivery.OutcomeRejected,
+	} {
+		is.Equal(twilio.Classify(400, nil, []byte(code)).Outcome, want) // by Twilio's code
+	}
+	is.Equal(twilio.Classify(403, nil, nil).Outcome, delivery.OutcomeAccountRefused)
 }
 
 func TestTwilioDocumentedErrors(t *testing.T) {
@@ -116,8 +177,6 @@ func TestTwilioDocumentedErrors(t *testing.T) {
 		{name: "invalid To 21211", to: "12345", want: delivery.OutcomeRejected, detail: "21211"},
 		{name: "unsubscribed 21610", setup: func(f *fakes.Twilio) { f.SetUnsubscribed(number) },
 			want: delivery.OutcomeRejected, unregistered: true, detail: "21610"},
-		{name: "bad secret 20003", mod: func(o *twilio.Options) { o.Password = "wrong-secret-x" },
-			want: delivery.OutcomeRejected, detail: "refused the credentials"},
 		{name: "another account 20404", mod: func(o *twilio.Options) { o.AccountSID = "AC" + strings.Repeat("f", 32) },
 			want: delivery.OutcomeRejected, detail: "20404"},
 		{name: "429", setup: func(f *fakes.Twilio) { f.ScriptSend(ref, fakes.Step{Status: 429, RetryAfter: "7"}) },
