@@ -116,6 +116,10 @@ func TestWorkChannelsConfigErrors(t *testing.T) {
 			nil, []string{`channel "email"`, "secrets only from password_env/password_file"}},
 		{"unknown key", pushTable + "retries = 5\n", nil, []string{`channel "push"`, `unknown key "retries"`}},
 		{"defined twice", pushTable, []string{"--channel", "push=idempotent," + push.URL()}, []string{`channel "push"`, "also defined in --channels"}},
+		{"bad allowed_networks", pushTable + "[channels.hooks]\nkind = \"webhook\"\nsecret_env = \"PATH\"\nallowed_networks = [\"127.0.0.0/8\", \"10.0.0.0/33\"]\n",
+			nil, []string{`channel "hooks"`, `allowed_networks: "10.0.0.0/33" is not a CIDR network`}},
+		{"allowed_networks on an operator's url", pushTable + "allowed_networks = [\"10.0.0.0/8\"]\n",
+			nil, []string{`channel "push"`, `allowed_networks does not apply to kind "http"`}},
 		{"syntax error", "[channels.push\n", nil, []string{"invalid --channels", "channels.toml"}},
 	}
 	for _, tc := range cases {
