@@ -372,3 +372,20 @@ func TestChannelWebhookSecret(t *testing.T) {
 	_, err := webhook.New(secret, webhook.Options{AllowedNetworks: httpkit.Loopback})
 	is.NoErr(err) // a 32-byte secret is fine
 }
+
+// TestChannelWebhookRefusesInternalAddress: by default the webhook's client refuses a receiver on
+// this machine (the egress policy): REJECTED naming the network, and the receiver sees no connection.
+func TestChannelWebhookRefusesInternalAddress(t *testing.T) {
+	is := is.New(t)
+	secret, key := newSecret(t)
+	r := newReceiver(t, key)
+	c, err := webhook.New(secret, webhook.Options{})
+	is.NoErr(err) // client with the default policy
+
+	obs := send(t, c, message(r.srv.URL+"/hooks/u1"), 5*time.Second)
+	is.Equal(obs.Outcome, delivery.OutcomeRejected) // a certain refusal
+	is.Equal(obs.Detail, "destination 127.0.0.1 is in a refused network (loopback); allowed_networks opts a network in")
+	requests, _ := r.counts()
+	is.Equal(requests, 0)        // nothing reached the receiver
+	is.Equal(r.conns.Count(), 0) // not even a connection
+}

@@ -331,3 +331,19 @@ func TestChannelWebPushGateway(t *testing.T) {
 	is.Equal(webpush.Classify(504, http.Header{}, nil).Outcome, delivery.OutcomeGatewayError)
 	is.Equal(webpush.Classify(503, http.Header{}, nil).Outcome, delivery.OutcomeHTTP5xx)
 }
+
+// TestChannelWebPushRefusesInternalEndpoint: by default a subscription whose endpoint is on this
+// machine is refused (the egress policy): REJECTED naming the network, no connection to the service.
+func TestChannelWebPushRefusesInternalEndpoint(t *testing.T) {
+	is := is.New(t)
+	key := vapidKey(t)
+	p := newPushService(t, &key.PublicKey)
+	c, err := webpush.New(webpush.Options{VAPIDKey: key, Subject: "mailto:ops@example.com", CAFile: p.caFile})
+	is.NoErr(err) // client with the default policy
+
+	obs := send(c, message(p.subscribe(t, "phone"), time.Hour), 5*time.Second)
+	is.Equal(obs.Outcome, delivery.OutcomeRejected) // a certain refusal
+	is.True(strings.Contains(obs.Detail, "is in a refused network (loopback)"))
+	is.Equal(p.requestCount(), 0) // nothing reached the push service
+	is.Equal(p.connCount(), 0)    // not even a connection
+}
