@@ -34,6 +34,7 @@ import (
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
+	"github.com/notifierhq/notifier/service/httpkit"
 	"github.com/notifierhq/notifier/service/webhook"
 	"github.com/notifierhq/notifier/service/webpush"
 	"github.com/notifierhq/notifier/worker"
@@ -232,7 +233,7 @@ func TestWorkerWebhookDropOnReusedConnection(t *testing.T) {
 	pool := pgtest.NewDB(t)
 	n := service.NewNotifier(pool)
 	recv := newHookReceiver(t)
-	client, err := webhook.New("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", webhook.Options{})
+	client, err := webhook.New("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", webhook.Options{AllowedNetworks: httpkit.Loopback})
 	is.NoErr(err) // the adapter
 	_, err = n.SetPreference(context.Background(), "u1", "hooks", recv.srv.URL+"/hook", true)
 	is.NoErr(err) // the subscriber's URL
@@ -335,7 +336,7 @@ func TestWorkerWebPushDropOnReusedConnection(t *testing.T) {
 			recv := newPushReceiver(t)
 			key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 			is.NoErr(err) // the VAPID key
-			client, err := webpush.New(webpush.Options{VAPIDKey: key, Subject: "mailto:ops@example.com", CAFile: recv.caFile})
+			client, err := webpush.New(webpush.Options{VAPIDKey: key, Subject: "mailto:ops@example.com", CAFile: recv.caFile, AllowedNetworks: httpkit.Loopback})
 			is.NoErr(err) // the adapter
 			_, err = n.SetPreference(context.Background(), "u1", "browser", recv.subscription(t), true)
 			is.NoErr(err) // the browser's subscription

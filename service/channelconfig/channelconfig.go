@@ -15,6 +15,11 @@
 //	rate_limit = "50/s"           # calls per s, min or h, shared by every worker (any kind)
 //	burst = 10                    # calls that may go out at once (default: one second's worth, at least 1)
 //
+// The kinds whose destination a user supplies (webhook, webpush) refuse internal addresses when
+// dialling (service/httpkit, Egress); their allowed_networks key opts networks in:
+//
+//	allowed_networks = ["10.20.0.0/16", "fd00:1::/64"]   # webhook, webpush: a private receiver
+//
 // Everything is checked when the file is loaded, so a worker refuses to start rather than fail on
 // its first task: unknown keys, keys that do not apply to the channel's kind, a mode that claims more
 // than the kind's protocol offers (a webhook cannot be queried; Web Push and SMTP have neither keys
@@ -27,6 +32,7 @@ package channelconfig
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -38,6 +44,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/notifierhq/notifier/service/delivery"
+	"github.com/notifierhq/notifier/service/httpkit"
 )
 
 // channel is the part of a [channels.NAME] table every kind reads: the kind, the mode, the contract
@@ -386,6 +393,12 @@ func (l loader) secret(name, env, file string) (string, error) {
 		return v, nil
 	}
 	return "", fmt.Errorf("%s_env or %s_file: required", name, name)
+}
+
+// allowedNetworks reads the allowed_networks key of the kinds with user-supplied destinations.
+func allowedNetworks(cidrs []string) ([]netip.Prefix, error) {
+	nets, err := httpkit.ParseNetworks(cidrs)
+	return nets, keyErr("allowed_networks", err)
 }
 
 func (l loader) path(p string) string {

@@ -12,6 +12,8 @@ type webhookConfig struct {
 	CAFile     string `toml:"ca_file"`
 	SecretEnv  string `toml:"secret_env"`
 	SecretFile string `toml:"secret_file"`
+	// AllowedNetworks opts in networks the egress policy refuses (a receiver on a private network).
+	AllowedNetworks []string `toml:"allowed_networks"`
 }
 
 func init() {
@@ -25,7 +27,11 @@ func init() {
 		if err != nil {
 			return nil, err
 		}
-		client, err := webhook.New(secret, webhook.Options{CAFile: l.path(c.CAFile)})
+		allowed, err := allowedNetworks(c.AllowedNetworks)
+		if err != nil {
+			return nil, err
+		}
+		client, err := webhook.New(secret, webhook.Options{CAFile: l.path(c.CAFile), AllowedNetworks: allowed})
 		return client, keyErr("secret", err)
 	})
 }

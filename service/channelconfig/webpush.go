@@ -17,6 +17,8 @@ type webpushConfig struct {
 	VAPIDPrivateKeyFile string `toml:"vapid_private_key_file"`
 	VAPIDSubject        string `toml:"vapid_subject"`
 	Urgency             string `toml:"urgency"`
+	// AllowedNetworks opts in networks the egress policy refuses (a push service on a private network).
+	AllowedNetworks []string `toml:"allowed_networks"`
 }
 
 func init() {
@@ -37,8 +39,12 @@ func init() {
 		if c.VAPIDSubject == "" {
 			return nil, errors.New("vapid_subject: required (mailto:address or an https URL the push service can use to reach you)")
 		}
+		allowed, err := allowedNetworks(c.AllowedNetworks)
+		if err != nil {
+			return nil, err
+		}
 		client, err := webpush.New(webpush.Options{VAPIDKey: key, Subject: c.VAPIDSubject,
-			Urgency: webpush.Urgency(c.Urgency), CAFile: l.path(c.CAFile)})
+			Urgency: webpush.Urgency(c.Urgency), CAFile: l.path(c.CAFile), AllowedNetworks: allowed})
 		return client, keyErr("webpush", err)
 	})
 }

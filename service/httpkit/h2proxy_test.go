@@ -17,6 +17,7 @@ const (
 	flagEndStream  = 0x1
 	flagAck        = 0x1
 	codeProtocol   = 0x1
+	codeRefused    = 0x7 // REFUSED_STREAM
 )
 
 // h2Proxy relays cleartext HTTP/2 (h2c, prior knowledge) between a client and a server, frame by
@@ -32,10 +33,11 @@ type h2Proxy struct {
 	// resetNth: on the first connection, reset the stream of the nth request (1-based) with
 	// PROTOCOL_ERROR once its last frame went to the server and counted is closed; then injected is
 	// closed. 0: no reset.
-	resetNth int
-	counted  chan struct{}
-	injected chan struct{}
-	pingAck  chan struct{} // a client acknowledged the proxy's own PING
+	resetNth  int
+	resetCode uint32 // the reset's error code; 0: PROTOCOL_ERROR
+	counted   chan struct{}
+	injected  chan struct{}
+	pingAck   chan struct{} // a client acknowledged the proxy's own PING
 }
 
 // pingData marks the proxy's own PING, whose ACK is not the server's business.
@@ -139,7 +141,11 @@ func (p *h2Proxy) clientToServer(index int, pc *h2ProxyConn, server net.Conn) {
 		}
 		if target != 0 && stream == target && flags&flagEndStream != 0 {
 			<-p.counted // the server has the whole request and counted it
-			_ = pc.write(frame(frameRSTStream, 0, target, binary.BigEndian.AppendUint32(nil, codeProtocol)))
+			code := p.resetCode
+			if code == 0 {
+				code = codeProtocol
+			}
+			_ = pc.write(frame(frameRSTStream, 0, target, binary.BigEndian.AppendUint32(nil, code)))
 			close(p.injected)
 			target = 0
 		}

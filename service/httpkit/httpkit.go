@@ -3,7 +3,8 @@
 //
 //   - One transport: TLS always verified (TLS 1.2 or later, extra roots from a CA file), the proxy
 //     from the environment, bounded dial and handshake, a keep-alive pool, HTTP/2 over https (ALPN)
-//     and HTTP/1.1 otherwise.
+//     and HTTP/1.1 otherwise. For destinations users supply, an Egress policy refuses internal
+//     addresses as they are dialled (a certain refusal: REJECTED), and no proxy is used.
 //   - At most one request on the wire per Do. net/http's Transport sends a request again by itself
 //     when a kept-alive connection breaks and it judges the request replayable: over HTTP/1 any GET,
 //     and any request carrying an Idempotency-Key or X-Idempotency-Key header, whose body it can
@@ -16,7 +17,9 @@
 //   - When no answer came, what is known about the request: nothing of it written (no connection,
 //     failed TLS, a proxy refusing CONNECT, a timeout before writing) is CONNECT_FAILED, certain; once
 //     any of it may have been written, a timeout is TIMEOUT and a broken connection IO_ERROR, both
-//     uncertain. Do traces the request (net/http/httptrace) to know which.
+//     uncertain. Do traces the request (net/http/httptrace) to know which. An HTTP/2 stream the
+//     server refused (REFUSED_STREAM) or left out of its GOAWAY's last stream id was not processed
+//     (RFC 9113 section 8.7): CONNECT_FAILED too.
 //   - The answer: the status line decides, and the body (read within the caller's context, at most
 //     MaxResponseBytes) only adds to it. 429, 5xx and gateways' answers are read alike by every adapter
 //     (Response.ServerAnswer); a 2xx whose body could not be read is never a certain failure
@@ -70,6 +73,10 @@ type Options struct {
 	// connection per call in flight to a provider (its window, 1024 by default): a smaller pool would
 	// close most of them after each answer and dial, and shake hands, again for the next call.
 	MaxIdleConnsPerHost int
+	// Egress, for destinations users supply, refuses internal addresses when dialling (see Egress).
+	// Such a transport uses no forward proxy: with Egress, Proxy must be nil and the environment's
+	// proxy settings are ignored.
+	Egress *Egress
 }
 
 // TLSConfig is the TLS setup of every adapter (SMTP's STARTTLS too): verification always on, TLS 1.2 or
@@ -105,8 +112,15 @@ func NewTransport(opt Options) (*http.Transport, error) {
 	if err != nil {
 		return nil, err
 	}
-	proxy := opt.Proxy
-	if proxy == nil {
+	proxy, dial := opt.Proxy, dialer.DialContext
+	if opt.Egress != nil {
+		if proxy != nil {
+			return nil, fmt.Errorf("%w: a forward proxy dials the destination itself, out of the egress policy's sight", delivery.ErrInvalidInput)
+		}
+		guarded := dialer
+		guarded.ControlContext = opt.Egress.control
+		dial = guarded.DialContext
+	} else if proxy == nil {
 		proxy = http.ProxyFromEnvironment
 	}
 	idle := opt.MaxIdleConnsPerHost
@@ -115,7 +129,7 @@ func NewTransport(opt Options) (*http.Transport, error) {
 	}
 	return &http.Transport{
 		Proxy:               recordProxy(proxy),
-		DialContext:         dialer.DialContext,
+		DialContext:         dial,
 		TLSClientConfig:     tlsConf,
 		TLSHandshakeTimeout: 5 * time.Second,
 		// A custom TLS config turns HTTP/2 off unless asked for: https channels get it by ALPN.
@@ -186,6 +200,9 @@ type callKey struct{}
 
 // recordProxy wraps the transport's proxy choice to note it on the request's call.
 func recordProxy(next func(*http.Request) (*url.URL, error)) func(*http.Request) (*url.URL, error) {
+	if next == nil {
+		return nil // no proxy
+	}
 	return func(req *http.Request) (*url.URL, error) {
 		u, err := next(req)
 		if c, ok := req.Context().Value(callKey{}).(*call); ok && err == nil && u != nil {
@@ -318,6 +335,15 @@ const errCannotRewind = "net/http: cannot rewind body after connection loss"
 // have been written, the channel may have the request: TIMEOUT when the deadline passed, otherwise
 // IO_ERROR.
 func transportObservation(ctx context.Context, err error, p Progress) delivery.Observation {
+	var refused *RefusedError
+	if errors.As(err, &refused) {
+		// The Egress policy refused the address before connecting: no request, no answer to quote.
+		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: refused.Error()}
+	}
+	if why := notProcessed(err); why != "" {
+		return delivery.Observation{Outcome: delivery.OutcomeConnectFailed,
+			Detail: "not processed (" + why + "): " + redact.Error(err)}
+	}
 	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded) || IsTimeout(err)
 	if !p.Wrote && err.Error() == errCannotRewind {
 		// The transport proved nothing of the request was written and could not send it again.
@@ -350,6 +376,43 @@ func transportObservation(ctx context.Context, err error, p Progress) delivery.O
 	}
 	return delivery.Observation{Outcome: delivery.OutcomeIOError,
 		Detail: where + " broke after the request was sent, without an answer: " + redact.Error(err)}
+}
+
+// The texts of net/http's HTTP/2 errors for a stream the server did not process (h2_bundle.go). The
+// transport would resend such a request (http2canRetryError) but cannot rewind our body (see
+// newRequest), so it returns its error inside errCannotRetryPrefix's text, formatted with %v: only
+// the text is left to match, as the types are not exported. Should a text change, such a call is
+// reported IO_ERROR, uncertain, which is safe.
+const (
+	errCannotRetryPrefix = "http2: Transport: cannot retry err ["
+	// A RST_STREAM with REFUSED_STREAM: http2StreamError's text ends with its code, then the cause.
+	refusedStreamCode = "; REFUSED_STREAM"
+	// A GOAWAY whose last stream id is below the stream (setGoAway): with NO_ERROR, or the stream
+	// being the connection's first, with this prefix and the error code.
+	errGotGoAway     = "http2: Transport received Server's graceful shutdown GOAWAY"
+	errGoAwayOnFirst = "http2: Transport received GOAWAY from server ErrCode:"
+)
+
+// notProcessed names why an HTTP/2 server certainly did not process the request, or returns "":
+// RFC 9113 section 8.7 makes a stream reset with REFUSED_STREAM, and one above the last stream id of
+// a GOAWAY, unprocessed, so it can be sent again safely. Another reset (PROTOCOL_ERROR, say), or a
+// GOAWAY that covers the stream and a broken connection after it, says nothing of the sort.
+func notProcessed(err error) string {
+	msg := err.Error()
+	if inner, ok := strings.CutPrefix(msg, errCannotRetryPrefix); ok {
+		inner, _, _ = strings.Cut(inner, "] after Request.Body was written")
+		if strings.HasPrefix(inner, "stream error: ") && strings.Contains(inner, refusedStreamCode) {
+			return "HTTP/2 REFUSED_STREAM"
+		}
+		if inner == errGotGoAway {
+			return "HTTP/2 GOAWAY below this stream"
+		}
+		return ""
+	}
+	if strings.HasPrefix(msg, errGoAwayOnFirst) {
+		return "HTTP/2 GOAWAY below this stream"
+	}
+	return ""
 }
 
 // IsTimeout reports whether err is a deadline's: context.DeadlineExceeded anywhere in its chain, or

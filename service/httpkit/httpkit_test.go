@@ -620,3 +620,85 @@ func TestBasicAuthFromURL(t *testing.T) {
 	is.Equal(pass, "p@ss/w rd") // and the password, decoded
 	is.Equal(uri, "/send")      // and nothing of them in the request line
 }
+
+// TestHTTP2RefusedStreamIsNotProcessed: a stream reset with REFUSED_STREAM was not processed (RFC
+// 9113 section 8.7), so the call is CONNECT_FAILED, certain and retried by the dispatcher; the
+// transport does not resend it by itself (one request on the wire).
+func TestHTTP2RefusedStreamIsNotProcessed(t *testing.T) {
+	for _, v := range replayable {
+		t.Run(v.name, func(t *testing.T) {
+			is := is.New(t)
+			var seen counter
+			var proxy *h2Proxy
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				if seen.add(r.URL.Path) == 1 && r.URL.Path == "/second" {
+					close(proxy.counted)
+					select {
+					case <-proxy.injected:
+					case <-time.After(10 * time.Second):
+					}
+					panic(http.ErrAbortHandler)
+				}
+				_, _ = w.Write([]byte(`{"id":"m-1"}`))
+			}))
+			srv.Config.Protocols = new(http.Protocols)
+			srv.Config.Protocols.SetUnencryptedHTTP2(true)
+			srv.Start()
+			defer srv.Close()
+			proxy = startH2Proxy(t, srv.Listener.Addr().String())
+			proxy.resetNth, proxy.resetCode = 2, codeRefused
+			kit := h2cKit(t, false)
+
+			resp, _ := kit.Do(ctxFor(t, 5*time.Second), v.request(proxy.URL()+"/first"))
+			is.True(resp != nil) // answered, over the one connection
+			resp, obs := kit.Do(ctxFor(t, 5*time.Second), v.request(proxy.URL()+"/second"))
+			t.Logf("observed %+v", obs)
+			is.True(resp == nil)                                                           // no answer
+			is.Equal(obs.Outcome, delivery.OutcomeConnectFailed)                           // certainly not processed
+			is.True(strings.Contains(obs.Detail, "not processed (HTTP/2 REFUSED_STREAM)")) // says why
+			is.Equal(seen.get("/second"), 1)                                               // and not resent by the transport
+			is.Equal(proxy.connCount(), 1)
+		})
+	}
+}
+
+// TestHTTP2GoAwayBelowTheStreamIsNotProcessed: a GOAWAY whose last stream id is below a stream in
+// flight says the server will not process it (RFC 9113 section 8.7): CONNECT_FAILED, not resent. A
+// stream the GOAWAY covers and whose connection then breaks stays uncertain (the PROTOCOL_ERROR and
+// kept-alive tests above).
+func TestHTTP2GoAwayBelowTheStreamIsNotProcessed(t *testing.T) {
+	is := is.New(t)
+	var seen counter
+	held, release := make(chan struct{}), make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if seen.add(r.URL.Path) == 1 && r.URL.Path == "/held" {
+			close(held)
+			<-release
+		}
+		_, _ = w.Write([]byte("ok"))
+	}))
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	defer srv.Close()
+	defer close(release)
+	proxy := startH2Proxy(t, srv.Listener.Addr().String())
+	kit := h2cKit(t, false)
+
+	warm, _ := kit.Do(ctxFor(t, 5*time.Second), replayable[0].request(proxy.URL()+"/warm"))
+	is.True(warm != nil) // stream 1
+	done := make(chan delivery.Observation, 1)
+	go func() {
+		_, obs := kit.Do(ctxFor(t, 10*time.Second), replayable[0].request(proxy.URL()+"/held"))
+		done <- obs
+	}()
+	<-held                              // stream 3 is in flight
+	is.NoErr(proxy.goAwayAndWait(0, 1)) // the "server" will process nothing after stream 1
+	obs := <-done
+	t.Logf("observed %+v", obs)
+	is.Equal(obs.Outcome, delivery.OutcomeConnectFailed)                                     // certainly not processed
+	is.True(strings.Contains(obs.Detail, "not processed (HTTP/2 GOAWAY below this stream)")) // says why
+	is.Equal(seen.get("/held"), 1)                                                           // not resent by the transport
+}

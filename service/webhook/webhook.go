@@ -12,7 +12,8 @@
 // (service/httpkit, Response.Unreadable); 429 -> THROTTLED (Retry-After honoured); 502, 504, and a
 // 5xx that a forward proxy gave a plain-http request -> GATEWAY_ERROR (uncertain: the gateway may have
 // passed the webhook on); other 5xx -> HTTP_5XX; 3xx (redirects are never followed) and other 4xx ->
-// REJECTED; no connection or nothing of the request written -> CONNECT_FAILED; client timeout after
+// REJECTED; a destination in a network the egress policy refuses (loopback, private, link-local,
+// ...: httpkit.Egress) -> REJECTED, before connecting; no connection or nothing of the request written -> CONNECT_FAILED; client timeout after
 // that -> TIMEOUT; a broken connection -> IO_ERROR. Each attempt puts at most one request on the wire
 // (service/httpkit). Standard Webhooks does not promise that a 5xx or 429 comes before the receiver
 // acted on the message; the resend carries the same webhook-id, so that only matters once the attempt
@@ -28,6 +29,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -50,6 +52,9 @@ const (
 // Options tune the transport. The zero value verifies TLS against the system roots.
 type Options struct {
 	CAFile string // extra PEM roots for private receivers; verification stays on
+	// AllowedNetworks opts networks in that the egress policy refuses (httpkit.Egress): a receiver
+	// on a private network. Every other loopback, private, link-local, ... address is refused.
+	AllowedNetworks []netip.Prefix
 	// Now is the clock for webhook-timestamp and the payload's timestamp (tests); default time.Now.
 	Now func() time.Time
 }
@@ -68,7 +73,8 @@ func New(secret string, opt Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	kit, err := httpkit.New(httpkit.Options{CAFile: opt.CAFile, MaxIdleConnsPerHost: 16})
+	kit, err := httpkit.New(httpkit.Options{CAFile: opt.CAFile, MaxIdleConnsPerHost: 16,
+		Egress: &httpkit.Egress{Allowed: opt.AllowedNetworks}})
 	if err != nil {
 		return nil, err
 	}

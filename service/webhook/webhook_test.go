@@ -23,6 +23,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/service/delivery"
+	"github.com/notifierhq/notifier/service/httpkit"
 	"github.com/notifierhq/notifier/service/webhook"
 )
 
@@ -173,7 +174,7 @@ func TestChannelWebhookAccept(t *testing.T) {
 	is := is.New(t)
 	secret, key := newSecret(t)
 	r := newReceiver(t, key)
-	c, err := webhook.New(secret, webhook.Options{})
+	c, err := webhook.New(secret, webhook.Options{AllowedNetworks: httpkit.Loopback})
 	is.NoErr(err) // client
 
 	obs := send(t, c, message(r.srv.URL+"/hooks/u1"), 5*time.Second)
@@ -197,7 +198,7 @@ func TestChannelWebhookReject(t *testing.T) {
 	is := is.New(t)
 	secret, key := newSecret(t)
 	r := newReceiver(t, key)
-	c, err := webhook.New(secret, webhook.Options{})
+	c, err := webhook.New(secret, webhook.Options{AllowedNetworks: httpkit.Loopback})
 	is.NoErr(err) // client
 
 	r.set(func(r *receiver) { r.rejectWith = http.StatusBadRequest })
@@ -227,7 +228,7 @@ func TestChannelWebhookTimeoutThenResendDeduped(t *testing.T) {
 	is := is.New(t)
 	secret, key := newSecret(t)
 	r := newReceiver(t, key)
-	c, err := webhook.New(secret, webhook.Options{})
+	c, err := webhook.New(secret, webhook.Options{AllowedNetworks: httpkit.Loopback})
 	is.NoErr(err) // client
 	msg := message(r.srv.URL + "/hooks/u1")
 
@@ -251,7 +252,7 @@ func TestChannelWebhookDropOnKeptAliveConnection(t *testing.T) {
 	is := is.New(t)
 	secret, key := newSecret(t)
 	r := newReceiver(t, key)
-	c, err := webhook.New(secret, webhook.Options{})
+	c, err := webhook.New(secret, webhook.Options{AllowedNetworks: httpkit.Loopback})
 	is.NoErr(err) // client
 	warm := message(r.srv.URL + "/hooks/u1")
 	warm.IdempotencyKey = "ntf-task-6"
@@ -289,7 +290,7 @@ func TestChannelWebhookBadSignature(t *testing.T) {
 	_, key := newSecret(t)
 	r := newReceiver(t, key)
 	otherSecret, _ := newSecret(t)
-	wrong, err := webhook.New(otherSecret, webhook.Options{})
+	wrong, err := webhook.New(otherSecret, webhook.Options{AllowedNetworks: httpkit.Loopback})
 	is.NoErr(err) // client with the wrong secret
 
 	obs := send(t, wrong, message(r.srv.URL), 5*time.Second)
@@ -299,7 +300,7 @@ func TestChannelWebhookBadSignature(t *testing.T) {
 	is.Equal(n, 0) // nothing delivered
 
 	rightSecret := webhook.SecretPrefix + base64.StdEncoding.EncodeToString(key)
-	stale, err := webhook.New(rightSecret, webhook.Options{Now: func() time.Time { return time.Now().Add(-10 * time.Minute) }})
+	stale, err := webhook.New(rightSecret, webhook.Options{AllowedNetworks: httpkit.Loopback, Now: func() time.Time { return time.Now().Add(-10 * time.Minute) }})
 	is.NoErr(err) // client with a slow clock
 	obs = send(t, stale, message(r.srv.URL), 5*time.Second)
 	is.Equal(obs.Outcome, delivery.OutcomeRejected) // timestamp outside the tolerance
@@ -328,7 +329,7 @@ func TestChannelWebhookBadSignature(t *testing.T) {
 func TestChannelWebhookTransport(t *testing.T) {
 	is := is.New(t)
 	secret, _ := newSecret(t)
-	c, err := webhook.New(secret, webhook.Options{})
+	c, err := webhook.New(secret, webhook.Options{AllowedNetworks: httpkit.Loopback})
 	is.NoErr(err) // client
 
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -363,11 +364,28 @@ func TestChannelWebhookSecret(t *testing.T) {
 		"whsec_not base64!",                // not base64
 		"whsec_" + base64.StdEncoding.EncodeToString([]byte("short")), // too short
 	} {
-		_, err := webhook.New(bad, webhook.Options{})
+		_, err := webhook.New(bad, webhook.Options{AllowedNetworks: httpkit.Loopback})
 		is.True(errors.Is(err, delivery.ErrInvalidInput))             // refused
 		is.True(bad == "" || !strings.Contains(err.Error(), bad[6:])) // without echoing the secret
 	}
 	secret, _ := newSecret(t)
-	_, err := webhook.New(secret, webhook.Options{})
+	_, err := webhook.New(secret, webhook.Options{AllowedNetworks: httpkit.Loopback})
 	is.NoErr(err) // a 32-byte secret is fine
+}
+
+// TestChannelWebhookRefusesInternalAddress: by default the webhook's client refuses a receiver on
+// this machine (the egress policy): REJECTED naming the network, and the receiver sees no connection.
+func TestChannelWebhookRefusesInternalAddress(t *testing.T) {
+	is := is.New(t)
+	secret, key := newSecret(t)
+	r := newReceiver(t, key)
+	c, err := webhook.New(secret, webhook.Options{})
+	is.NoErr(err) // client with the default policy
+
+	obs := send(t, c, message(r.srv.URL+"/hooks/u1"), 5*time.Second)
+	is.Equal(obs.Outcome, delivery.OutcomeRejected) // a certain refusal
+	is.Equal(obs.Detail, "destination 127.0.0.1 is in a refused network (loopback); allowed_networks opts a network in")
+	requests, _ := r.counts()
+	is.Equal(requests, 0)        // nothing reached the receiver
+	is.Equal(r.conns.Count(), 0) // not even a connection
 }

@@ -21,9 +21,10 @@
 // them changes nothing (service/httpkit, Response.Unreadable); 404 and 410 -> REJECTED (the
 // subscription is gone: the browser must subscribe again); 413 -> REJECTED (payload too large); 429 ->
 // THROTTLED (Retry-After honoured); 502, 504, and a 5xx a forward proxy gave -> GATEWAY_ERROR
-// (uncertain); other 5xx -> HTTP_5XX; 3xx (redirects are never followed) and other 4xx -> REJECTED; no
-// connection or nothing of the request written -> CONNECT_FAILED; client timeout after that ->
-// TIMEOUT; broken connection -> IO_ERROR. Each attempt puts at most one request on the wire
+// (uncertain); other 5xx -> HTTP_5XX; 3xx (redirects are never followed) and other 4xx -> REJECTED; an
+// endpoint in a network the egress policy refuses (loopback, private, link-local, ...:
+// httpkit.Egress) -> REJECTED, before connecting; no connection or nothing of the request written ->
+// CONNECT_FAILED; client timeout after that -> TIMEOUT; broken connection -> IO_ERROR. Each attempt puts at most one request on the wire
 // (service/httpkit): HTTP/2, which push services speak, would otherwise resend after some stream resets.
 package webpush
 
@@ -46,6 +47,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -100,7 +102,10 @@ type Options struct {
 	Subject  string            // VAPID "sub": a mailto: or https: URL where the push service can reach the operator
 	Urgency  Urgency           // default normal
 	CAFile   string            // extra PEM roots (tests, private push services); verification stays on
-	Now      func() time.Time  // clock for TTL and the VAPID expiry (tests); default time.Now
+	// AllowedNetworks opts networks in that the egress policy refuses (httpkit.Egress): a private
+	// push service. Every other loopback, private, link-local, ... endpoint address is refused.
+	AllowedNetworks []netip.Prefix
+	Now             func() time.Time // clock for TTL and the VAPID expiry (tests); default time.Now
 }
 
 // Client sends Web Push messages. Safe for concurrent use.
@@ -131,7 +136,7 @@ func New(opt Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	kit, err := httpkit.New(httpkit.Options{CAFile: opt.CAFile})
+	kit, err := httpkit.New(httpkit.Options{CAFile: opt.CAFile, Egress: &httpkit.Egress{Allowed: opt.AllowedNetworks}})
 	if err != nil {
 		return nil, err
 	}

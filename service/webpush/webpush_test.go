@@ -19,6 +19,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/service/delivery"
+	"github.com/notifierhq/notifier/service/httpkit"
 	"github.com/notifierhq/notifier/service/webpush"
 )
 
@@ -33,7 +34,7 @@ func vapidKey(t *testing.T) *ecdsa.PrivateKey {
 
 func newClient(t *testing.T, p *pushService, key *ecdsa.PrivateKey, now func() time.Time) *webpush.Client {
 	t.Helper()
-	c, err := webpush.New(webpush.Options{VAPIDKey: key, Subject: "mailto:ops@example.com", CAFile: p.caFile, Now: now})
+	c, err := webpush.New(webpush.Options{VAPIDKey: key, Subject: "mailto:ops@example.com", CAFile: p.caFile, AllowedNetworks: httpkit.Loopback, Now: now})
 	if err != nil {
 		t.Fatalf("client: %v", err)
 	}
@@ -70,7 +71,7 @@ func TestChannelWebPushAccept(t *testing.T) {
 	is.Equal(p.deliver("phone"), 1)                                                                     // one message stored
 	is.Equal(p.inbox("phone"), []webpush.Notification{{Ref: "task-7", Body: "Your order has shipped"}}) // decrypted by the device
 
-	high, err := webpush.New(webpush.Options{VAPIDKey: key, Subject: "https://example.com/contact", Urgency: webpush.UrgencyHigh, CAFile: p.caFile})
+	high, err := webpush.New(webpush.Options{VAPIDKey: key, Subject: "https://example.com/contact", Urgency: webpush.UrgencyHigh, CAFile: p.caFile, AllowedNetworks: httpkit.Loopback})
 	is.NoErr(err)                                                                                  // client with high urgency
 	is.Equal(send(high, message(sub, time.Hour), 5*time.Second).Outcome, delivery.OutcomeAccepted) // accepted
 	is.Equal(p.header().Get("Urgency"), "high")                                                    // urgency configured
@@ -114,7 +115,7 @@ func TestChannelWebPushReject(t *testing.T) {
 		}
 	}
 
-	untrusting, err := webpush.New(webpush.Options{VAPIDKey: key, Subject: "mailto:ops@example.com"})
+	untrusting, err := webpush.New(webpush.Options{VAPIDKey: key, Subject: "mailto:ops@example.com", AllowedNetworks: httpkit.Loopback})
 	is.NoErr(err) // a client without the test CA
 	obs = send(untrusting, message(sub2, time.Hour), 5*time.Second)
 	is.Equal(obs.Outcome, delivery.OutcomeConnectFailed) // certificate not verified: nothing was sent
@@ -329,4 +330,20 @@ func TestChannelWebPushGateway(t *testing.T) {
 	is.Equal(webpush.Classify(502, http.Header{}, nil).Outcome, delivery.OutcomeGatewayError)
 	is.Equal(webpush.Classify(504, http.Header{}, nil).Outcome, delivery.OutcomeGatewayError)
 	is.Equal(webpush.Classify(503, http.Header{}, nil).Outcome, delivery.OutcomeHTTP5xx)
+}
+
+// TestChannelWebPushRefusesInternalEndpoint: by default a subscription whose endpoint is on this
+// machine is refused (the egress policy): REJECTED naming the network, no connection to the service.
+func TestChannelWebPushRefusesInternalEndpoint(t *testing.T) {
+	is := is.New(t)
+	key := vapidKey(t)
+	p := newPushService(t, &key.PublicKey)
+	c, err := webpush.New(webpush.Options{VAPIDKey: key, Subject: "mailto:ops@example.com", CAFile: p.caFile})
+	is.NoErr(err) // client with the default policy
+
+	obs := send(c, message(p.subscribe(t, "phone"), time.Hour), 5*time.Second)
+	is.Equal(obs.Outcome, delivery.OutcomeRejected) // a certain refusal
+	is.True(strings.Contains(obs.Detail, "is in a refused network (loopback)"))
+	is.Equal(p.requestCount(), 0) // nothing reached the push service
+	is.Equal(p.connCount(), 0)    // not even a connection
 }
