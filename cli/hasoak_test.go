@@ -134,6 +134,10 @@ type haSoakRun struct {
 	sms     *fakes.Channel
 	none    *fakes.Channel
 
+	// inFlight holds a slot per create try in flight, as many as the pool has connections: a try
+	// starts its 5 s timeout only once it has one, instead of spending it queued on the pool.
+	inFlight chan struct{}
+
 	mu       sync.Mutex
 	answers  []createAnswer
 	tries    []createTry // every create call, answered or not
@@ -240,7 +244,8 @@ func runHASoak(t *testing.T, run haRun) haResult {
 		is.NoErr(err) // refs as before schema/016
 	}
 	s := &haSoakRun{t: t, run: run, cluster: cluster, pool: pool, n: service.NewNotifier(pool),
-		c: notifierCLI{t: t, dbURL: cluster.URL()}}
+		inFlight: make(chan struct{}, cfg.MaxConns),
+		c:        notifierCLI{t: t, dbURL: cluster.URL()}}
 	for i := range haUsers {
 		u := fmt.Sprintf("u%d", i+1)
 		for _, ch := range []string{"push", "sms", "none"} {
@@ -408,16 +413,21 @@ func (s *haSoakRun) load(ctx context.Context) <-chan struct{} {
 }
 
 // createUntilAnswered calls create until it answers (up to 2 minutes), as a client retrying its
-// submission through a failover would, and records the answer.
+// submission through a failover would, and records the answer. At most one try per pooled
+// connection is in flight (inFlight), and retries back off (retrySpacing): thousands of pending
+// submissions sharing one pool otherwise queue on it past every try's timeout, and none is answered
+// long after the new primary takes writes.
 func (s *haSoakRun) createUntilAnswered(user, event, body string) {
 	deadline := time.Now().Add(2 * time.Minute)
 	var retry retrySpacing
 	for time.Now().Before(deadline) {
+		s.inFlight <- struct{}{}
 		started := time.Now()
 		tr := &tryTrace{}
 		ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), tryTraceKey{}, tr), 5*time.Second)
 		id, created, tasks, err := s.n.Create(ctx, service.CreateRequest{UserID: user, EventKey: event, Body: body, TTL: time.Hour, MaxAttempts: 3})
 		cancel()
+		<-s.inFlight
 		try := createTry{started: started, took: time.Since(started)}
 		tr.mu.Lock()
 		try.host = tr.host
