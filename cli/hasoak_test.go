@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -13,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/matryer/is"
 
@@ -35,7 +39,13 @@ var (
 	haStall     = flag.Duration("ha.stall", 1500*time.Millisecond, "asynchronous controls: the walsender is stopped this long before the kill")
 	haLease     = flag.Duration("ha.lease", 0, "the workers' --lease (0: work's default, 30s)")
 	haDefaults  = flag.Bool("ha.default-timeouts", false, "keep pg_auto_failover's own failover timeouts (~50 s a failover)")
+	haBound     = flag.Duration("ha.bound", haFailoverBound, "the synchronous soak fails when a failover's kill -> a create answered takes longer (0: no bound)")
 )
+
+// haFailoverBound is the longest kill -> a create answered the synchronous soak accepts with the
+// lowered timeouts (docs/operations.md#failover-timing): the monitor's ~8-10 s to fail over, a create
+// try's 5 s timeout, with room for a loaded shared machine.
+const haFailoverBound = 30 * time.Second
 
 // haUsers each have push, sms and none: every event makes three tasks.
 const haUsers = 100
@@ -52,6 +62,14 @@ func TestHASoak(t *testing.T) {
 		is.Equal(r.failovers, *haFailovers) // every kill was followed by a new primary and a rejoin
 		is.Equal(r.v.total(), 0)            // no violation
 		is.True(r.v.tasks > 100)            // the soak did real work
+		if *haBound > 0 && !*haDefaults {
+			for i, d := range r.createAnswered {
+				if d < 0 || d > *haBound {
+					t.Errorf("failover %d: kill -> a create answered %s, above the bound of %s (docs/operations.md#failover-timing); -1s: no create answered",
+						i+1, d.Round(100*time.Millisecond), *haBound)
+				}
+			}
+		}
 	})
 	if !*haControl {
 		return
@@ -90,9 +108,10 @@ type haRun struct {
 
 // haResult is what a soak measured.
 type haResult struct {
-	v           *soakVerdict
-	failovers   int
-	lostCreates int
+	v              *soakVerdict
+	failovers      int
+	lostCreates    int
+	createAnswered []time.Duration // per failover: kill -> a create answered; -1 s when none was
 }
 
 func (r haResult) requestsWithoutRow() int {
@@ -115,9 +134,14 @@ type haSoakRun struct {
 	sms     *fakes.Channel
 	none    *fakes.Channel
 
+	// inFlight holds a slot per create try in flight, as many as the pool has connections: a try
+	// starts its 5 s timeout only once it has one, instead of spending it queued on the pool.
+	inFlight chan struct{}
+
 	mu       sync.Mutex
 	answers  []createAnswer
-	failures int // create calls that failed (and were retried, as a client would)
+	tries    []createTry // every create call, answered or not
+	failures int         // create calls that failed (and were retried, as a client would)
 	logs     []*syncBuffer
 	exits    []string // workers that exited by themselves (restarted, as systemd would)
 	stopping bool
@@ -130,6 +154,55 @@ type createAnswer struct {
 	id                int64
 	tasks             []service.TaskRef
 	started, answered time.Time
+}
+
+// createTry is one create call: how it ended, on which server, after how long.
+type createTry struct {
+	started  time.Time
+	took     time.Duration
+	err      string // "" when answered
+	sqlState string // the server's SQLSTATE, when it answered with an error
+	host     string // the server the last statement went to; "" when none was sent (no connection)
+	stmt     string // the statement in flight when the try ended with an error ("" when none was)
+}
+
+// tryTrace records, for one create call, which server its statements went to and which one was in
+// flight (haTracer fills it in; the call carries it in its context).
+type tryTrace struct {
+	mu         sync.Mutex
+	host, stmt string
+}
+
+type tryTraceKey struct{}
+
+// haTracer puts each statement's server and text into the tryTrace of its call's context.
+type haTracer struct{}
+
+func (haTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if tr, ok := ctx.Value(tryTraceKey{}).(*tryTrace); ok {
+		tr.mu.Lock()
+		tr.host, tr.stmt = conn.PgConn().Conn().RemoteAddr().String(), firstWord(data.SQL)
+		tr.mu.Unlock()
+	}
+	return ctx
+}
+
+func (haTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
+	if tr, ok := ctx.Value(tryTraceKey{}).(*tryTrace); ok && data.Err == nil {
+		tr.mu.Lock()
+		tr.stmt = ""
+		tr.mu.Unlock()
+	}
+}
+
+// firstWord is a statement's name as sqlc writes it ("-- name: NotificationCreate :one"), or its first word.
+func firstWord(sql string) string {
+	sql = strings.TrimSpace(sql)
+	if rest, ok := strings.CutPrefix(sql, "-- name: "); ok {
+		sql = rest
+	}
+	w, _, _ := strings.Cut(sql, " ")
+	return strings.ToLower(strings.TrimSpace(w))
 }
 
 // failover is what one kill of the primary cost.
@@ -160,6 +233,7 @@ func runHASoak(t *testing.T, run haRun) haResult {
 	cfg, err := pgxpool.ParseConfig(cluster.URL() + "&connect_timeout=2")
 	is.NoErr(err)
 	cfg.MaxConns = 16
+	cfg.ConnConfig.Tracer = haTracer{}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	is.NoErr(err)
 	t.Cleanup(pool.Close)
@@ -170,7 +244,8 @@ func runHASoak(t *testing.T, run haRun) haResult {
 		is.NoErr(err) // refs as before schema/016
 	}
 	s := &haSoakRun{t: t, run: run, cluster: cluster, pool: pool, n: service.NewNotifier(pool),
-		c: notifierCLI{t: t, dbURL: cluster.URL()}}
+		inFlight: make(chan struct{}, cfg.MaxConns),
+		c:        notifierCLI{t: t, dbURL: cluster.URL()}}
 	for i := range haUsers {
 		u := fmt.Sprintf("u%d", i+1)
 		for _, ch := range []string{"push", "sms", "none"} {
@@ -184,6 +259,10 @@ func runHASoak(t *testing.T, run haRun) haResult {
 	for _, ch := range []*fakes.Channel{s.push, s.sms, s.none} {
 		ch.SetFallback(latency, nil)
 	}
+	observeCtx, stopObserving := context.WithCancel(ctx)
+	observed := make(chan struct{})
+	go func() { defer close(observed); cluster.Observe(observeCtx, 250*time.Millisecond, t.Logf) }()
+	defer func() { stopObserving(); <-observed }()
 	stopWorkers := s.startWorkers(*haWorkers)
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	loadDone := s.load(loadCtx)
@@ -201,6 +280,7 @@ func runHASoak(t *testing.T, run haRun) haResult {
 		old, err := cluster.KillPrimary(ctx)
 		is.NoErr(err) // kill the primary node
 		f := failover{killed: old.Name, killedAt: time.Now()}
+		t.Logf("ha soak: failover %d: %s killed at %s", i+1, old.Name, f.killedAt.Format("15:04:05.000"))
 		if resume != nil {
 			resume() // its walsender died with it; nothing to thaw
 		}
@@ -224,8 +304,8 @@ func runHASoak(t *testing.T, run haRun) haResult {
 	v.add("R1 a create answered created=true without its row", lost)
 	v.add("R1 a task a create answered without its row", lostTasks)
 	v.add("R1 an event answered created=true more than once", twice)
-	s.report(failovers, v, drained)
-	return haResult{v: v, failovers: len(failovers), lostCreates: lost}
+	answered := s.report(failovers, v, drained)
+	return haResult{v: v, failovers: len(failovers), lostCreates: lost, createAnswered: answered}
 }
 
 // startWorkers runs n notifier work processes with work's defaults (lease 30 s, timeout 10 s, window
@@ -333,15 +413,30 @@ func (s *haSoakRun) load(ctx context.Context) <-chan struct{} {
 }
 
 // createUntilAnswered calls create until it answers (up to 2 minutes), as a client retrying its
-// submission through a failover would, and records the answer.
+// submission through a failover would, and records the answer. At most one try per pooled
+// connection is in flight (inFlight), and retries back off (retrySpacing): thousands of pending
+// submissions sharing one pool otherwise queue on it past every try's timeout, and none is answered
+// long after the new primary takes writes.
 func (s *haSoakRun) createUntilAnswered(user, event, body string) {
 	deadline := time.Now().Add(2 * time.Minute)
+	var retry retrySpacing
 	for time.Now().Before(deadline) {
+		s.inFlight <- struct{}{}
 		started := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		tr := &tryTrace{}
+		ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), tryTraceKey{}, tr), 5*time.Second)
 		id, created, tasks, err := s.n.Create(ctx, service.CreateRequest{UserID: user, EventKey: event, Body: body, TTL: time.Hour, MaxAttempts: 3})
 		cancel()
+		<-s.inFlight
+		try := createTry{started: started, took: time.Since(started)}
+		tr.mu.Lock()
+		try.host = tr.host
+		if err != nil {
+			try.err, try.sqlState, try.stmt = err.Error(), sqlStateOf(err), tr.stmt
+		}
+		tr.mu.Unlock()
 		s.mu.Lock()
+		s.tries = append(s.tries, try)
 		if err == nil {
 			s.answers = append(s.answers, createAnswer{user: user, event: event, created: created, id: id, tasks: tasks,
 				started: started, answered: time.Now()})
@@ -352,8 +447,26 @@ func (s *haSoakRun) createUntilAnswered(user, event, body string) {
 		if err == nil {
 			return
 		}
-		time.Sleep(time.Duration(200+rand.IntN(300)) * time.Millisecond)
+		time.Sleep(retry.next())
 	}
+}
+
+// haRetryFirst and haRetryMax space a client's create retries: from 250 ms, doubling up to 2 s, each
+// wait drawn at random up to the step (full jitter). A constant 200-500 ms between tries made a
+// failover's backlog of clients a retry storm that kept the pool's 16 connections queued longer
+// than a try's 5 s: every try timed out waiting for a connection, and creates answered 40-55 s
+// after the new primary took writes (docs/benchmarks/2026-12-05-failover-recovery.md).
+const (
+	haRetryFirst = 250 * time.Millisecond
+	haRetryMax   = 2 * time.Second
+)
+
+// retrySpacing is one client's backoff between create tries.
+type retrySpacing struct{ step time.Duration }
+
+func (r *retrySpacing) next() time.Duration {
+	r.step = min(max(2*r.step, haRetryFirst), haRetryMax)
+	return time.Duration(rand.Int64N(int64(r.step))) + 10*time.Millisecond
 }
 
 // drain waits until no task is PENDING, SENDING or unparked UNKNOWN, at most timeout.
@@ -414,7 +527,7 @@ func (s *haSoakRun) checkCreates() (lost, lostTasks, twice int) {
 // report prints each failover's times and the soak's counts. Failover time: from the kill to the
 // first create answered by the new primary. Recovery time: from the kill to the first message a fake
 // accepted after that (a claim and a call on the new primary).
-func (s *haSoakRun) report(failovers []failover, v *soakVerdict, drained bool) {
+func (s *haSoakRun) report(failovers []failover, v *soakVerdict, drained bool) (createAnswered []time.Duration) {
 	t := s.t
 	s.mu.Lock()
 	answers := slices.Clone(s.answers)
@@ -456,6 +569,11 @@ func (s *haSoakRun) report(failovers []failover, v *soakVerdict, drained bool) {
 	var writes, deliveries []time.Duration
 	for i, f := range failovers {
 		w, okW := firstAfter(answered, f.killedAt)
+		if okW {
+			createAnswered = append(createAnswered, w.Sub(f.killedAt))
+		} else {
+			createAnswered = append(createAnswered, -time.Second)
+		}
 		line := fmt.Sprintf("ha soak: failover %d: %s killed, %s promoted; harness saw writes after %.1f s", i+1, f.killed, f.promoted, f.harnessSaw.Seconds())
 		if okW {
 			writes = append(writes, w.Sub(f.killedAt))
@@ -466,6 +584,11 @@ func (s *haSoakRun) report(failovers []failover, v *soakVerdict, drained bool) {
 			}
 		}
 		t.Logf("%s; rejoined after %.1f s", line, f.rejoined.Seconds())
+		end := f.killedAt.Add(2 * time.Minute)
+		if okW {
+			end = w.Add(time.Second)
+		}
+		s.logTries(i+1, f.killedAt, end)
 	}
 	t.Logf("ha soak: failover min/median/max %s; recovery %s", spread(writes), spread(deliveries))
 	created, duplicates := 0, 0
@@ -493,6 +616,73 @@ func (s *haSoakRun) report(failovers []failover, v *soakVerdict, drained bool) {
 		t.Logf("ha soak: %s", e)
 	}
 	v.log(t)
+	return createAnswered
+}
+
+// logTries prints, second by second from the kill until end, how the create tries that started then
+// ended: answered or the error (SQLSTATE, the statement in flight), and on which server.
+func (s *haSoakRun) logTries(n int, killedAt, end time.Time) {
+	s.mu.Lock()
+	tries := slices.Clone(s.tries)
+	s.mu.Unlock()
+	type bucket struct {
+		tries   int
+		ends    map[string]int
+		maxTook time.Duration
+	}
+	var buckets []bucket
+	for _, tr := range tries {
+		if tr.started.Before(killedAt) || tr.started.After(end) {
+			continue
+		}
+		sec := int(tr.started.Sub(killedAt) / time.Second)
+		for len(buckets) <= sec {
+			buckets = append(buckets, bucket{ends: map[string]int{}})
+		}
+		b := &buckets[sec]
+		b.tries++
+		b.maxTook = max(b.maxTook, tr.took)
+		how := "answered"
+		if tr.err != "" {
+			how = tryErrorKind(tr)
+		}
+		b.ends[how+" on "+cmp.Or(tr.host, "no server")]++
+	}
+	for sec, b := range buckets {
+		var ends []string
+		for k, v := range b.ends {
+			ends = append(ends, fmt.Sprintf("%d %s", v, k))
+		}
+		slices.Sort(ends)
+		s.t.Logf("ha soak: failover %d tries +%ds: %d started, longest %.1f s: %s", n, sec, b.tries, b.maxTook.Seconds(), strings.Join(ends, "; "))
+	}
+}
+
+// tryErrorKind is a failed try's error in few words: its SQLSTATE, a timeout and the statement it
+// held, or a failed connect.
+func tryErrorKind(tr createTry) string {
+	switch {
+	case tr.sqlState != "":
+		return "SQLSTATE " + tr.sqlState + " at " + cmp.Or(tr.stmt, "?")
+	case strings.Contains(tr.err, "failed to connect"):
+		return "connect failed"
+	case strings.Contains(tr.err, "deadline exceeded") || strings.Contains(tr.err, "timeout"):
+		return "timeout at " + cmp.Or(tr.stmt, "acquire")
+	}
+	e := tr.err
+	if len(e) > 60 {
+		e = e[:60]
+	}
+	return "error " + e
+}
+
+// sqlStateOf is the SQLSTATE of the server's error in err's chain, "" when it holds none.
+func sqlStateOf(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
 }
 
 // spread is "min/median/max" of ds in seconds.

@@ -376,16 +376,31 @@ func (c *Cluster) WaitPrimary(ctx context.Context, old *Node) (*Node, error) {
 	return found, nil
 }
 
-// writable tells whether n takes writes now.
+// commitWait bounds writable's commit: a node that is not in recovery but whose commits wait for a
+// synchronous standby that is not connected (pg_auto_failover's stop_replication) does not take writes.
+const commitWait = 2 * time.Second
+
+// writable tells whether n takes writes now: a transaction that writes (takes a transaction id)
+// commits within commitWait. Not being in recovery is not enough: a promoted node whose commits wait
+// for a standby answers every create only after that standby is back.
 func writable(ctx context.Context, n *Node) bool {
+	ctx, cancel := context.WithTimeout(ctx, commitWait)
+	defer cancel()
 	conn, err := pgx.Connect(ctx, n.URL()+"&connect_timeout=2")
 	if err != nil {
 		return false
 	}
 	defer conn.Close(context.Background())
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return false
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
 	var ok bool
-	err = conn.QueryRow(ctx, `SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'`).Scan(&ok)
-	return err == nil && ok
+	if err := tx.QueryRow(ctx, `SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off' AND txid_current() > 0`).Scan(&ok); err != nil || !ok {
+		return false
+	}
+	return tx.Commit(ctx) == nil
 }
 
 // Rejoin starts a killed node's pg_autoctl again and waits until the cluster is healthy, the node
