@@ -62,33 +62,46 @@ func (q *Queries) TaskAlertGauges(ctx context.Context) (TaskAlertGaugesRow, erro
 }
 
 const TaskClaim = `-- name: TaskClaim :many
-WITH lease_expired AS (
+WITH probe AS (
+    UPDATE channel_pause p
+    SET probe_after = now() + make_interval(secs => p.probe_hold_seconds)
+    WHERE p.channel = $1::text
+      AND p.probe_after <= now()
+    RETURNING p.channel
+), gate AS (
+    SELECT CASE WHEN EXISTS (SELECT FROM probe) THEN 1
+                WHEN EXISTS (SELECT FROM channel_pause p WHERE p.channel = $1::text) THEN 0
+                ELSE $2::int END AS max_tasks,
+           EXISTS (SELECT FROM probe) AS probe
+), lease_expired AS (
     SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
-           t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
+           t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at, t.account_refusals
     FROM delivery_task t
     WHERE t.channel = $1::text
       AND t.state = 'SENDING'
       AND t.lease_until < now()
     ORDER BY t.lease_until, t.id
-    LIMIT $2
+    LIMIT (SELECT g.max_tasks FROM gate g)
     FOR UPDATE OF t SKIP LOCKED
 ), due AS (
     SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
-           t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
+           t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at, t.account_refusals
     FROM delivery_task t
     WHERE t.channel = $1::text
       AND t.next_attempt_at IS NOT NULL
       AND t.next_attempt_at <= now()
     ORDER BY t.next_attempt_at, t.id
-    LIMIT $2
+    LIMIT (SELECT g.max_tasks FROM gate g)
     FOR UPDATE OF t SKIP LOCKED
 ), locked AS (
-    (SELECT l.id, l.notification_id, l.channel, l.ref, l.state, l.attempt_count, l.max_attempts, l.outcome_uncertain, l.attempt_token, l.uncertain_since, l.updated_at, l.receipt_at, true AS lease_expired FROM lease_expired l
+    (SELECT l.id, l.notification_id, l.channel, l.ref, l.state, l.attempt_count, l.max_attempts, l.outcome_uncertain, l.attempt_token, l.uncertain_since, l.updated_at, l.receipt_at, l.account_refusals, true AS lease_expired FROM lease_expired l
      UNION ALL
-     SELECT d.id, d.notification_id, d.channel, d.ref, d.state, d.attempt_count, d.max_attempts, d.outcome_uncertain, d.attempt_token, d.uncertain_since, d.updated_at, d.receipt_at, false AS lease_expired FROM due d)
-    LIMIT $2
+     SELECT d.id, d.notification_id, d.channel, d.ref, d.state, d.attempt_count, d.max_attempts, d.outcome_uncertain, d.attempt_token, d.uncertain_since, d.updated_at, d.receipt_at, d.account_refusals, false AS lease_expired FROM due d)
+    LIMIT (SELECT g.max_tasks FROM gate g)
 )
 SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+       t.account_refusals,
+       (SELECT g.probe FROM gate g)::bool AS probe,
        t.lease_expired::bool            AS lease_expired,
        t.attempt_token                  AS held_token,
        coalesce(p.enabled, false)::bool AS pref_enabled,
@@ -124,6 +137,8 @@ type TaskClaimRow struct {
 	AttemptCount        int32
 	MaxAttempts         int32
 	OutcomeUncertain    bool
+	AccountRefusals     int32
+	Probe               bool
 	LeaseExpired        bool
 	HeldToken           *string
 	PrefEnabled         bool
@@ -152,6 +167,10 @@ type TaskClaimRow struct {
 // all of notification (history) on every claim (TestClaimGenericPlanLooksUpByKey).
 // ref is what the worker sends the channel to name the task (schema/016): random, never reused, so no
 // call can be answered with another task's message.
+// A paused channel (schema/025, channel_pause) gives no task, except one probe once the pause's backoff
+// has passed: the probe CTE takes the slot (pushes probe_after past the probe's lease, so that no other
+// claim probes meanwhile; a concurrent claim waits for this row lock and then finds the slot taken) and
+// the claim locks one task. Not paused: one primary-key probe of an almost always empty table.
 func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]TaskClaimRow, error) {
 	rows, err := q.db.Query(ctx, TaskClaim, arg.Channel, arg.MaxTasks)
 	if err != nil {
@@ -170,6 +189,8 @@ func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]TaskCla
 			&i.AttemptCount,
 			&i.MaxAttempts,
 			&i.OutcomeUncertain,
+			&i.AccountRefusals,
+			&i.Probe,
 			&i.LeaseExpired,
 			&i.HeldToken,
 			&i.PrefEnabled,
@@ -267,6 +288,8 @@ WITH u AS (
         -- updated_at is still this attempt's claim time: nothing else changes a SENDING row with our token
         uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
         needs_review      = u.needs_review,
+        -- the refund of an attempt refused for an account state (schema/025 checks its attempt row)
+        account_refusals  = t.account_refusals + CASE WHEN u.outcome = 'ACCOUNT_REFUSED' THEN 1 ELSE 0 END,
         provider_msg_id   = coalesce(nullif(u.provider_msg_id, ''), t.provider_msg_id),
         last_error        = nullif(u.last_error, ''),
         lease_owner       = NULL,

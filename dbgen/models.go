@@ -8,6 +8,16 @@ import (
 	"time"
 )
 
+type ChannelPause struct {
+	Channel          string
+	Cause            string
+	PausedAt         time.Time
+	BackoffSeconds   float64
+	ProbeAfter       time.Time
+	ProbeHoldSeconds float64
+	UpdatedAt        time.Time
+}
+
 type ChannelPref struct {
 	UserID    string
 	Channel   string
@@ -78,6 +88,7 @@ type DeliveryTask struct {
 	UncertainSince   *time.Time
 	ReceiptAt        *time.Time
 	Ref              string
+	AccountRefusals  int32
 }
 
 type Notification struct {

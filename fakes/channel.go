@@ -120,6 +120,43 @@ type Channel struct {
 	acceptedAt []time.Time      // when each new outbound message was accepted, in order
 
 	conns ConnCounter // TCP connections accepted
+
+	credential string // the bearer token every request must carry (SetCredential); "": none checked
+	refused    int    // requests answered 401 for their credential
+}
+
+// SetCredential makes the fake require "Authorization: Bearer <token>" on every request, as a channel
+// endpoint that authenticates its callers does; a request without it is answered 401 before anything
+// else is read or recorded. A test rotates the credential by setting another token, and restores it by
+// setting ours again. "" turns the check off (the default).
+func (c *Channel) SetCredential(token string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.credential = token
+}
+
+// RefusedCredential counts the requests answered 401 for their credential.
+func (c *Channel) RefusedCredential() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.refused
+}
+
+// authorized answers 401 to a request without the credential (SetCredential), else serves it.
+func (c *Channel) authorized(w http.ResponseWriter, r *http.Request) {
+	c.mu.Lock()
+	want := c.credential
+	ok := want == "" || r.Header.Get("Authorization") == "Bearer "+want
+	if !ok {
+		c.refused++
+	}
+	c.mu.Unlock()
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
+		writeJSON(w, http.StatusUnauthorized, errorReply{Error: "invalid or missing credential"})
+		return
+	}
+	c.serveHTTP(w, r)
 }
 
 // queues holds scripted steps: one queue per ref plus a shared default, and a generator for when both
@@ -183,7 +220,7 @@ func StartOn(kind Kind, addr string) (*Channel, error) {
 	}
 	c := newChannel(kind)
 	c.url = "http://" + l.Addr().String()
-	c.srv = &http.Server{Handler: http.HandlerFunc(c.serveHTTP), ReadHeaderTimeout: 10 * time.Second,
+	c.srv = &http.Server{Handler: http.HandlerFunc(c.authorized), ReadHeaderTimeout: 10 * time.Second,
 		ConnState: c.conns.ConnState}
 	go func() { _ = c.srv.Serve(l) }()
 	return c, nil

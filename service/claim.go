@@ -91,7 +91,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int) (attempts []*Atte
 			decisions[row.ID] = delivery.Decide(delivery.ClaimFacts{
 				Uncertain: row.OutcomeUncertain, LeaseExpired: row.LeaseExpired,
 				PrefEnabled: row.PrefEnabled, Expired: row.Expired,
-				AttemptCount: int(row.AttemptCount), MaxAttempts: int(row.MaxAttempts),
+				AttemptCount: int(row.AttemptCount), AccountRefusals: int(row.AccountRefusals), MaxAttempts: int(row.MaxAttempts),
 				Mode: d.cfg.Routes[row.Channel].Mode, Contract: d.cfg.Routes[row.Channel].Contract,
 				UncertainAge: seconds(row.UncertainAgeSeconds), ReceiptNoted: row.ReceiptNoted,
 			})
@@ -139,7 +139,8 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int) (attempts []*Atte
 			return &Attempt{
 				TaskID: s.ID, Channel: row.Channel, Mode: route.Mode, Contract: route.Contract, No: int(s.AttemptCount),
 				MaxAttempts: int(row.MaxAttempts), Token: s.AttemptToken, Action: dec.Action,
-				PriorUncertain: dec.Uncertain, UncertainAge: seconds(row.UncertainAgeSeconds), claimed: claimed,
+				PriorUncertain: dec.Uncertain, AccountRefusals: int(row.AccountRefusals), Probe: row.Probe,
+				UncertainAge: seconds(row.UncertainAgeSeconds), claimed: claimed,
 				LeaseUntil: s.LeaseUntil,
 				Message: delivery.Message{Ref: row.Ref, IdempotencyKey: delivery.IdempotencyKey(row.Ref), To: row.Address, Body: row.Body,
 					ExpiresAt: row.ExpiresAt, Action: dec.Action},

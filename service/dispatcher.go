@@ -28,6 +28,16 @@ type DispatcherConfig struct {
 	// claim or finish: keep them short.
 	RateLimited func(channel string)
 	Paused      func(channel string, pause time.Duration, err error)
+	// AccountPaused, when set, is told when an ACCOUNT_REFUSED answer paused a channel for every worker
+	// (began: this answer began the pause; else a refused probe, backoff the wait before the next one)
+	// and AccountResumed when a probe's answer ended a pause. err: the pause could not be written or
+	// ended. They run on the finish's goroutine.
+	AccountPaused  func(channel, cause string, began bool, backoff time.Duration, err error)
+	AccountResumed func(channel, cause string, paused time.Duration, err error)
+	// AccountPauseStart and AccountPauseMax bound the wait between probes of a paused channel: the first
+	// probe after AccountPauseStart, doubled per refused probe up to AccountPauseMax.
+	AccountPauseStart time.Duration
+	AccountPauseMax   time.Duration
 	// FinishRetried, when set, is told each time a finish of this many attempts is about to be sent again
 	// after err (a broken connection, a failover: FinishBatch); try counts from 0. It runs on the
 	// finish's goroutine.
@@ -81,6 +91,8 @@ func NewDispatcher(ctx context.Context, pool *pgxpool.Pool, cfg DispatcherConfig
 	setDefault(&d.cfg.DBTimeout, DefaultDBTimeout)
 	setDefault(&d.cfg.Backoff.Base, DefaultBackoff)
 	setDefault(&d.cfg.Backoff.Max, DefaultMaxBackoff)
+	setDefault(&d.cfg.AccountPauseStart, DefaultAccountPauseStart)
+	setDefault(&d.cfg.AccountPauseMax, DefaultAccountPauseMax)
 	var err error
 	if d.buckets, err = d.configureRateLimits(ctx); err != nil {
 		return nil, err
@@ -177,10 +189,16 @@ type Attempt struct {
 	Token          string
 	Action         delivery.Action
 	PriorUncertain bool
-	UncertainAge   time.Duration // with PriorUncertain: how long ago the uncertain attempt began, at claim
-	LeaseUntil     time.Time
-	claimed        time.Time // local monotonic clock at claim, to age UncertainAge at finish
-	Message        delivery.Message
+	// AccountRefusals are the task's earlier attempts refused for an account state: refunded, they do
+	// not count against MaxAttempts.
+	AccountRefusals int
+	// Probe: the one call a claim may make on a channel paused for an account state; its answer
+	// ends the pause or doubles its backoff.
+	Probe        bool
+	UncertainAge time.Duration // with PriorUncertain: how long ago the uncertain attempt began, at claim
+	LeaseUntil   time.Time
+	claimed      time.Time // local monotonic clock at claim, to age UncertainAge at finish
+	Message      delivery.Message
 }
 
 // Call performs the attempt's action on its channel, bounded by the client timeout. It is not

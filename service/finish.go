@@ -25,6 +25,7 @@ import (
 // channel for every worker (pauseThrottled).
 func (d *Dispatcher) FinishBatch(ctx context.Context, attempts []*Attempt, obs []delivery.Observation) ([]Result, error) {
 	d.pauseThrottled(ctx, attempts, obs)
+	d.pauseRefused(ctx, attempts, obs)
 	results, err := d.finishBatch(ctx, attempts, obs)
 	d.disableUnregistered(ctx, results, obs)
 	return results, err
@@ -137,13 +138,18 @@ func (d *Dispatcher) finishParams(attempts []*Attempt, obs []delivery.Observatio
 	results := make([]Result, len(attempts))
 	for i, a := range attempts {
 		o := obs[i]
-		t := delivery.Next(delivery.Facts{Outcome: o.Outcome, PriorUncertain: a.PriorUncertain, BudgetLeft: a.No < a.MaxAttempts,
-			Mode: a.Mode, Contract: a.Contract, UncertainAge: a.UncertainAge + time.Since(a.claimed)})
+		t := delivery.Next(delivery.Facts{Outcome: o.Outcome, PriorUncertain: a.PriorUncertain,
+			BudgetLeft: a.No-a.AccountRefusals < a.MaxAttempts,
+			Mode:       a.Mode, Contract: a.Contract, UncertainAge: a.UncertainAge + time.Since(a.claimed)})
 		results[i] = Result{Kind: resultKind(t), TaskID: a.TaskID, Channel: a.Channel, Attempt: a.No, Action: a.Action,
 			Outcome: o.Outcome, Token: a.Token, Detail: o.Detail}
 		retry := -1.0
-		if t.Retry {
-			retry = spread(max(d.cfg.Backoff.Delay(a.No, o.RetryAfter), t.NotBefore)).Seconds()
+		switch {
+		case t.Retry && t.Refund:
+			// the channel's pause paces it: due again at once when the channel resumes
+			retry = spread(d.cfg.Backoff.Base).Seconds()
+		case t.Retry:
+			retry = spread(max(d.cfg.Backoff.Delay(a.No-a.AccountRefusals, o.RetryAfter), t.NotBefore)).Seconds()
 		}
 		finish.IDs = append(finish.IDs, a.TaskID)
 		finish.AttemptTokens = append(finish.AttemptTokens, a.Token)

@@ -195,6 +195,27 @@ var smMoves = []smMove{
 	{name: "SENDING -> FAILED, uncertain", fixture: "sending",
 		sql:   smFinish("TIMEOUT", `state = 'FAILED', outcome_uncertain = true, uncertain_since = updated_at`),
 		owner: smRefused("delivery_task_uncertainty", "outcome_uncertain"), worker: smRefused("delivery_task_uncertainty", "outcome_uncertain")},
+	// Account states (schema/025): an ACCOUNT_REFUSED attempt is refunded and the task waits; nothing
+	// else refunds one, and it never writes a task off.
+	{name: "SENDING -> PENDING after ACCOUNT_REFUSED, refunded", fixture: "sending",
+		sql:   smFinish("ACCOUNT_REFUSED", `state = 'PENDING', next_attempt_at = now(), account_refusals = account_refusals + 1`),
+		owner: smOne, worker: smOne},
+	{name: "uncertain SENDING -> UNKNOWN after ACCOUNT_REFUSED, refunded", fixture: "sending-uncertain",
+		sql:   smFinish("ACCOUNT_REFUSED", `state = 'UNKNOWN', next_attempt_at = now(), account_refusals = account_refusals + 1`),
+		owner: smOne, worker: smOne},
+	{name: "SENDING -> FAILED after ACCOUNT_REFUSED: written off for an account state", fixture: "sending",
+		sql:   smFinish("ACCOUNT_REFUSED", `state = 'FAILED'`),
+		owner: smRefused("delivery_task_evidence", "attempt_count"), worker: smRefused("delivery_task_evidence", "attempt_count")},
+	{name: "SENDING -> PENDING after REJECTED, refunded", fixture: "sending",
+		sql:   smFinish("REJECTED", `state = 'PENDING', next_attempt_at = now(), account_refusals = account_refusals + 1`),
+		owner: smRefused("delivery_task_account_refusals", "account_refusals"), worker: smRefused("delivery_task_account_refusals", "account_refusals")},
+	{name: "SENDING -> PENDING after ACCOUNT_REFUSED, more refunded than attempted", fixture: "sending",
+		sql:    smFinish("ACCOUNT_REFUSED", `state = 'PENDING', next_attempt_at = now(), account_refusals = account_refusals + 2`),
+		owner:  smWant{code: schemaErrCheck, constraint: "delivery_task_account_refusals_check"},
+		worker: smWant{code: schemaErrCheck, constraint: "delivery_task_account_refusals_check"}},
+	{name: "SENDING -> UNKNOWN parked after ACCOUNT_REFUSED, refunded", fixture: "sending-uncertain",
+		sql:   smFinish("ACCOUNT_REFUSED", `state = 'UNKNOWN', needs_review = true, account_refusals = account_refusals + 1`),
+		owner: smRefused("delivery_task_account_refusals", "account_refusals"), worker: smRefused("delivery_task_account_refusals", "account_refusals")},
 	{name: "uncertainty starts after its attempt began", fixture: "sending",
 		sql:   smFinish("TIMEOUT", `state = 'UNKNOWN', outcome_uncertain = true, uncertain_since = now(), next_attempt_at = now()`),
 		owner: smRefused("delivery_task_uncertainty", "uncertain_since"), worker: smRefused("delivery_task_uncertainty", "uncertain_since")},
@@ -718,7 +739,7 @@ func TestStateMachineEveryOutcomeOfAnOpenCall(t *testing.T) {
 
 	fits := map[string][]string{ // fixture -> the outcomes of its open attempt's action
 		"sending": {"ACCEPTED", "ACCEPTED_REPLAY", "TIMEOUT", "IO_ERROR", "IN_FLIGHT", "MALFORMED_RESPONSE",
-			"HTTP_5XX", "THROTTLED", "CONNECT_FAILED", "REJECTED", "GATEWAY_ERROR"},
+			"HTTP_5XX", "THROTTLED", "CONNECT_FAILED", "REJECTED", "GATEWAY_ERROR", "ACCOUNT_REFUSED"},
 		"querying": {"QUERY_FOUND", "QUERY_NOT_FOUND", "QUERY_FAILED"},
 	}
 	for fixture, own := range fits {

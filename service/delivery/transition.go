@@ -6,7 +6,7 @@ import "time"
 type Facts struct {
 	Outcome        Outcome
 	PriorUncertain bool // an earlier attempt of this task may have been accepted (incl. an expired lease)
-	BudgetLeft     bool // attempt_count < max_attempts after this attempt
+	BudgetLeft     bool // attempts counted against the budget (attempt_count - account_refusals) < max_attempts after this attempt
 	Mode           Mode
 	Contract       Contract
 	UncertainAge   time.Duration // with PriorUncertain: how long ago the uncertain attempt began
@@ -19,6 +19,7 @@ type Transition struct {
 	Park      bool          // needs_review: stop automatic processing
 	Retry     bool          // schedule another attempt after a backoff
 	NotBefore time.Duration // with Retry: wait at least this long, whatever the backoff
+	Refund    bool          // the attempt does not count against the budget (ACCOUNT_REFUSED)
 }
 
 // recoverable reports whether an uncertain task on this channel may be retried without a human.
@@ -66,6 +67,15 @@ func Next(f Facts) Transition {
 		}
 		return Transition{State: StateFailed}
 
+	case OutcomeAccountRefused:
+		// Certainly not accepted, and not the task's fault: the attempt is refunded (Refund: it does not
+		// count against the budget) and the task waits for its channel's pause to end. Never FAILED,
+		// never parked for it; an earlier attempt that may have been accepted keeps the task uncertain.
+		if f.PriorUncertain {
+			return Transition{State: StateUnknown, Uncertain: true, Retry: true, Refund: true}
+		}
+		return Transition{State: StatePending, Retry: true, Refund: true}
+
 	case OutcomeRejected:
 		if f.PriorUncertain {
 			return Transition{State: StateUnknown, Uncertain: true, Park: true}
@@ -95,11 +105,14 @@ type ClaimFacts struct {
 	PrefEnabled  bool
 	Expired      bool
 	AttemptCount int
-	MaxAttempts  int
-	Mode         Mode
-	Contract     Contract
-	UncertainAge time.Duration // how long ago the uncertain attempt began (with Uncertain or LeaseExpired)
-	ReceiptNoted bool          // a provider's receipt arrived while the task was held: it had the message
+	// AccountRefusals are the attempts refused for an account state (ACCOUNT_REFUSED): refunded, they
+	// do not count against MaxAttempts.
+	AccountRefusals int
+	MaxAttempts     int
+	Mode            Mode
+	Contract        Contract
+	UncertainAge    time.Duration // how long ago the uncertain attempt began (with Uncertain or LeaseExpired)
+	ReceiptNoted    bool          // a provider's receipt arrived while the task was held: it had the message
 }
 
 // ClaimKind says what a claim does with the task it locked.
@@ -143,7 +156,7 @@ func Decide(f ClaimFacts) ClaimDecision {
 		}
 		return ClaimDecision{Kind: ClaimSettle, State: state, Outcome: outcome, Reason: reason}
 	}
-	if f.AttemptCount >= f.MaxAttempts {
+	if f.AttemptCount-f.AccountRefusals >= f.MaxAttempts {
 		return ClaimDecision{Kind: ClaimPark, Uncertain: true,
 			Reason: "attempt budget used up while the last attempt's outcome is unknown"}
 	}

@@ -43,6 +43,10 @@ func TestNextTable(t *testing.T) {
 				}
 			}
 			want[key{OutcomeRejected, u, b}] = map[bool]Transition{true: parked, false: failed}[u]
+			// refunded whatever the budget: never FAILED, never parked for an account state
+			want[key{OutcomeAccountRefused, u, b}] = map[bool]Transition{
+				true:  {State: StateUnknown, Uncertain: true, Retry: true, Refund: true},
+				false: {State: StatePending, Retry: true, Refund: true}}[u]
 			want[key{OutcomeQueryNotFound, u, b}] = map[bool]Transition{true: retryPending, false: failed}[b]
 		}
 	}
@@ -55,7 +59,7 @@ func TestNextTable(t *testing.T) {
 			})
 		}
 	}
-	is.New(t).Equal(len(want), 14*4) // every observation a call can produce is in the table
+	is.New(t).Equal(len(want), 15*4) // every observation a call can produce is in the table
 }
 
 // TestNextNoneModeParksOnUncertainty: a channel with neither key nor query cannot recover an
@@ -278,4 +282,28 @@ func TestBackoffDelay(t *testing.T) {
 	// turns into no wait at all: the base, undoubled.
 	is.Equal(Backoff{Base: time.Second}.Delay(1, 0), time.Second)
 	is.Equal(Backoff{Base: time.Second}.Delay(3, 0), time.Second)
+}
+
+// ACCOUNT_REFUSED is refunded at both ends: Next neither writes the task off nor parks it, on any
+// channel, and Decide does not count refused attempts against the budget.
+func TestAccountRefusedIsRefunded(t *testing.T) {
+	is := is.New(t)
+	for _, mode := range []Mode{ModeIdempotent, ModeQueryable, ModeNone} {
+		for _, u := range []bool{false, true} {
+			got := Next(Facts{Outcome: OutcomeAccountRefused, PriorUncertain: u, BudgetLeft: false, Mode: mode})
+			is.True(got.Refund)               // not counted against the budget
+			is.True(got.Retry)                // tried again once the channel resumes
+			is.True(!got.Park)                // never parked for an account state
+			is.True(got.State != StateFailed) // never written off
+			is.Equal(got.Uncertain, u)        // an uncertain history stays uncertain
+		}
+	}
+	for _, o := range []Outcome{OutcomeRejected, OutcomeHTTP5xx, OutcomeTimeout, OutcomeAccepted} {
+		is.True(!Next(Facts{Outcome: o, BudgetLeft: true, Mode: ModeIdempotent}).Refund) // only ACCOUNT_REFUSED is refunded
+	}
+	// 3 attempts made, 2 of them refused for the account: one counted, budget of 2 left.
+	d := Decide(ClaimFacts{PrefEnabled: true, Uncertain: true, AttemptCount: 3, AccountRefusals: 2, MaxAttempts: 2, Mode: ModeIdempotent})
+	is.Equal(d, ClaimDecision{Kind: ClaimCall, Action: ActionSend, Uncertain: true}) // still within budget
+	d = Decide(ClaimFacts{PrefEnabled: true, Uncertain: true, AttemptCount: 3, AccountRefusals: 1, MaxAttempts: 2, Mode: ModeIdempotent})
+	is.Equal(d.Kind, ClaimPark) // two counted attempts: the budget of 2 is used up
 }

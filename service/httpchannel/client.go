@@ -37,11 +37,15 @@ type Client struct {
 	// sendURL and queryPrefix are built from base once: Send posts to sendURL, Query gets
 	// queryPrefix + the escaped ref.
 	sendURL, queryPrefix string
+	token                string // Options.Token
 }
 
 // Options tune the transport. The zero value verifies TLS against the system roots.
 type Options struct {
 	CAFile string // extra PEM roots for a private channel; verification stays on
+	// Token, when set, is sent as "Authorization: Bearer <Token>" on every request. A 401 or 403 then
+	// means the endpoint refuses our credential: ACCOUNT_REFUSED, which pauses the channel.
+	Token string
 }
 
 // New checks base (http or https, no query) and builds a client. Redirects are never followed: a POST
@@ -63,7 +67,7 @@ func New(base string, opt Options) (*Client, error) {
 		return nil, err
 	}
 	b := u.String()
-	return &Client{base: u, kit: kit, sendURL: b + "/send", queryPrefix: b + "/messages?ref="}, nil
+	return &Client{base: u, kit: kit, sendURL: b + "/send", queryPrefix: b + "/messages?ref=", token: opt.Token}, nil
 }
 
 // String is the base URL without credentials, for logs.
@@ -82,7 +86,7 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "encode request: " + err.Error()}
 	}
 	resp, failed := c.kit.Do(ctx, httpkit.Request{Method: http.MethodPost, URL: c.sendURL, Body: payload,
-		Header: http.Header{"Content-Type": {"application/json"}, "Idempotency-Key": {msg.IdempotencyKey}}})
+		Header: c.header(http.Header{"Content-Type": {"application/json"}, "Idempotency-Key": {msg.IdempotencyKey}})})
 	if resp == nil {
 		return failed
 	}
@@ -95,7 +99,8 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 
 // Query asks the channel whether it accepted a message for ref; see ClassifyQuery.
 func (c *Client) Query(ctx context.Context, ref string) delivery.Observation {
-	resp, failed := c.kit.Do(ctx, httpkit.Request{Method: http.MethodGet, URL: c.queryPrefix + url.QueryEscape(ref)})
+	resp, failed := c.kit.Do(ctx, httpkit.Request{Method: http.MethodGet, URL: c.queryPrefix + url.QueryEscape(ref),
+		Header: c.header(http.Header{})})
 	if resp == nil {
 		failed.Detail = string(failed.Outcome) + ": " + failed.Detail
 		failed.Outcome = delivery.OutcomeQueryFailed
@@ -105,6 +110,14 @@ func (c *Client) Query(ctx context.Context, ref string) delivery.Observation {
 		return delivery.Observation{Outcome: delivery.OutcomeQueryFailed, Detail: obs.Detail}
 	}
 	return ClassifyQuery(resp.Status, resp.Body)
+}
+
+// header adds the credential, when the client has one, to h.
+func (c *Client) header(h http.Header) http.Header {
+	if c.token != "" {
+		h.Set("Authorization", "Bearer "+c.token)
+	}
+	return h
 }
 
 type sendResponse struct {
@@ -133,6 +146,11 @@ func classifySend(resp *httpkit.Response) delivery.Observation {
 		return delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: r.ID}
 	case status >= 200 && status < 300:
 		return delivery.Observation{Outcome: delivery.OutcomeMalformed, Detail: fmt.Sprintf("unexpected HTTP %d", status)}
+	case status == http.StatusUnauthorized || status == http.StatusForbidden:
+		// The endpoint refuses our credential (the channel protocol, docs/channels.md#channel-protocol):
+		// certainly not accepted, and fixed by an operator, not by giving up on the message.
+		return delivery.Observation{Outcome: delivery.OutcomeAccountRefused,
+			Detail: fmt.Sprintf("HTTP %d: the channel refuses our credential", status)}
 	case status == http.StatusConflict:
 		// The idempotency draft's "original request still in flight": it may yet be accepted.
 		return delivery.Observation{Outcome: delivery.OutcomeInFlight, Detail: "HTTP 409: the original request is still being processed"}

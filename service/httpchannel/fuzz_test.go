@@ -30,7 +30,7 @@ import (
 var sendOutcomes = map[delivery.Outcome]bool{
 	delivery.OutcomeAccepted: true, delivery.OutcomeAcceptedReplay: true, delivery.OutcomeMalformed: true,
 	delivery.OutcomeInFlight: true, delivery.OutcomeThrottled: true, delivery.OutcomeHTTP5xx: true,
-	delivery.OutcomeGatewayError: true, delivery.OutcomeRejected: true,
+	delivery.OutcomeGatewayError: true, delivery.OutcomeRejected: true, delivery.OutcomeAccountRefused: true,
 }
 
 // requirePGText makes checkObservation demand that Detail and ProviderMsgID can be stored in a

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -143,4 +144,16 @@ func TestQueryDropped(t *testing.T) {
 	is.Equal(obs.Outcome, delivery.OutcomeQueryFailed)   // no usable answer
 	is.True(strings.HasPrefix(obs.Detail, "IO_ERROR: ")) // a broken connection
 	is.Equal(hits.Load(), int32(2))                      // and not asked again behind our back
+}
+
+// The channel protocol's 401 and 403 say the endpoint refuses our credential: ACCOUNT_REFUSED (the
+// channel pauses), never REJECTED (the task written off). The token goes out as a bearer credential.
+func TestCredentialRefusalIsAccountRefused(t *testing.T) {
+	is := is.New(t)
+	for _, status := range []int{http.StatusUnauthorized, http.StatusForbidden} {
+		obs := httpchannel.ClassifySend(status, http.Header{}, []byte(`{"error":"no"}`))
+		is.Equal(obs.Outcome, delivery.OutcomeAccountRefused) // the account, not the message
+		is.True(strings.Contains(obs.Detail, strconv.Itoa(status)))
+	}
+	is.Equal(httpchannel.ClassifySend(http.StatusBadRequest, http.Header{}, nil).Outcome, delivery.OutcomeRejected) // other 4xx: the message
 }
