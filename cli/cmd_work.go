@@ -346,6 +346,25 @@ func work(c *cli.Context, e *env) error {
 			m.ratePaused.WithLabelValues(channel).Inc()
 		}
 	}
+	cfg.dispatcher.AccountPaused = func(channel, cause string, began bool, backoff time.Duration, err error) {
+		if err != nil {
+			log.Error("an account refusal could not pause the channel for the other workers", "channel", channel, "cause", cause, "error", err)
+			return
+		}
+		if began {
+			log.Warn("channel refused our account: paused for every worker until a probe succeeds (docs/channels.md#account-states)",
+				"channel", channel, "cause", cause, "next_probe_in", backoff.String())
+			return
+		}
+		log.Info("paused channel's probe refused again", "channel", channel, "cause", cause, "next_probe_in", backoff.String())
+	}
+	cfg.dispatcher.AccountResumed = func(channel, cause string, paused time.Duration, err error) {
+		if err != nil {
+			log.Error("a paused channel's successful probe could not end the pause", "channel", channel, "error", err)
+			return
+		}
+		log.Info("paused channel resumed: its probe was not refused", "channel", channel, "cause", cause, "paused_for", paused.String())
+	}
 	cfg.dispatcher.FinishRetried = func(tasks, try int, err error) {
 		if try == 0 { // one line per lost finish, not per retry
 			log.Warn("finish failed; sending it again until the lease would run out (it may have committed: a finish is idempotent)",
