@@ -23,33 +23,46 @@
 -- TxBegin (queries/tx.sql)
 BEGIN ISOLATION LEVEL READ COMMITTED;
 -- TaskClaim (queries/delivery_task.sql)
-WITH lease_expired AS (
+WITH probe AS (
+    UPDATE channel_pause p
+    SET probe_after = now() + make_interval(secs => p.probe_hold_seconds)
+    WHERE p.channel = 'push'::text
+      AND p.probe_after <= now()
+    RETURNING p.channel
+), gate AS (
+    SELECT CASE WHEN EXISTS (SELECT FROM probe) THEN 1
+                WHEN EXISTS (SELECT FROM channel_pause p WHERE p.channel = 'push'::text) THEN 0
+                ELSE :max_tasks::int END AS max_tasks,
+           EXISTS (SELECT FROM probe) AS probe
+), lease_expired AS (
     SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
-           t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
+           t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at, t.account_refusals
     FROM delivery_task t
     WHERE t.channel = 'push'::text
       AND t.state = 'SENDING'
       AND t.lease_until < now()
     ORDER BY t.lease_until, t.id
-    LIMIT :max_tasks
+    LIMIT (SELECT g.max_tasks FROM gate g)
     FOR UPDATE OF t SKIP LOCKED
 ), due AS (
     SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
-           t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at
+           t.attempt_token, t.uncertain_since, t.updated_at, t.receipt_at, t.account_refusals
     FROM delivery_task t
     WHERE t.channel = 'push'::text
       AND t.next_attempt_at IS NOT NULL
       AND t.next_attempt_at <= now()
     ORDER BY t.next_attempt_at, t.id
-    LIMIT :max_tasks
+    LIMIT (SELECT g.max_tasks FROM gate g)
     FOR UPDATE OF t SKIP LOCKED
 ), locked AS (
     (SELECT l.*, true AS lease_expired FROM lease_expired l
      UNION ALL
      SELECT d.*, false AS lease_expired FROM due d)
-    LIMIT :max_tasks
+    LIMIT (SELECT g.max_tasks FROM gate g)
 )
 SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.max_attempts, t.outcome_uncertain,
+       t.account_refusals,
+       (SELECT g.probe FROM gate g)::bool AS probe,
        t.lease_expired::bool            AS lease_expired,
        t.attempt_token                  AS held_token,
        coalesce(p.enabled, false)::bool AS pref_enabled,
@@ -118,6 +131,7 @@ WITH u AS (
         outcome_uncertain = u.outcome_uncertain,
         uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
         needs_review      = u.needs_review,
+        account_refusals  = t.account_refusals + CASE WHEN u.outcome = 'ACCOUNT_REFUSED' THEN 1 ELSE 0 END,
         provider_msg_id   = coalesce(nullif(u.provider_msg_id, ''), t.provider_msg_id),
         last_error        = nullif(u.last_error, ''),
         lease_owner       = NULL,

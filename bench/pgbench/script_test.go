@@ -40,6 +40,7 @@ func TestPgbenchScript(t *testing.T) {
 var pgbenchParams = map[string]string{
 	"@channel::text":                 "'push'::text",
 	"@max_tasks":                     ":max_tasks",
+	"@max_tasks::int":                ":max_tasks::int",
 	"@ids::bigint[]":                 "ARRAY[:id]::bigint[]",
 	"@outcome_uncertain::bool[]":     "'{f}'::bool[]",
 	"@worker::text":                  "'pgbench'::text",
