@@ -76,10 +76,11 @@ EXECUTE FUNCTION delivery_attempt_fits();
 COMMENT ON TRIGGER delivery_attempt_fits_update ON delivery_attempt IS
     'R3: refuses an outcome or late outcome that does not fit the attempt''s action (a call''s own outcome passes by the WHEN)';
 
--- The refund: attempts of this task refused for an account state, never more than it made.
+-- The refund: attempts of this task refused for an account state, never more than it made. (A negative
+-- attempt_count is delivery_task_attempt_count_check's to refuse, hence greatest(): one bound, one name.)
 ALTER TABLE delivery_task ADD COLUMN account_refusals integer NOT NULL DEFAULT 0;
 ALTER TABLE delivery_task ADD CONSTRAINT delivery_task_account_refusals_check
-    CHECK (account_refusals >= 0 AND account_refusals <= attempt_count);
+    CHECK (account_refusals >= 0 AND account_refusals <= greatest(attempt_count, 0));
 GRANT UPDATE (account_refusals) ON delivery_task TO notifier_worker;
 
 -- Guards, at commit, every change of account_refusals (a constraint trigger queued only when it changes:

@@ -71,6 +71,12 @@ var schemaBaseline = []string{
 	`INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES ('push', 10, 10, 10)`,
 }
 
+// schemaPause pauses channel ch as a worker's finish does (queries/channel_pause.sql).
+func schemaPause(ch string) string {
+	return `INSERT INTO channel_pause (channel, cause, backoff_seconds, probe_after, probe_hold_seconds)
+		VALUES ('` + ch + `', 'credential rejected', 2, now(), 30)`
+}
+
 // schemaReceipt records one receipt for the baseline's held push task.
 var schemaReceipt = schemaReceiptInsert(schemaBaseTask, "'standard-webhooks'", "'evt-1'", "'DELIVERED'", "false", "'NOTED'")
 
@@ -253,6 +259,24 @@ var schemaViolations = []schemaViolation{
 	{"rate/paused forever", `UPDATE channel_rate_limit SET paused_until = 'infinity'`, schemaErrCheck, "channel_rate_limit_pause_check", "", ""},
 	{"rate/rate null", `UPDATE channel_rate_limit SET rate = NULL`, schemaErrNotNull, "", "rate", ""},
 	{"rate/tokens missing", `INSERT INTO channel_rate_limit (channel, rate, burst) VALUES ('sms', 1, 1)`, schemaErrNotNull, "", "tokens", ""},
+
+	// The account refund and channel_pause (schema/025)
+	{"task/account_refusals negative", `UPDATE delivery_task SET account_refusals = -1 WHERE id = ` + schemaBaseWaitingTask,
+		schemaErrCheck, "delivery_task_account_refusals_check", "", ""},
+	{"task/account_refusals above attempt_count", `UPDATE delivery_task SET account_refusals = 1 WHERE id = ` + schemaBaseWaitingTask,
+		schemaErrCheck, "delivery_task_account_refusals_check", "", ""},
+	{name: "task/account refund without an ACCOUNT_REFUSED attempt", setup: `UPDATE delivery_attempt SET outcome = 'REJECTED', finished_at = now()`,
+		sql: `UPDATE delivery_task SET state = 'PENDING', next_attempt_at = now(), lease_owner = NULL, lease_until = NULL,
+			account_refusals = 1 WHERE id = ` + schemaBaseTask,
+		code: schemaErrIntegrity, constraint: "delivery_task_account_refusals", column: "account_refusals"},
+	{name: "pause/duplicate channel", setup: schemaPause("push"), sql: schemaPause("push"), code: schemaErrUnique, constraint: "channel_pause_pkey"},
+	{"pause/channel upper case", strings.Replace(schemaPause("push"), "'push'", "'Push'", 1), schemaErrCheck, "channel_pause_channel_check", "", ""},
+	{"pause/cause of 2001 chars", strings.Replace(schemaPause("push"), "'credential rejected'", "repeat('c', 2001)", 1), schemaErrCheck, "channel_pause_cause_check", "", ""},
+	{"pause/backoff 0", strings.Replace(schemaPause("push"), "2, now()", "0, now()", 1), schemaErrCheck, "channel_pause_backoff_check", "", ""},
+	{"pause/backoff over an hour", strings.Replace(schemaPause("push"), "2, now()", "3601, now()", 1), schemaErrCheck, "channel_pause_backoff_check", "", ""},
+	{"pause/hold 0", strings.Replace(schemaPause("push"), "now(), 30)", "now(), 0)", 1), schemaErrCheck, "channel_pause_hold_check", "", ""},
+	{"pause/hold over a day", strings.Replace(schemaPause("push"), "now(), 30)", "now(), 86401)", 1), schemaErrCheck, "channel_pause_hold_check", "", ""},
+	{"pause/cause null", strings.Replace(schemaPause("push"), "'credential rejected'", "NULL", 1), schemaErrNotNull, "", "cause", ""},
 
 	// delivery_attempt is append-only (triggers, schema/005): the rules carry a constraint name too.
 	{name: "attempt/append-only: rewrite worker", sql: `UPDATE delivery_attempt SET worker = 'w2'`,
@@ -439,6 +463,11 @@ func TestSchemaBaselineAndBoundariesAreValid(t *testing.T) {
 		`INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES (repeat('a', 32), 1000000, 1000000, 1000000)`,
 		`INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES ('a_b-9', 1e-9, 1, 0)`,
 		`UPDATE channel_rate_limit SET paused_until = updated_at + interval '1 hour', tokens = 0 WHERE channel = 'push'`,
+		// Pauses at their bounds: the longest channel and cause, the shortest and longest backoff and hold.
+		`INSERT INTO channel_pause (channel, cause, backoff_seconds, probe_after, probe_hold_seconds)
+		 VALUES (repeat('a', 32), repeat('c', 2000), 3600, now(), 86400)`,
+		`INSERT INTO channel_pause (channel, cause, backoff_seconds, probe_after, probe_hold_seconds)
+		 VALUES ('a_b-9', '', 1e-9, now(), 1e-9)`,
 	}
 	for _, stmt := range valid {
 		tag, err := pool.Exec(ctx, stmt)
