@@ -87,6 +87,21 @@ func (q *Queries) ChannelPauseList(ctx context.Context) ([]ChannelPauseListRow, 
 	return items, nil
 }
 
+const ChannelPauseProbeRelease = `-- name: ChannelPauseProbeRelease :exec
+UPDATE channel_pause
+SET probe_after = now()
+WHERE channel = $1::text
+`
+
+// In the claim's transaction, after its probe task was settled without a call (expired, switched off,
+// settled by a receipt, parked): the provider was asked nothing, so the slot is freed and the next claim
+// probes at once. Without it, tasks that expire during a pause would end one per probe hold (the lease),
+// and the true probe would wait behind them.
+func (q *Queries) ChannelPauseProbeRelease(ctx context.Context, channel string) error {
+	_, err := q.db.Exec(ctx, ChannelPauseProbeRelease, channel)
+	return err
+}
+
 const ChannelPauseRefused = `-- name: ChannelPauseRefused :one
 
 INSERT INTO channel_pause AS p (channel, cause, backoff_seconds, probe_after, probe_hold_seconds)

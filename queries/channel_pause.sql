@@ -35,3 +35,12 @@ SELECT p.channel, p.cause, p.paused_at, p.backoff_seconds,
        greatest(0, extract(epoch FROM p.probe_after - now()))::float8 AS next_probe_seconds
 FROM channel_pause p
 ORDER BY p.channel;
+
+-- name: ChannelPauseProbeRelease :exec
+-- In the claim's transaction, after its probe task was settled without a call (expired, switched off,
+-- settled by a receipt, parked): the provider was asked nothing, so the slot is freed and the next claim
+-- probes at once. Without it, tasks that expire during a pause would end one per probe hold (the lease),
+-- and the true probe would wait behind them.
+UPDATE channel_pause
+SET probe_after = now()
+WHERE channel = @channel::text;

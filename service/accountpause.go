@@ -127,3 +127,16 @@ func (d *Dispatcher) pauseRefused(ctx context.Context, attempts []*Attempt, obs 
 		}
 	}
 }
+
+// releaseUnusedProbe frees a paused channel's probe slot when the claim that took it (rows, none of
+// them called) settled its task without asking the provider, so that tasks expiring during a pause end
+// one per claim, not one per probe hold, and the next live task is the probe.
+func (d *Dispatcher) releaseUnusedProbe(ctx context.Context, q *dbgen.Queries, rows []dbgen.TaskClaimRow) error {
+	if len(rows) == 0 || !rows[0].Probe {
+		return nil
+	}
+	if err := q.ChannelPauseProbeRelease(ctx, rows[0].Channel); err != nil {
+		return fmt.Errorf("free the probe slot of %s: %w", rows[0].Channel, err)
+	}
+	return nil
+}

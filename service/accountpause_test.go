@@ -117,3 +117,37 @@ func TestAccountRefusedPausesChannelUntilCredentialWorks(t *testing.T) {
 	is.True(strings.HasPrefix(log.began[1], "push resumed after: HTTP 401"))
 	is.True(log.probes >= 3) // refused probes doubled the backoff
 }
+
+// Tasks that expire while their channel is paused end as any other (FAILED, TTL_EXPIRED, never called),
+// one per claim: a probe task settled without a call frees the probe slot, so the next claim probes
+// again at once and the first live task behind them is the probe that ends the pause.
+func TestAccountPauseSettlesExpiredTasksWithoutHoldingTheProbe(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "push")
+	// Three tasks whose notification expired, due first; one live task behind them.
+	_, err := e.pool.Exec(e.ctx, `WITH n AS (
+		INSERT INTO notification (user_id, event_key, body, created_at, expires_at)
+		SELECT 'u1', 'old-' || g, 'body', now() - interval '2 hours', now() - interval '1 hour' FROM generate_series(1, 3) AS g
+		RETURNING id)
+	INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
+	SELECT id, 'push', 3, now() - interval '1 minute' FROM n`)
+	is.NoErr(err)
+	e.backlog("u1", "push", "live-", 1)
+	// push is paused, its probe due now; a probe holds the slot for 30 s, longer than this test.
+	_, err = e.pool.Exec(e.ctx, `INSERT INTO channel_pause (channel, cause, backoff_seconds, probe_after, probe_hold_seconds)
+		VALUES ('push', 'HTTP 401: credential rejected', 2, now(), 30)`)
+	is.NoErr(err)
+	e.push.SetCredential("key-1")
+	w := accountPauseWorker(t, e, "w-1", "key-1", &pauseLog{})
+
+	for range 4 { // one task per claim while paused
+		_, err := w.RunBatch(e.ctx, 5)
+		is.NoErr(err)
+	}
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_attempt WHERE outcome = 'TTL_EXPIRED'`), int64(3)) // the expired ones ended, uncalled
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'FAILED'`), int64(3))
+	is.Equal(e.push.TotalOutbound(), 1)                                // the live task was the probe, delivered
+	is.Equal(e.scalar(`SELECT count(*) FROM channel_pause`), int64(0)) // and its answer ended the pause
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENT'`), int64(1))
+}

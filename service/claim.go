@@ -128,7 +128,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int) (attempts []*Atte
 			}
 		}
 		if len(start.IDs) == 0 {
-			return nil
+			return d.releaseUnusedProbe(ctx, q, rows)
 		}
 		// The COMMIT travels with this statement and runs as soon as it succeeds. When the answer is lost
 		// (the connection broke), the claim may have committed: recoverClaim asks by the tokens chosen here.
