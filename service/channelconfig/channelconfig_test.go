@@ -1,6 +1,7 @@
 package channelconfig_test
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -8,6 +9,8 @@ import (
 	"encoding/base64"
 	"encoding/pem"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -207,6 +210,36 @@ vapid_subject = "https://example.com/contact"
 	is.Equal(routes["hooks"].Mode, delivery.ModeNone) // a webhook may claim less than it offers
 }
 
+// The http kind's token_env (or token_file) is sent as a bearer token on every request, so that the
+// endpoint's 401/403 means our credential was refused (ACCOUNT_REFUSED: the channel pauses).
+func TestConfigHTTPBearerToken(t *testing.T) {
+	is := is.New(t)
+	var auth []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		auth = append(auth, r.Header.Get("Authorization"))
+		w.WriteHeader(http.StatusUnauthorized)
+	}))
+	defer srv.Close()
+	path := writeDir(t, map[string]string{"channels.toml": `
+[channels.push]
+kind = "http"
+mode = "idempotent"
+url = "` + srv.URL + `"
+token_env = "PUSH_TOKEN"
+[channels.sms]
+kind = "http"
+mode = "none"
+url = "` + srv.URL + `"
+`})
+	routes, err := channelconfig.Load(path, env(map[string]string{"PUSH_TOKEN": "tok-123\n"}))
+	is.NoErr(err) // valid
+	msg := delivery.Message{Ref: "r1", IdempotencyKey: "k1", To: "u1@push", Body: "b", ExpiresAt: time.Now().Add(time.Hour)}
+	obs := routes["push"].Client.Send(context.Background(), msg)
+	is.Equal(obs.Outcome, delivery.OutcomeAccountRefused) // a 401 to a channel that sends a credential
+	routes["sms"].Client.Send(context.Background(), msg)
+	is.Equal(auth, []string{"Bearer tok-123", ""}) // the token, its newline trimmed; none without the key
+}
+
 func TestConfigInvalid(t *testing.T) {
 	vapidKey := vapidPEM(t)
 	const httpOK = "[channels.push]\nkind = \"http\"\nmode = \"idempotent\"\nurl = \"https://push.example\"\n"
@@ -237,6 +270,10 @@ func TestConfigInvalid(t *testing.T) {
 		{"unknown kind", "[channels.sms]\nkind = \"carrier-pigeon\"\n", nil, []string{`channel "sms"`, `kind "carrier-pigeon"`}, ""},
 		{"no kind", "[channels.sms]\nmode = \"none\"\n", nil, []string{`channel "sms"`, "kind: required"}, ""},
 		{"key of another kind", httpOK + "addr = \"smtp.example:25\"\n", nil, []string{`channel "push"`, `addr does not apply to kind "http"`}, ""},
+		{"inline http token", httpOK + "token = \"tok-123\"\n", nil, []string{`channel "push"`, "token: secrets only from an _env or _file key"}, "tok-123"},
+		{"http token from an unset variable", httpOK + "token_env = \"PUSH_TOKEN\"\n", nil, []string{`channel "push"`, "token_env: environment variable PUSH_TOKEN is unset or empty"}, ""},
+		{"http token twice", httpOK + "token_env = \"PUSH_TOKEN\"\ntoken_file = \"tok\"\n", map[string]string{"PUSH_TOKEN": "tok-123"},
+			[]string{`channel "push"`, "token_env and token_file: give one, not both"}, "tok-123"},
 		{"topic resend on http", httpOK + "resend_with_topic = true\n", nil, []string{`resend_with_topic does not apply to kind "http"`}, ""},
 		{"collapse resend on webpush", "[channels.web]\nkind = \"webpush\"\nresend_with_collapse = true\n", nil, []string{`channel "web"`, `resend_with_collapse does not apply to kind "webpush"`}, ""},
 		{"key of another kind names its owner", httpOK + "vapid_subject = \"mailto:a@b.example\"\n", nil, []string{`vapid_subject does not apply to kind "http" (it is a key of webpush)`}, ""},

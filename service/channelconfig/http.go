@@ -12,8 +12,10 @@ import (
 const KindHTTP = "http"
 
 type httpConfig struct {
-	URL    string `toml:"url"`
-	CAFile string `toml:"ca_file"`
+	URL       string `toml:"url"`
+	CAFile    string `toml:"ca_file"`
+	TokenEnv  string `toml:"token_env"`  // optional: sent as "Authorization: Bearer <token>"
+	TokenFile string `toml:"token_file"` // (401/403 then pause the channel: docs/channels.md#account-states)
 }
 
 func init() {
@@ -27,7 +29,14 @@ func init() {
 		if c.URL == "" {
 			return nil, errors.New("url: required for kind http")
 		}
-		client, err := httpchannel.New(c.URL, httpchannel.Options{CAFile: l.path(c.CAFile)})
+		var token string
+		if c.TokenEnv != "" || c.TokenFile != "" {
+			var err error
+			if token, err = l.secret("token", c.TokenEnv, c.TokenFile); err != nil {
+				return nil, err
+			}
+		}
+		client, err := httpchannel.New(c.URL, httpchannel.Options{CAFile: l.path(c.CAFile), Token: token})
 		return client, keyErr("url", err)
 	})
 }
