@@ -69,9 +69,11 @@ func TestAccountRefusedPausesChannelUntilCredentialWorks(t *testing.T) {
 	w2 := accountPauseWorker(t, e, "w-2", "key-1", log)
 	sent := func() int64 { return e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENT'`) }
 
-	for sent() < 10 {
-		res := runOnce(t, w1)
-		is.Equal(res.Kind, service.ResultSent) // the credential works
+	for sent() < 10 { // one task per cycle, whatever NOTIFIER_TEST_BATCH says, so that exactly 10 go first
+		res, err := w1.RunBatch(e.ctx, 1)
+		is.NoErr(err)
+		is.Equal(len(res), 1)
+		is.Equal(res[0].Kind, service.ResultSent) // the credential works
 	}
 	e.push.SetCredential("key-2") // rotated at the endpoint; the workers still send key-1
 
