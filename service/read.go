@@ -271,6 +271,8 @@ type Status struct {
 	Receipts []ReceiptCount `json:"receipts"`
 	// RateLimits are the channels' rate-limit buckets (schema/014), as they stand now.
 	RateLimits []Bucket `json:"rate_limits"`
+	// ChannelPauses are the channels paused for an account state (schema/025), with their causes.
+	ChannelPauses []ChannelPause `json:"channel_pauses"`
 	// Database is the server's standing: whether commits wait for a standby.
 	Database StandingReport `json:"database"`
 }
@@ -324,6 +326,9 @@ func (n *Notifier) status(ctx context.Context) (Status, error) {
 		s.Receipts[i] = ReceiptCount{Kind: delivery.ReceiptKind(r.Kind), Effect: delivery.ReceiptEffect(r.Effect), Receipts: r.Receipts}
 	}
 	if s.RateLimits, err = n.RateLimits(ctx); err != nil {
+		return Status{}, err
+	}
+	if s.ChannelPauses, err = n.ChannelPauses(ctx); err != nil {
 		return Status{}, err
 	}
 	standing, err := n.Standing(ctx)
