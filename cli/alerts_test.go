@@ -99,8 +99,8 @@ func TestAlertRulesAndDashboardNameExportedMetrics(t *testing.T) {
 // fake that accepts), with one task to deliver, and returns its metrics address once it has called the
 // channel and its gauges have been read. It checks the fleet-wide gauges against what it seeded: one
 // parked push task (parked two hours ago), one FAILED task a receipt contradicts, one sms task due an
-// hour ago that no worker serves, and sms's rate-limit bucket paused for an hour. The worker is stopped
-// at the end of the test.
+// hour ago that no worker serves, sms's rate-limit bucket paused for an hour, and sms paused for an
+// account state since 10 minutes ago. The worker is stopped at the end of the test.
 func startMeasuredWorker(t *testing.T, c notifierCLI, pool *pgxpool.Pool) string {
 	t.Helper()
 	is := is.New(t)
@@ -121,8 +121,10 @@ func startMeasuredWorker(t *testing.T, c notifierCLI, pool *pgxpool.Pool) string
 			SELECT t.id, 'twilio', 'late-1', 'DELIVERED', 'CONTRADICTS' FROM delivery_task t
 			JOIN notification n ON n.id = t.notification_id WHERE n.event_key = 'written-off';
 		INSERT INTO channel_rate_limit (channel, rate, burst, tokens, paused_until)
-			VALUES ('sms', 1, 1, 0, now() + interval '1 hour')`)
-	is.NoErr(err) // the seeded tasks, receipt and bucket
+			VALUES ('sms', 1, 1, 0, now() + interval '1 hour');
+		INSERT INTO channel_pause (channel, cause, paused_at, backoff_seconds, probe_after, probe_hold_seconds)
+			VALUES ('sms', '401 code 20003: Authenticate', now() - interval '10 minutes', 300, now() + interval '5 minutes', 30)`)
+	is.NoErr(err) // the seeded tasks, receipt, bucket and account pause
 
 	p := c.loginAs(pool, "notifier_worker").start("--log-format", "json", "work", "--channel", "push=idempotent,"+push.URL(),
 		"--poll", "50ms", "--metrics-addr", "127.0.0.1:0")
@@ -137,15 +139,16 @@ func startMeasuredWorker(t *testing.T, c notifierCLI, pool *pgxpool.Pool) string
 	if strings.Contains(p.stderr.String(), "could not read the fleet-wide gauges") {
 		t.Fatalf("the worker role could not read the gauges:\n%s", p.stderr)
 	}
-	is.Equal(metricValue(body, "notifier_tasks_parked"), 1.0)                               // the parked task
-	is.True(metricValue(body, "notifier_tasks_parked_oldest_age_seconds") >= 2*3600)        // parked two hours ago
-	is.True(metricValue(body, "notifier_tasks_due_oldest_age_seconds") >= 3600)             // the sms task nobody serves
-	is.Equal(metricValue(body, "notifier_tasks_late_accepted"), 1.0)                        // the receipt contradicts the write-off
-	is.True(metricValue(body, `notifier_rate_limit_paused_seconds{channel="sms"}`) > 3000)  // sms paused for about an hour
-	is.True(metricValue(body, "notifier_fleet_gauges_refreshed_timestamp_seconds") > 1.7e9) // read, at a Unix time
-	is.True(strings.Contains(body, `notifier_set_aside_total{channel="push"} 0`))           // its channels' counters start at 0
-	is.True(strings.Contains(body, `notifier_finish_total{result="UNRECORDED"} 0`))         // and every result's
-	is.True(!strings.Contains(p.stderr.String(), `"level":"ERROR"`))                        // nothing went wrong
+	is.Equal(metricValue(body, "notifier_tasks_parked"), 1.0)                                   // the parked task
+	is.True(metricValue(body, "notifier_tasks_parked_oldest_age_seconds") >= 2*3600)            // parked two hours ago
+	is.True(metricValue(body, "notifier_tasks_due_oldest_age_seconds") >= 3600)                 // the sms task nobody serves
+	is.Equal(metricValue(body, "notifier_tasks_late_accepted"), 1.0)                            // the receipt contradicts the write-off
+	is.True(metricValue(body, `notifier_rate_limit_paused_seconds{channel="sms"}`) > 3000)      // sms paused for about an hour
+	is.True(metricValue(body, `notifier_channel_account_paused_seconds{channel="sms"}`) >= 600) // and for its account, 10 minutes ago
+	is.True(metricValue(body, "notifier_fleet_gauges_refreshed_timestamp_seconds") > 1.7e9)     // read, at a Unix time
+	is.True(strings.Contains(body, `notifier_set_aside_total{channel="push"} 0`))               // its channels' counters start at 0
+	is.True(strings.Contains(body, `notifier_finish_total{result="UNRECORDED"} 0`))             // and every result's
+	is.True(!strings.Contains(p.stderr.String(), `"level":"ERROR"`))                            // nothing went wrong
 	return addr
 }
 

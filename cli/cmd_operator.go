@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -159,19 +161,24 @@ Page with --after set to the last task_id printed.
 func statusCommand(e *env) *cli.Command {
 	return &cli.Command{
 		Name:      "status",
-		Usage:     "count tasks by channel and state; parked tasks; age of the oldest due task; rate limits",
+		Usage:     "count tasks by channel and state; parked tasks; age of the oldest due task; paused channels; rate limits",
 		UsageText: "notifier status [--json]",
 		Description: `Prints a snapshot for operators: the number of tasks per channel and state (parked UNKNOWN
 tasks separately), the number of parked tasks, the number of FAILED or SUPPRESSED tasks that a late
 answer says were accepted (see notifier review, LATE_ACCEPTED), and how long the oldest due task has
-waited (a growing age means workers are missing or failing), and each channel's rate limit: its
-rate, burst, the calls it would let out now (tokens) and how much longer a 429 pauses it.
+waited (a growing age means workers are missing or failing), every channel paused for an account
+state (the provider refused our credential or account; nothing on it is delivered until a probe
+succeeds): its cause, since when, the wait between probes and until the next one, and each channel's
+rate limit: its rate, burst, the calls it would let out now (tokens) and how much longer a 429 pauses
+it.
 
 Without --json: an aligned table for people. With --json: one JSON object for scripts:
   {"counts":[{"channel":"push","state":"SENT","parked":false,"tasks":12}],"parked":0,
    "late_accepted":0,"oldest_ready_seconds":0,
    "receipts":[{"kind":"DELIVERED","effect":"SETTLED","receipts":3}],
-   "rate_limits":[{"channel":"push","rate_per_second":50,"burst":50,"tokens":12.5,"paused_seconds":0}]}
+   "rate_limits":[{"channel":"push","rate_per_second":50,"burst":50,"tokens":12.5,"paused_seconds":0}],
+   "channel_pauses":[{"channel":"sms","cause":"401 code 20003: Authenticate","since":"2026-12-05T17:00:00Z",
+     "paused_seconds":600,"backoff_seconds":300,"next_probe_seconds":42.5}]}
 
 ` + exitCodesHelp,
 		Flags: []cli.Flag{
@@ -198,6 +205,9 @@ Without --json: an aligned table for people. With --json: one JSON object for sc
 				}
 				if st.RateLimits == nil {
 					st.RateLimits = []service.Bucket{}
+				}
+				if st.ChannelPauses == nil {
+					st.ChannelPauses = []service.ChannelPause{}
 				}
 				return e.printJSON(st)
 			}
@@ -237,6 +247,19 @@ func printStatus(e *env, st service.Status) error {
 			parts = append(parts, fmt.Sprintf("%s %s %d", r.Kind, r.Effect, r.Receipts))
 		}
 		fmt.Fprintf(w, "receipts (kind, effect):\t%s\n", strings.Join(parts, ", "))
+	}
+	if len(st.ChannelPauses) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "CHANNEL\tPAUSED FOR ITS ACCOUNT SINCE\tBACKOFF\tNEXT PROBE\tCAUSE")
+		for _, p := range st.ChannelPauses {
+			next := "now"
+			if p.NextProbe > 0 {
+				next = fmt.Sprintf("in %.0fs", math.Ceil(p.NextProbe))
+			}
+			// %q: the cause is the provider's text, and a terminal must not take it for control sequences.
+			fmt.Fprintf(w, "%s\t%s (%s ago)\t%gs\t%s\t%q\n", p.Channel, p.Since.UTC().Format("2006-01-02 15:04:05 UTC"),
+				time.Duration(p.PausedFor*float64(time.Second)).Round(time.Second), p.Backoff, next, p.Cause)
+		}
 	}
 	if len(st.RateLimits) > 0 {
 		fmt.Fprintln(w)

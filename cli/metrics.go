@@ -36,9 +36,11 @@ type metrics struct {
 	oldestDue          prometheus.Gauge
 	lateAccepted       prometheus.Gauge
 	ratePausedFor      *prometheus.GaugeVec
+	accountPausedFor   *prometheus.GaugeVec
 	gaugesRefreshed    prometheus.Gauge
 	lastClaim          prometheus.Gauge
 	pausedChannelsSeen map[string]bool // the channels ratePausedFor has a series for
+	accountPausedSeen  map[string]bool // the channels accountPausedFor has a series for
 }
 
 func newMetrics() *metrics {
@@ -109,6 +111,10 @@ func newMetrics() *metrics {
 			Name: "notifier_rate_limit_paused_seconds",
 			Help: "Seconds left of a rate-limited channel's pause after a 429 (0 when not paused), per channel with a bucket, fleet-wide.",
 		}, []string{"channel"}),
+		accountPausedFor: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "notifier_channel_account_paused_seconds",
+			Help: "Seconds since a channel was paused for every worker by an account state (ACCOUNT_REFUSED: a rejected credential, a paused sending account), fleet-wide; a series per paused channel only, gone when the pause ends. The cause is in notifier status and the worker's log.",
+		}, []string{"channel"}),
 		gaugesRefreshed: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "notifier_fleet_gauges_refreshed_timestamp_seconds",
 			Help: "When this worker last read the fleet-wide gauges from the database (Unix time): they are as old as this.",
@@ -118,10 +124,11 @@ func newMetrics() *metrics {
 			Help: "When this worker's last claim succeeded, whether it found tasks or not (Unix time; 0 before the first).",
 		}),
 		pausedChannelsSeen: map[string]bool{},
+		accountPausedSeen:  map[string]bool{},
 	}
 	m.registry.MustRegister(m.claims, m.calls, m.finishes, m.parked, m.setAside, m.rateLimited, m.ratePaused, m.callDuration,
 		m.standbys, m.waitsOnStandby, m.finishRetries,
-		m.tasksParked, m.oldestParked, m.oldestDue, m.lateAccepted, m.ratePausedFor, m.gaugesRefreshed, m.lastClaim,
+		m.tasksParked, m.oldestParked, m.oldestDue, m.lateAccepted, m.ratePausedFor, m.accountPausedFor, m.gaugesRefreshed, m.lastClaim,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -144,24 +151,39 @@ func (m *metrics) serving(channels []string) {
 }
 
 // onAlertGauges exports one reading of the fleet-wide gauges, read at now. A channel whose bucket is
-// gone loses its series.
+// gone, or whose account pause ended, loses its series.
 func (m *metrics) onAlertGauges(g service.AlertGauges, now time.Time) {
 	m.tasksParked.Set(float64(g.Parked))
 	m.oldestParked.Set(g.OldestParkedSeconds)
 	m.oldestDue.Set(g.OldestDueSeconds)
 	m.lateAccepted.Set(float64(g.LateAccepted))
-	seen := map[string]bool{}
+	rateSeries := map[string]float64{}
 	for _, b := range g.RateLimits {
-		m.ratePausedFor.WithLabelValues(b.Channel).Set(b.PausedFor)
-		seen[b.Channel] = true
+		rateSeries[b.Channel] = b.PausedFor
 	}
-	for ch := range m.pausedChannelsSeen {
-		if !seen[ch] {
-			m.ratePausedFor.DeleteLabelValues(ch)
+	m.pausedChannelsSeen = setChannelSeries(m.ratePausedFor, m.pausedChannelsSeen, rateSeries)
+	accountSeries := map[string]float64{}
+	for _, p := range g.ChannelPauses {
+		accountSeries[p.Channel] = p.PausedFor
+	}
+	m.accountPausedSeen = setChannelSeries(m.accountPausedFor, m.accountPausedSeen, accountSeries)
+	m.gaugesRefreshed.Set(float64(now.UnixNano()) / 1e9)
+}
+
+// setChannelSeries sets a per-channel gauge to values, deletes the series of the channels in seen
+// that values no longer holds, and returns the channels it now has a series for.
+func setChannelSeries(gauge *prometheus.GaugeVec, seen map[string]bool, values map[string]float64) map[string]bool {
+	now := make(map[string]bool, len(values))
+	for ch, v := range values {
+		gauge.WithLabelValues(ch).Set(v)
+		now[ch] = true
+	}
+	for ch := range seen {
+		if !now[ch] {
+			gauge.DeleteLabelValues(ch)
 		}
 	}
-	m.pausedChannelsSeen = seen
-	m.gaugesRefreshed.Set(float64(now.UnixNano()) / 1e9)
+	return now
 }
 
 // onClaim notes a claim that succeeded, whatever it found: a worker whose claims stop is down for the

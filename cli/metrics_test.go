@@ -8,6 +8,7 @@ import (
 
 	"github.com/matryer/is"
 
+	"github.com/notifierhq/notifier/dbgen"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
 )
@@ -71,9 +72,22 @@ func TestAlertGaugesFollowTheBuckets(t *testing.T) {
 		RateLimits: []service.Bucket{{Channel: "push", PausedFor: 30}, {Channel: "sms"}}}, at)
 	m.onAlertGauges(service.AlertGauges{Parked: 1, OldestParkedSeconds: 90,
 		RateLimits: []service.Bucket{{Channel: "push", PausedFor: 12}}}, at.Add(15*time.Second))
+	is.Equal(fleetGauges(t, m), map[string]float64{
+		"notifier_tasks_parked":                             1,
+		"notifier_tasks_parked_oldest_age_seconds":          90,
+		"notifier_tasks_due_oldest_age_seconds":             0, // none due any more
+		"notifier_tasks_late_accepted":                      0,
+		"notifier_rate_limit_paused_seconds channel=push":   12, // sms's bucket is gone, and its series with it
+		"notifier_fleet_gauges_refreshed_timestamp_seconds": 1_800_000_015,
+	})
+}
+
+// fleetGauges are the fleet-wide gauges m exports now, by name and labels ("name label=value").
+func fleetGauges(t *testing.T, m *metrics) map[string]float64 {
+	t.Helper()
 	got := map[string]float64{}
 	families, err := m.registry.Gather()
-	is.NoErr(err)
+	is.New(t).NoErr(err)
 	for _, f := range families {
 		for _, metric := range f.GetMetric() {
 			name := f.GetName()
@@ -86,12 +100,43 @@ func TestAlertGaugesFollowTheBuckets(t *testing.T) {
 			}
 		}
 	}
-	is.Equal(got, map[string]float64{
-		"notifier_tasks_parked":                             1,
-		"notifier_tasks_parked_oldest_age_seconds":          90,
-		"notifier_tasks_due_oldest_age_seconds":             0, // none due any more
-		"notifier_tasks_late_accepted":                      0,
-		"notifier_rate_limit_paused_seconds channel=push":   12, // sms's bucket is gone, and its series with it
-		"notifier_fleet_gauges_refreshed_timestamp_seconds": 1_800_000_015,
-	})
+	return got
+}
+
+// TestAccountPausedChannelMetric: a channel the worker's query paused for an account state (ChannelPauseRefused,
+// as a finish writes it) shows in notifier_channel_account_paused_seconds, as seconds since the pause
+// began by the database's clock, once the fleet-wide gauges are read; its series is gone once a probe
+// ends the pause (ChannelPauseEnd), rather than showing a pause that ended.
+func TestAccountPausedChannelMetric(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	ctx := context.Background()
+	_, pool := newCLI(t)
+	q, n, m := dbgen.New(pool), service.NewNotifier(pool), newMetrics()
+	read := func() map[string]float64 {
+		g, err := n.AlertGauges(ctx)
+		is.NoErr(err)
+		m.onAlertGauges(g, time.Now())
+		return fleetGauges(t, m)
+	}
+	const series = "notifier_channel_account_paused_seconds channel=sms"
+	_, found := read()[series]
+	is.True(!found) // no pause, no series
+
+	row, err := q.ChannelPauseRefused(ctx, dbgen.ChannelPauseRefusedParams{Channel: "sms",
+		Cause: "401 code 20003: Authenticate", StartSeconds: 2, HoldSeconds: 30, CapSeconds: 300})
+	is.NoErr(err)
+	is.True(row.Began) // the refusal paused sms
+	_, err = pool.Exec(ctx, `UPDATE channel_pause SET paused_at = now() - interval '90 seconds'`)
+	is.NoErr(err) // as if it began 90 s ago
+	got := read()
+	is.True(got[series] >= 90 && got[series] < 3600) // seconds since the pause began
+	_, found = got["notifier_channel_account_paused_seconds channel=push"]
+	is.True(!found) // a series for the paused channel only
+
+	ended, err := q.ChannelPauseEnd(ctx, "sms")
+	is.NoErr(err)
+	is.Equal(len(ended), 1) // a probe ended the pause
+	_, found = read()[series]
+	is.True(!found) // and its series is gone
 }

@@ -46,6 +46,7 @@ func (q *Queries) ChannelPauseEnd(ctx context.Context, channel string) ([]Channe
 
 const ChannelPauseList = `-- name: ChannelPauseList :many
 SELECT p.channel, p.cause, p.paused_at, p.backoff_seconds,
+       extract(epoch FROM now() - p.paused_at)::float8 AS paused_seconds,
        greatest(0, extract(epoch FROM p.probe_after - now()))::float8 AS next_probe_seconds
 FROM channel_pause p
 ORDER BY p.channel
@@ -56,11 +57,12 @@ type ChannelPauseListRow struct {
 	Cause            string
 	PausedAt         time.Time
 	BackoffSeconds   float64
+	PausedSeconds    float64
 	NextProbeSeconds float64
 }
 
-// Every paused channel (notifier status, the console, the metrics): its cause, since when, the current
-// backoff, and how long until the next probe may go (0: now).
+// Every paused channel (notifier status, the console, the metrics): its cause, since when and how long
+// by the database's clock, the current backoff, and how long until the next probe may go (0: now).
 func (q *Queries) ChannelPauseList(ctx context.Context) ([]ChannelPauseListRow, error) {
 	rows, err := q.db.Query(ctx, ChannelPauseList)
 	if err != nil {
@@ -75,6 +77,7 @@ func (q *Queries) ChannelPauseList(ctx context.Context) ([]ChannelPauseListRow, 
 			&i.Cause,
 			&i.PausedAt,
 			&i.BackoffSeconds,
+			&i.PausedSeconds,
 			&i.NextProbeSeconds,
 		); err != nil {
 			return nil, err

@@ -29,9 +29,10 @@ WHERE channel = @channel::text
 RETURNING channel, cause, extract(epoch FROM now() - paused_at)::float8 AS paused_seconds;
 
 -- name: ChannelPauseList :many
--- Every paused channel (notifier status, the console, the metrics): its cause, since when, the current
--- backoff, and how long until the next probe may go (0: now).
+-- Every paused channel (notifier status, the console, the metrics): its cause, since when and how long
+-- by the database's clock, the current backoff, and how long until the next probe may go (0: now).
 SELECT p.channel, p.cause, p.paused_at, p.backoff_seconds,
+       extract(epoch FROM now() - p.paused_at)::float8 AS paused_seconds,
        greatest(0, extract(epoch FROM p.probe_after - now()))::float8 AS next_probe_seconds
 FROM channel_pause p
 ORDER BY p.channel;

@@ -28,29 +28,22 @@ type ChannelPause struct {
 	Channel   string    `json:"channel"`
 	Cause     string    `json:"cause"`
 	Since     time.Time `json:"since"`
+	PausedFor float64   `json:"paused_seconds"`     // since Since, by the database's clock
 	Backoff   float64   `json:"backoff_seconds"`    // the current wait between probes
 	NextProbe float64   `json:"next_probe_seconds"` // until the next probe may go; 0: now
 }
 
-// ChannelPauses lists every channel paused for an account state (notifier status, the console).
+// ChannelPauses lists every channel paused for an account state (notifier status, the console, and the
+// worker's metrics through AlertGauges).
 func (n *Notifier) ChannelPauses(ctx context.Context) ([]ChannelPause, error) {
-	return listChannelPauses(ctx, n.q)
-}
-
-// ChannelPauses lists every channel paused for an account state (the worker's metrics).
-func (d *Dispatcher) ChannelPauses(ctx context.Context) ([]ChannelPause, error) {
-	return listChannelPauses(ctx, dbgen.New(d.pool))
-}
-
-func listChannelPauses(ctx context.Context, q *dbgen.Queries) ([]ChannelPause, error) {
-	rows, err := q.ChannelPauseList(ctx)
+	rows, err := n.q.ChannelPauseList(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read channel pauses: %w", err)
 	}
 	pauses := make([]ChannelPause, len(rows))
 	for i, r := range rows {
-		pauses[i] = ChannelPause{Channel: r.Channel, Cause: r.Cause, Since: r.PausedAt, Backoff: r.BackoffSeconds,
-			NextProbe: r.NextProbeSeconds}
+		pauses[i] = ChannelPause{Channel: r.Channel, Cause: r.Cause, Since: r.PausedAt, PausedFor: r.PausedSeconds,
+			Backoff: r.BackoffSeconds, NextProbe: r.NextProbeSeconds}
 	}
 	return pauses, nil
 }

@@ -95,6 +95,7 @@ func TestAccountRefusedPausesChannelUntilCredentialWorks(t *testing.T) {
 	is.Equal(pauses[0].Channel, "push")                                                                           // of push
 	is.True(strings.Contains(pauses[0].Cause, "credential"))                                                      // and its cause
 	is.True(pauses[0].Backoff > 0.1)                                                                              // backed off from its start
+	is.True(pauses[0].PausedFor > 0 && pauses[0].PausedFor < 600)                                                 // paused since the first refusal, by the database's clock
 	is.Equal(sent(), int64(10))                                                                                   // nothing delivered meanwhile
 	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'FAILED'`), int64(0))                     // no task written off
 	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE needs_review`), int64(0))                         // none parked

@@ -271,6 +271,8 @@ type Status struct {
 	Receipts []ReceiptCount `json:"receipts"`
 	// RateLimits are the channels' rate-limit buckets (schema/014), as they stand now.
 	RateLimits []Bucket `json:"rate_limits"`
+	// ChannelPauses are the channels paused for an account state (schema/025), with their causes.
+	ChannelPauses []ChannelPause `json:"channel_pauses"`
 	// Database is the server's standing: whether commits wait for a standby.
 	Database StandingReport `json:"database"`
 }
@@ -324,6 +326,9 @@ func (n *Notifier) status(ctx context.Context) (Status, error) {
 		s.Receipts[i] = ReceiptCount{Kind: delivery.ReceiptKind(r.Kind), Effect: delivery.ReceiptEffect(r.Effect), Receipts: r.Receipts}
 	}
 	if s.RateLimits, err = n.RateLimits(ctx); err != nil {
+		return Status{}, err
+	}
+	if s.ChannelPauses, err = n.ChannelPauses(ctx); err != nil {
 		return Status{}, err
 	}
 	standing, err := n.Standing(ctx)
@@ -386,10 +391,11 @@ type AlertGauges struct {
 	OldestDueSeconds    float64 // how long the longest-waiting due task has waited (as Status.OldestReadySeconds)
 	LateAccepted        int64   // as Status.LateAccepted
 	RateLimits          []Bucket
+	ChannelPauses       []ChannelPause // the channels paused for an account state (as Status.ChannelPauses)
 }
 
-// AlertGauges reads the gauges in two statements (TaskAlertGauges, RateLimitList), each costing what
-// there is to show rather than the size of the backlog. A worker's role may run it (it counts late
+// AlertGauges reads the gauges in three statements (TaskAlertGauges, RateLimitList, ChannelPauseList),
+// each costing what there is to show rather than the size of the backlog. A worker's role may run it (it counts late
 // acceptances through schema/018's function, reading no receipt); a user the database refuses gets a
 // *PermissionError.
 func (n *Notifier) AlertGauges(ctx context.Context) (AlertGauges, error) {
@@ -401,6 +407,11 @@ func (n *Notifier) AlertGauges(ctx context.Context) (AlertGauges, error) {
 	if err != nil {
 		return AlertGauges{}, needsRole("alert gauges", RoleWorker, err)
 	}
+	pauses, err := n.ChannelPauses(ctx)
+	if err != nil {
+		return AlertGauges{}, needsRole("alert gauges", RoleWorker, err)
+	}
 	return AlertGauges{Parked: row.Parked, OldestParkedSeconds: row.OldestParkedSeconds,
-		OldestDueSeconds: row.OldestDueSeconds, LateAccepted: row.LateAccepted, RateLimits: buckets}, nil
+		OldestDueSeconds: row.OldestDueSeconds, LateAccepted: row.LateAccepted, RateLimits: buckets,
+		ChannelPauses: pauses}, nil
 }

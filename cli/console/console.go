@@ -123,7 +123,7 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) Handler() http.Handler { return s.handler }
 
 func parsePages() (map[string]*template.Template, error) {
-	funcs := template.FuncMap{"clock": clock, "age": age, "latency": latency, "excerpt": excerpt}
+	funcs := template.FuncMap{"clock": clock, "age": age, "latency": latency, "excerpt": excerpt, "seconds": seconds}
 	pages := map[string]*template.Template{}
 	for _, name := range []string{"login", "list", "task", "status", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -14,6 +15,8 @@ import (
 	"github.com/matryer/is"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/notifierhq/notifier/dbgen"
 )
 
 // TestHeadersOnEveryAnswer: the sign-in page, a signed-in page, an error and the stylesheet all carry
@@ -360,6 +363,46 @@ func TestStatusPage(t *testing.T) {
 	is.True(strings.Contains(p.body, `<dd id="parked">2</dd>`))
 	is.True(strings.Contains(p.body, "<td>push</td><td>UNKNOWN (parked)</td><td>2</td>"))
 	is.True(strings.Contains(p.body, "No channel is rate-limited."))
+}
+
+// TestPausedChannelsShown: a channel the worker's query paused for an account state (ChannelPauseRefused,
+// as a finish writes it) is shown above the tasks on the first page and on the status page, with its
+// cause escaped (it is the provider's text), the wait between probes and the next probe; once a probe
+// ends the pause, neither page shows it.
+func TestPausedChannelsShown(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	q := dbgen.New(f.owner)
+	const cause = `401 <script>alert("x")</script> Authenticate`
+	row, err := q.ChannelPauseRefused(ctx, dbgen.ChannelPauseRefusedParams{Channel: "sms", Cause: cause,
+		StartSeconds: 120, HoldSeconds: 30, CapSeconds: 300})
+	is.NoErr(err)
+	is.True(row.Began) // the refusal paused sms
+	f.parkedTask("push", "u1", "a")
+	c := f.client(f.serve())
+	c.signIn("alice", alicePassword)
+	for _, path := range []string{"/", "/status"} {
+		p := c.get(path)
+		is.Equal(p.code, http.StatusOK)
+		is.True(strings.Contains(p.body, `id="channel-pauses"`))                                                                       // the paused channels
+		is.True(strings.Contains(p.body, `<tr id="paused-sms"><td>sms</td>`))                                                          // sms among them
+		is.True(strings.Contains(p.body, `<pre class="cause">401 &lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt; Authenticate</pre>`)) // its cause, escaped
+		is.True(!strings.Contains(p.body, "<script>"))                                                                                 // never markup
+		is.True(strings.Contains(p.body, " ago)</td><td>2m0s</td><td>in "))                                                            // since when, the backoff, the next probe
+	}
+	p := c.get("/")
+	is.True(strings.Index(p.body, `id="channel-pauses"`) < strings.Index(p.body, `id="tasks"`)) // above the tasks
+
+	ended, err := q.ChannelPauseEnd(ctx, "sms")
+	is.NoErr(err)
+	is.Equal(len(ended), 1) // a probe ended the pause
+	for _, path := range []string{"/", "/status"} {
+		p := c.get(path)
+		is.Equal(p.code, http.StatusOK)
+		is.True(!strings.Contains(p.body, `id="channel-pauses"`)) // nothing paused, nothing shown
+	}
 }
 
 // TestTrustedProxyHeader: with --trust-header the header names the operator only on requests from a

@@ -33,6 +33,8 @@ type view struct {
 	States   []string
 	NextPage string
 	Paged    bool
+	// and above it the channels paused for an account state: nothing on them is delivered
+	ChannelPauses []service.ChannelPause
 
 	// task
 	Task *taskView
@@ -265,6 +267,13 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, sess *session) {
 	}
 	ctx, cancel := s.dbContext(r)
 	defer cancel()
+	// The first page an operator sees says first that a channel delivers nothing, and why.
+	pauses, err := s.cfg.Notifier.ChannelPauses(ctx)
+	if err != nil {
+		s.dbFailed(w, r, sess, "read channel pauses", err)
+		return
+	}
+	v.ChannelPauses = pauses
 	tasks, err := s.cfg.Notifier.ReviewWhere(ctx, service.ReviewFilter{AfterID: after, Limit: s.cfg.PageSize,
 		Channel: v.Channel, State: delivery.State(v.State)})
 	if errors.Is(err, delivery.ErrInvalidInput) {
@@ -491,6 +500,11 @@ func age(now, t time.Time) string {
 		return d.Round(time.Second).String()
 	}
 	return d.Round(time.Minute).String()
+}
+
+// seconds is a count of seconds as a duration, to the second.
+func seconds(s float64) string {
+	return time.Duration(s * float64(time.Second)).Round(time.Second).String()
 }
 
 func latency(a service.AttemptRecord) string {
