@@ -3,7 +3,7 @@
 // reports status, and serves the fake channels for local runs. The binary is cli/notifier.
 //
 // Results are JSON on stdout; logs (slog) and the one-line error go to stderr. Exit codes: 0 ok,
-// 1 runtime error (database down, ...), 2 usage or bad input, 3 nothing changed.
+// 1 runtime error (database down, ...), 2 usage or bad input, 3 nothing changed (show: nothing found).
 package cli
 
 import (
@@ -26,7 +26,7 @@ const (
 	exitOK        = 0
 	exitRuntime   = 1 // the database is unreachable, a query failed, the user lacks the command's role, ...
 	exitUsage     = 2 // unknown command or flag, missing or bad value, input the service refuses
-	exitUnchanged = 3 // the command was valid but changed nothing (e.g. resolve of a task not parked)
+	exitUnchanged = 3 // the command was valid but changed nothing (e.g. resolve of a task not parked), or show found nothing
 )
 
 // Run executes one command line (args[0] is the program's name). It writes results to stdout and, when

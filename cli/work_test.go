@@ -269,7 +269,7 @@ func TestHelp(t *testing.T) {
 	for _, args := range [][]string{
 		{"--help"}, {"-h"}, {"help"},
 		{"pref", "--help"}, {"pref", "set", "--help"}, {"create", "--help"}, {"work", "--help"},
-		{"resolve", "--help"}, {"review", "--help"}, {"status", "--help"}, {"fake", "--help"},
+		{"resolve", "--help"}, {"review", "--help"}, {"show", "--help"}, {"status", "--help"}, {"fake", "--help"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			is := is.New(t)

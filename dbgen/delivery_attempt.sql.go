@@ -61,9 +61,9 @@ WHERE task_id = ANY ($1::bigint[])
 ORDER BY task_id, attempt_no
 `
 
-// The whole histories of a page of tasks (notifier review) in one statement rather than one per task:
-// every attempt of each task in @task_ids, by task and in order, verbatim as AttemptListByTask reads
-// them. Read only; each task's rows come from the (task_id, attempt_no) unique index.
+// The whole histories of a page of tasks (notifier review), or of one notification's tasks (notifier
+// show), in one statement rather than one per task: every attempt of each task in @task_ids, by task and
+// in order, verbatim as AttemptListByTask reads them (R3: the history as recorded, nothing merged). Read only; each task's rows come from the (task_id, attempt_no) unique index.
 func (q *Queries) AttemptListByTasks(ctx context.Context, taskIds []int64) ([]DeliveryAttempt, error) {
 	rows, err := q.db.Query(ctx, AttemptListByTasks, taskIds)
 	if err != nil {

@@ -563,6 +563,53 @@ func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertF
 	return items, nil
 }
 
+const TaskListByNotification = `-- name: TaskListByNotification :many
+SELECT id, channel, ref, state, needs_review, attempt_count, last_error
+FROM delivery_task
+WHERE notification_id = $1
+ORDER BY id
+`
+
+type TaskListByNotificationRow struct {
+	ID           int64
+	Channel      string
+	Ref          string
+	State        string
+	NeedsReview  bool
+	AttemptCount int32
+	LastError    *string
+}
+
+// Every task of one notification (notifier show), whatever its state, in creation order. Read only; R2
+// makes it one row per channel at most: the rows come from the UNIQUE (notification_id, channel) index.
+func (q *Queries) TaskListByNotification(ctx context.Context, notificationID int64) ([]TaskListByNotificationRow, error) {
+	rows, err := q.db.Query(ctx, TaskListByNotification, notificationID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []TaskListByNotificationRow{}
+	for rows.Next() {
+		var i TaskListByNotificationRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Channel,
+			&i.Ref,
+			&i.State,
+			&i.NeedsReview,
+			&i.AttemptCount,
+			&i.LastError,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const TaskListLateAccepted = `-- name: TaskListLateAccepted :many
 SELECT t.id, t.notification_id, t.channel, t.state, t.attempt_count, t.max_attempts, t.provider_msg_id,
        t.last_error, t.updated_at, n.user_id, n.event_key

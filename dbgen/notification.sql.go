@@ -30,6 +30,35 @@ func (q *Queries) NotificationGet(ctx context.Context, id int64) (Notification, 
 	return i, err
 }
 
+const NotificationGetByUserEvent = `-- name: NotificationGetByUserEvent :one
+SELECT id, user_id, event_key, body, created_at, expires_at
+FROM notification
+WHERE user_id = $1 AND event_key = $2
+`
+
+type NotificationGetByUserEventParams struct {
+	UserID   string
+	EventKey string
+}
+
+// The one notification of (user_id, event_key) (notifier show --user --event-key), the same columns as
+// NotificationGet. Read only; R1 makes it at most one row: the lookup is the UNIQUE key
+// notification_user_event_key_key that deduplicates every create, so a script finds the event by the
+// key it submitted it under.
+func (q *Queries) NotificationGetByUserEvent(ctx context.Context, arg NotificationGetByUserEventParams) (Notification, error) {
+	row := q.db.QueryRow(ctx, NotificationGetByUserEvent, arg.UserID, arg.EventKey)
+	var i Notification
+	err := row.Scan(
+		&i.ID,
+		&i.UserID,
+		&i.EventKey,
+		&i.Body,
+		&i.CreatedAt,
+		&i.ExpiresAt,
+	)
+	return i, err
+}
+
 const NotificationInsert = `-- name: NotificationInsert :many
 INSERT INTO notification (user_id, event_key, body, expires_at)
 SELECT e.user_id, e.event_key, e.body, now() + make_interval(secs => e.ttl_seconds)

@@ -36,9 +36,9 @@ WHERE task_id = @task_id
 ORDER BY attempt_no;
 
 -- name: AttemptListByTasks :many
--- The whole histories of a page of tasks (notifier review) in one statement rather than one per task:
--- every attempt of each task in @task_ids, by task and in order, verbatim as AttemptListByTask reads
--- them. Read only; each task's rows come from the (task_id, attempt_no) unique index.
+-- The whole histories of a page of tasks (notifier review), or of one notification's tasks (notifier
+-- show), in one statement rather than one per task: every attempt of each task in @task_ids, by task and
+-- in order, verbatim as AttemptListByTask reads them (R3: the history as recorded, nothing merged). Read only; each task's rows come from the (task_id, attempt_no) unique index.
 SELECT id, task_id, attempt_no, attempt_token, action, worker, started_at, finished_at, outcome,
        provider_msg_id, error, late_outcome, late_at, note
 FROM delivery_attempt

@@ -325,6 +325,14 @@ SELECT id, notification_id, channel, ref, state, attempt_count, max_attempts, at
 FROM delivery_task
 WHERE id = @id;
 
+-- name: TaskListByNotification :many
+-- Every task of one notification (notifier show), whatever its state, in creation order. Read only; R2
+-- makes it one row per channel at most: the rows come from the UNIQUE (notification_id, channel) index.
+SELECT id, channel, ref, state, needs_review, attempt_count, last_error
+FROM delivery_task
+WHERE notification_id = @notification_id
+ORDER BY id;
+
 -- name: TaskListParked :many
 -- Tasks waiting for a human (notifier review, the console's list), oldest first, via
 -- delivery_task_parked_idx; only those of @channel when it is given (the console's filter: a filter in

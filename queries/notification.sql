@@ -38,3 +38,12 @@ ORDER BY n.id, t.channel;
 SELECT id, body
 FROM notification
 WHERE id = ANY (@ids::bigint[]);
+
+-- name: NotificationGetByUserEvent :one
+-- The one notification of (user_id, event_key) (notifier show --user --event-key), the same columns as
+-- NotificationGet. Read only; R1 makes it at most one row: the lookup is the UNIQUE key
+-- notification_user_event_key_key that deduplicates every create, so a script finds the event by the
+-- key it submitted it under.
+SELECT id, user_id, event_key, body, created_at, expires_at
+FROM notification
+WHERE user_id = @user_id AND event_key = @event_key;

@@ -234,21 +234,31 @@ func (n *Notifier) withAttempts(ctx context.Context, tasks []ParkedTask) ([]Park
 	for i, t := range tasks {
 		ids[i] = t.ID
 	}
-	rows, err := n.q.AttemptListByTasks(ctx, ids)
+	byTask, err := attemptsOf(ctx, n.q, ids)
 	if err != nil {
-		return nil, fmt.Errorf("read the attempts of %d tasks: %w", len(tasks), err)
-	}
-	byTask := make(map[int64][]AttemptRecord, len(tasks))
-	for _, r := range rows {
-		byTask[r.TaskID] = append(byTask[r.TaskID], attemptRecord(r))
+		return nil, err
 	}
 	for i := range tasks {
 		tasks[i].Attempts = byTask[tasks[i].ID]
-		if tasks[i].Attempts == nil {
-			tasks[i].Attempts = []AttemptRecord{}
-		}
 	}
 	return tasks, nil
+}
+
+// attemptsOf reads the histories of the tasks taskIDs in one statement (AttemptListByTasks), each in
+// order and in review's shape; every task asked for has an entry, empty (not nil) when it has no attempt.
+func attemptsOf(ctx context.Context, q *dbgen.Queries, taskIDs []int64) (map[int64][]AttemptRecord, error) {
+	rows, err := q.AttemptListByTasks(ctx, taskIDs)
+	if err != nil {
+		return nil, fmt.Errorf("read the attempts of %d tasks: %w", len(taskIDs), err)
+	}
+	byTask := make(map[int64][]AttemptRecord, len(taskIDs))
+	for _, id := range taskIDs {
+		byTask[id] = []AttemptRecord{}
+	}
+	for _, r := range rows {
+		byTask[r.TaskID] = append(byTask[r.TaskID], attemptRecord(r))
+	}
+	return byTask, nil
 }
 
 // StateCount is the number of tasks of a channel in a state; Parked counts UNKNOWN tasks that need review.
