@@ -2,10 +2,12 @@ package httpkit_test
 
 import (
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // HTTP/2 frame types and flags this proxy looks at (RFC 9113 section 6).
@@ -45,7 +47,8 @@ var pingData = []byte("notifier")
 
 type h2ProxyConn struct {
 	client net.Conn
-	wmu    sync.Mutex // frames towards the client are written whole
+	wmu    sync.Mutex    // frames towards the client are written whole
+	gone   chan struct{} // closed when the client's side of the connection ends
 }
 
 func startH2Proxy(t *testing.T, backend string) *h2Proxy {
@@ -86,7 +89,7 @@ func (p *h2Proxy) serve() {
 			_ = client.Close()
 			continue
 		}
-		pc := &h2ProxyConn{client: client}
+		pc := &h2ProxyConn{client: client, gone: make(chan struct{})}
 		p.mu.Lock()
 		index := len(p.conns)
 		p.conns = append(p.conns, pc)
@@ -109,6 +112,7 @@ func (p *h2Proxy) serve() {
 
 func (p *h2Proxy) clientToServer(index int, pc *h2ProxyConn, server net.Conn) {
 	defer server.Close()
+	defer close(pc.gone)
 	preface := make([]byte, 24)
 	if _, err := io.ReadFull(pc.client, preface); err != nil {
 		return
@@ -154,7 +158,8 @@ func (p *h2Proxy) clientToServer(index int, pc *h2ProxyConn, server net.Conn) {
 
 // goAwayAndWait sends the client of connection index a GOAWAY (NO_ERROR) naming lastStream as the
 // last stream the server will process, then a PING, and waits for its ACK: a client handles frames in
-// order, so by then it has taken the GOAWAY in.
+// order, so by then it has taken the GOAWAY in. A client may instead close the connection once the
+// GOAWAY left it with no stream, before it reads the PING; that too means it took the GOAWAY in.
 func (p *h2Proxy) goAwayAndWait(index int, lastStream uint32) error {
 	p.mu.Lock()
 	pc := p.conns[index]
@@ -164,8 +169,14 @@ func (p *h2Proxy) goAwayAndWait(index int, lastStream uint32) error {
 	if err := pc.write(append(frame(frameGoAway, 0, 0, payload), frame(framePing, 0, 0, pingData)...)); err != nil {
 		return err
 	}
-	<-p.pingAck
-	return nil
+	select {
+	case <-p.pingAck:
+		return nil
+	case <-pc.gone:
+		return nil
+	case <-time.After(10 * time.Second):
+		return errors.New("h2 proxy: the client neither acknowledged the PING nor closed the connection within 10s")
+	}
 }
 
 func (pc *h2ProxyConn) write(b []byte) error {
