@@ -26,6 +26,18 @@ func ctxReq(user, key string) service.CreateRequest {
 	return service.CreateRequest{UserID: user, EventKey: key, Body: "body of " + key, TTL: time.Hour, MaxAttempts: 3}
 }
 
+// beginTx begins a transaction on pool that is rolled back when the test ends (a no-op after a commit),
+// so that a failed check does not leave its connection held and the pool's Close waiting for it.
+func beginTx(t *testing.T, pool *pgxpool.Pool, opts pgx.TxOptions) pgx.Tx {
+	t.Helper()
+	tx, err := pool.BeginTx(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}
+
 // createTxCount counts the notifications of (user, key) and their tasks, as the owner sees them.
 func (e *env) createTxCount(user, key string) (notifications, tasks int64) {
 	e.t.Helper()
@@ -45,8 +57,7 @@ func TestCreateTxCommitRollbackAndSavepoints(t *testing.T) {
 	n := service.NewNotifier(creator)
 
 	// Committed: the notification and one task per enabled channel.
-	tx, err := creator.Begin(e.ctx)
-	is.NoErr(err)
+	tx := beginTx(t, creator, pgx.TxOptions{})
 	c, err := n.CreateTx(e.ctx, tx, ctxReq("u1", "committed"))
 	is.NoErr(err) // create in the caller's transaction
 	is.True(c.Created)
@@ -56,8 +67,7 @@ func TestCreateTxCommitRollbackAndSavepoints(t *testing.T) {
 	is.Equal([2]int64{nn, nt}, [2]int64{1, 2}) // kept
 
 	// Rolled back: nothing left behind.
-	tx, err = creator.Begin(e.ctx)
-	is.NoErr(err)
+	tx = beginTx(t, creator, pgx.TxOptions{})
 	c, err = n.CreateTx(e.ctx, tx, ctxReq("u1", "rolled-back"))
 	is.NoErr(err)
 	is.True(c.Created) // created, as far as this transaction knows
@@ -67,8 +77,7 @@ func TestCreateTxCommitRollbackAndSavepoints(t *testing.T) {
 
 	// Savepoints: a released one keeps its create, a rolled-back one leaves nothing, and the event of
 	// the rolled-back one can be created again in the same transaction.
-	tx, err = creator.Begin(e.ctx)
-	is.NoErr(err)
+	tx = beginTx(t, creator, pgx.TxOptions{})
 	kept, err := tx.Begin(e.ctx) // SAVEPOINT
 	is.NoErr(err)
 	c, err = n.CreateTx(e.ctx, kept, ctxReq("u1", "in-released-savepoint"))
@@ -98,8 +107,7 @@ func TestCreateTxCommitRollbackAndSavepoints(t *testing.T) {
 	is.Equal([2]int64{nn, nt}, [2]int64{0, 0}) // rolled back: nothing left
 
 	// And later, in a new transaction, the same event answers created=false with the same tasks.
-	tx, err = creator.Begin(e.ctx)
-	is.NoErr(err)
+	tx = beginTx(t, creator, pgx.TxOptions{})
 	dup, err := n.CreateTx(e.ctx, tx, ctxReq("u1", "committed"))
 	is.NoErr(err)
 	is.True(!dup.Created)
@@ -119,9 +127,7 @@ func TestCreateTxSavepointTaskPolicy(t *testing.T) {
 	_, err := e.pool.Exec(e.ctx, `DELETE FROM delivery_task WHERE notification_id = $1`, oldID)
 	is.NoErr(err) // the old notification has no task now: a creator must not add one
 
-	tx, err := creator.Begin(e.ctx)
-	is.NoErr(err)
-	defer func() { _ = tx.Rollback(e.ctx) }()
+	tx := beginTx(t, creator, pgx.TxOptions{})
 	sp, err := tx.Begin(e.ctx)
 	is.NoErr(err)
 	var id int64
@@ -209,15 +215,12 @@ func TestCreateTxWaiterCreatesAfterRollback(t *testing.T) {
 	creator := secRolePool(t, e, "notifier_creator")
 	n := service.NewNotifier(creator)
 
-	tx1, err := creator.Begin(e.ctx)
-	is.NoErr(err)
+	tx1 := beginTx(t, creator, pgx.TxOptions{})
 	first, err := n.CreateTx(e.ctx, tx1, ctxReq("u1", "contended"))
 	is.NoErr(err)
 	is.True(first.Created)
 
-	tx2, err := creator.Begin(e.ctx)
-	is.NoErr(err)
-	defer func() { _ = tx2.Rollback(e.ctx) }()
+	tx2 := beginTx(t, creator, pgx.TxOptions{})
 	var pid2 int32
 	is.NoErr(tx2.QueryRow(e.ctx, `SELECT pg_backend_pid()`).Scan(&pid2))
 	type answer struct {
@@ -254,9 +257,7 @@ func TestCreateTxRepeatableRead(t *testing.T) {
 	for _, level := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
 		t.Run(string(level), func(t *testing.T) {
 			is := is.New(t)
-			tx, err := creator.BeginTx(e.ctx, pgx.TxOptions{IsoLevel: level})
-			is.NoErr(err)
-			defer func() { _ = tx.Rollback(e.ctx) }()
+			tx := beginTx(t, creator, pgx.TxOptions{IsoLevel: level})
 			var one int
 			is.NoErr(tx.QueryRow(e.ctx, `SELECT 1`).Scan(&one)) // the snapshot is taken
 
@@ -292,10 +293,8 @@ func TestCreateTxRoles(t *testing.T) {
 	e := newEnv(t)
 	e.user("u1", "push")
 	worker := secRolePool(t, e, "notifier_worker")
-	tx, err := worker.Begin(e.ctx)
-	is.NoErr(err)
-	defer func() { _ = tx.Rollback(e.ctx) }()
-	_, err = service.NewNotifier(worker).CreateTx(e.ctx, tx, ctxReq("u1", "by-worker"))
+	tx := beginTx(t, worker, pgx.TxOptions{})
+	_, err := service.NewNotifier(worker).CreateTx(e.ctx, tx, ctxReq("u1", "by-worker"))
 	is.True(errors.Is(err, service.ErrPermission))                     // refused
 	is.True(strings.Contains(err.Error(), "notifier_creator"))         // naming the role it needs
 	is.True(strings.Contains(err.Error(), "function notifier_create")) // for the function
