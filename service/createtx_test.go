@@ -408,11 +408,11 @@ func TestCreateChannels(t *testing.T) {
 			}
 			is.True(out[0].Created)
 			is.Equal(channels(out[0]), "sms")                                    // only the named channel
-			is.Equal(out[0].ChannelsWithoutPreference, []string{})               // every named one had a preference
+			is.Equal(len(out[0].ChannelsWithoutPreference), 0)                   // every named one had a preference
 			is.Equal(channels(out[1]), "sms")                                    // the named ones the user enabled
 			is.Equal(out[1].ChannelsWithoutPreference, []string{"email", "fax"}) // disabled, absent
 			is.Equal(channels(out[2]), "push,sms")                               // no names: every enabled channel
-			is.Equal(out[2].ChannelsWithoutPreference, nil)                      // nothing to name
+			is.Equal(len(out[2].ChannelsWithoutPreference), 0)                   // nothing to name
 			is.True(!out[3].Created)                                             // the duplicate
 			is.Equal(channels(out[3]), "sms")                                    // gets the first submission's tasks
 			is.Equal(out[3].ChannelsWithoutPreference, []string{"push"})         // which have none on push
