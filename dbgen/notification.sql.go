@@ -11,10 +11,12 @@ import (
 
 const NotificationCreateInTx = `-- name: NotificationCreateInTx :many
 SELECT e.n::int AS n, c.notification_id::bigint AS notification_id, c.created::boolean AS created
-FROM (SELECT unnest($1::text[]) AS user_id, unnest($2::text[]) AS event_key,
-             unnest($3::text[]) AS body, unnest($4::float8[]) AS ttl_seconds,
-             unnest($5::int[]) AS max_attempts, unnest($6::text[]) AS channel_list,
-             generate_series(1, cardinality($1::text[])) AS n) AS e
+FROM (SELECT s.user_id, s.event_key, s.body, s.ttl_seconds, s.max_attempts, s.channel_list, s.n
+      FROM (SELECT unnest($1::text[]) AS user_id, unnest($2::text[]) AS event_key,
+                   unnest($3::text[]) AS body, unnest($4::float8[]) AS ttl_seconds,
+                   unnest($5::int[]) AS max_attempts, unnest($6::text[]) AS channel_list,
+                   generate_series(1, cardinality($1::text[])) AS n) AS s
+      ORDER BY s.user_id, s.event_key, s.n) AS e
 CROSS JOIN LATERAL notifier_create(user_id => e.user_id, event_key => e.event_key, body => e.body,
                                    ttl => make_interval(secs => e.ttl_seconds), max_attempts => e.max_attempts,
                                    channels => string_to_array(nullif(e.channel_list, ''), ',')) AS c
@@ -37,11 +39,11 @@ type NotificationCreateInTxRow struct {
 }
 
 // Submits a batch of events through notifier_create (schema/026), one call per event, in the caller's
-// transaction and at its isolation level: what Notifier.CreateTx and CreateBatchTx run. The events come
-// in the order the caller wants their keys locked (CreateBatchTx sorts them by key, so that two batches
-// cannot deadlock on each other); n is each event's position in @user_ids. @channel_lists holds each
-// event's channels joined by commas (a channel name has none), or an empty string for every enabled
-// channel.
+// transaction and at its isolation level: what Notifier.CreateTx and CreateBatchTx run. The calls go in
+// (user_id, event_key) order, the first of equal keys first, as NotificationInsert sorts its rows, so
+// that batches of either create path lock shared keys in the same order and cannot deadlock on each
+// other; the answers come back in input order (n, from 1). @channel_lists holds each event's channels
+// joined by commas (a channel name has none), or an empty string for every enabled channel.
 func (q *Queries) NotificationCreateInTx(ctx context.Context, arg NotificationCreateInTxParams) ([]NotificationCreateInTxRow, error) {
 	rows, err := q.db.Query(ctx, NotificationCreateInTx,
 		arg.UserIDs,

@@ -1,7 +1,6 @@
 package service
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -216,8 +215,8 @@ func (n *Notifier) CreateTx(ctx context.Context, tx pgx.Tx, r CreateRequest) (Cr
 	return out[0], nil
 }
 
-// CreateBatchTx is CreateTx of several events, in the order of reqs (at most MaxCreateBatch, every
-// one valid, else nothing is written). Keys are locked in byte order, as CreateBatch locks them, so
+// CreateBatchTx is CreateTx of several events, answered in the order of reqs (at most MaxCreateBatch,
+// every one valid, else nothing is written). Keys are locked in the order CreateBatch locks them, so
 // that two batches never deadlock on each other.
 func (n *Notifier) CreateBatchTx(ctx context.Context, tx pgx.Tx, reqs []CreateRequest) ([]Created, error) {
 	if len(reqs) == 0 {
@@ -231,16 +230,8 @@ func (n *Notifier) CreateBatchTx(ctx context.Context, tx pgx.Tx, reqs []CreateRe
 			return nil, fmt.Errorf("event %d: %w", i+1, err)
 		}
 	}
-	order := make([]int, len(reqs))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int {
-		return cmp.Or(strings.Compare(reqs[a].UserID, reqs[b].UserID), strings.Compare(reqs[a].EventKey, reqs[b].EventKey))
-	})
 	var p dbgen.NotificationCreateInTxParams
-	for _, i := range order {
-		r := reqs[i]
+	for _, r := range reqs {
 		p.UserIDs = append(p.UserIDs, r.UserID)
 		p.EventKeys = append(p.EventKeys, r.EventKey)
 		p.Bodies = append(p.Bodies, r.Body)
@@ -259,7 +250,7 @@ func (n *Notifier) CreateBatchTx(ctx context.Context, tx pgx.Tx, reqs []CreateRe
 	out := make([]Created, len(reqs))
 	ids := make([]int64, 0, len(rows))
 	for _, row := range rows {
-		i := order[row.N-1]
+		i := row.N - 1
 		out[i] = Created{NotificationID: row.NotificationID, Created: row.Created}
 		ids = append(ids, row.NotificationID)
 	}
