@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -57,24 +59,23 @@ Prints one JSON object on stdout, the stored preference:
 	}
 }
 
-// createOutput is what create prints.
-type createOutput struct {
-	NotificationID int64             `json:"notification_id"`
-	Created        bool              `json:"created"`
-	Tasks          []service.TaskRef `json:"tasks"`
-}
+// createOutput is what create prints, and each result line of create --jsonl.
+type createOutput = service.Created
 
 func createCommand(e *env) *cli.Command {
 	return &cli.Command{
 		Name:  "create",
 		Usage: "submit an event: one logical notification per (user, event key)",
-		UsageText: "notifier create --user U --event-key K --body B|- [--ttl 24h] [--max-attempts 3]\n" +
+		UsageText: "notifier create --user U --event-key K --body B|- [--ttl 24h] [--max-attempts 3] [--channels push,sms]\n" +
 			"   notifier create --jsonl FILE|- [--batch-size 1000] [--ttl 24h] [--max-attempts 3]",
 		Description: `Submits one event for a user. The first submission of (user, event key) creates the
 notification and one delivery task per enabled channel preference; every later or concurrent
 submission returns the same notification, writes nothing and reports created=false. The first body
 wins. --body - reads the body from stdin (at most 64 KiB). An empty or blank body is refused
-(exit 2, nothing written): it is almost always a producer that failed upstream.
+(exit 2, nothing written): it is almost always a producer that failed upstream. --channels
+push,sms makes tasks only on those of the user's enabled channels (a name that is not a channel
+name: exit 2, nothing written); the output then names the channels that got no task because the
+user has no enabled preference there: "channels_without_preference":["sms"].
 
 Prints one JSON object on stdout:
   {"notification_id":1,"created":true,"tasks":[{"task_id":1,"channel":"push","ref":"..."}]}
@@ -82,8 +83,9 @@ Exit code 0 both when the notification was created and when it already existed. 
 reference as the channel sees it (random, never reused; the idempotency key is ntf-<ref>).
 
 --jsonl FILE (or - for stdin) submits many events, one JSON object per line:
-  {"user":"u1","event_key":"order-1001-shipped","body":"Shipped","ttl":"36h","max_attempts":5}
-ttl ("36h", or seconds) and max_attempts are optional (default --ttl and --max-attempts). Events
+  {"user":"u1","event_key":"order-1001-shipped","body":"Shipped","ttl":"36h","max_attempts":5,"channels":["push"]}
+ttl ("36h", or seconds), max_attempts and channels are optional (default --ttl, --max-attempts and
+every enabled channel). Events
 go in batched transactions of --batch-size; one result line per input line, in input order, once its
 batch has committed: create's output plus "line":N, or {"line":N,"error":"..."} for a line refused
 (malformed JSON, a field missing or invalid, an unknown field, a line over 1 MiB). Blank lines are
@@ -101,6 +103,7 @@ streams: memory stays bounded for any file size. Progress goes to stderr when st
 			&cli.DurationFlag{Name: "ttl", Value: 24 * time.Hour, Usage: "not delivered after this long"},
 			&cli.IntFlag{Name: "max-attempts", Value: 3, Usage: "attempts per channel before giving up or parking"},
 			&cli.StringFlag{Name: "jsonl", Usage: "submit the events of `FILE` (- for stdin), one JSON object per line"},
+			&cli.StringFlag{Name: "channels", Usage: "only these of the user's enabled channels, comma-separated, e.g. push,sms (default: every enabled channel)"},
 			&cli.IntFlag{Name: "batch-size", Value: 1000, Usage: fmt.Sprintf("with --jsonl: events per transaction (1-%d)", service.MaxCreateBatch)},
 		},
 		Action: func(c *cli.Context) error {
@@ -124,8 +127,16 @@ streams: memory stays bounded for any file size. Progress goes to stderr when st
 				}
 				body = string(b)
 			}
-			user, key, ttl, maxAttempts := c.String("user"), c.String("event-key"), c.Duration("ttl"), c.Int("max-attempts")
-			if err := service.ValidateCreate(user, key, body, ttl, maxAttempts); err != nil {
+			req := service.CreateRequest{UserID: c.String("user"), EventKey: c.String("event-key"), Body: body,
+				TTL: c.Duration("ttl"), MaxAttempts: c.Int("max-attempts")}
+			if c.IsSet("channels") {
+				channels, err := parseChannelsFlag(c.String("channels"))
+				if err != nil {
+					return err
+				}
+				req.Channels = channels
+			}
+			if err := req.Validate(); err != nil {
 				return err
 			}
 			pool, err := e.pool(0)
@@ -135,22 +146,19 @@ streams: memory stays bounded for any file size. Progress goes to stderr when st
 			defer pool.Close()
 			ctx, cancel := e.dbContext(c.Context)
 			defer cancel()
-			id, created, tasks, err := service.NewNotifier(pool).Create(ctx, service.CreateRequest{UserID: user, EventKey: key, Body: body, TTL: ttl, MaxAttempts: maxAttempts})
+			out, err := service.NewNotifier(pool).CreateBatch(ctx, []service.CreateRequest{req})
 			if err != nil {
 				return err
 			}
-			if tasks == nil {
-				tasks = []service.TaskRef{}
-			}
-			e.log.Debug("create", "notification", id, "created", created, "tasks", len(tasks))
-			return e.printJSON(createOutput{NotificationID: id, Created: created, Tasks: tasks})
+			e.log.Debug("create", "notification", out[0].NotificationID, "created", out[0].Created, "tasks", len(out[0].Tasks))
+			return e.printJSON(createOutput(out[0]))
 		},
 	}
 }
 
 // createMany is create --jsonl.
 func createMany(c *cli.Context, e *env) error {
-	for _, f := range []string{"user", "event-key", "body"} {
+	for _, f := range []string{"user", "event-key", "body", "channels"} {
 		if c.IsSet(f) {
 			return usagef("create: --%s does not go with --jsonl (each line names its event)", f)
 		}
@@ -179,4 +187,20 @@ func createMany(c *cli.Context, e *env) error {
 	}
 	defer pool.Close()
 	return createJSONL(c.Context, e, service.NewNotifier(pool), in, batch, defaults)
+}
+
+// parseChannelsFlag reads create's --channels: comma-separated channel names, each named once. A name
+// that is not a channel name is invalid input (exit 2), caught before anything is written.
+func parseChannelsFlag(v string) ([]string, error) {
+	var channels []string
+	for _, c := range strings.Split(v, ",") {
+		c = strings.TrimSpace(c)
+		if !slices.Contains(channels, c) {
+			channels = append(channels, c)
+		}
+	}
+	if err := (service.CreateRequest{Channels: channels}).ValidateChannels(); err != nil {
+		return nil, err
+	}
+	return channels, nil
 }

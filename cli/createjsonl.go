@@ -31,6 +31,7 @@ type jsonlEvent struct {
 	Body        *string         `json:"body"`
 	TTL         json.RawMessage `json:"ttl"`          // "36h", or seconds
 	MaxAttempts *int            `json:"max_attempts"` // default: --max-attempts
+	Channels    *[]string       `json:"channels"`     // default: every enabled channel
 }
 
 // jsonlResult is one line of create --jsonl's output: create's output and the input's line number, or
@@ -181,6 +182,12 @@ func parseJSONLine(raw []byte, tooLong bool, defaults service.CreateRequest) (se
 	}
 	if ev.MaxAttempts != nil {
 		req.MaxAttempts = *ev.MaxAttempts
+	}
+	if ev.Channels != nil {
+		if len(*ev.Channels) == 0 {
+			return req, `"channels" is empty: name at least one channel, or leave it out for every enabled channel`
+		}
+		req.Channels = *ev.Channels
 	}
 	if err := req.Validate(); err != nil {
 		return req, err.Error()

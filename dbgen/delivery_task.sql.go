@@ -513,8 +513,9 @@ const TaskInsertForEnabledPrefs = `-- name: TaskInsertForEnabledPrefs :many
 INSERT INTO delivery_task (notification_id, channel, max_attempts)
 SELECT n.id, p.channel, n.max_attempts
 FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::text[]) AS user_id,
-             unnest($3::int[]) AS max_attempts) AS n
+             unnest($3::int[]) AS max_attempts, unnest($4::text[]) AS channel_list) AS n
 JOIN channel_pref p ON p.user_id = n.user_id AND p.enabled
+WHERE n.channel_list = '' OR p.channel = ANY (string_to_array(n.channel_list, ','))
 ORDER BY n.id, p.channel
 RETURNING id, notification_id, channel, ref
 `
@@ -523,6 +524,7 @@ type TaskInsertForEnabledPrefsParams struct {
 	NotificationIDs []int64
 	UserIDs         []string
 	MaxAttempts     []int32
+	ChannelLists    []string
 }
 
 type TaskInsertForEnabledPrefsRow struct {
@@ -537,9 +539,16 @@ type TaskInsertForEnabledPrefsRow struct {
 // creator role may set no other). Guards R2: UNIQUE (notification_id, channel) allows one task per
 // channel; it runs only for the notifications this submitter created (for the creator role, row-level
 // security also requires that this transaction inserted the notification and that the channel is
-// enabled: schema/010).
+// enabled: schema/026). @channel_lists restricts each notification to the channels its submitter named,
+// joined by commas (a channel name has none), or an empty string for every enabled channel: the same
+// rule as notifier_create's channels (schema/026).
 func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertForEnabledPrefsParams) ([]TaskInsertForEnabledPrefsRow, error) {
-	rows, err := q.db.Query(ctx, TaskInsertForEnabledPrefs, arg.NotificationIDs, arg.UserIDs, arg.MaxAttempts)
+	rows, err := q.db.Query(ctx, TaskInsertForEnabledPrefs,
+		arg.NotificationIDs,
+		arg.UserIDs,
+		arg.MaxAttempts,
+		arg.ChannelLists,
+	)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,68 @@ import (
 	"context"
 )
 
+const NotificationCreateInTx = `-- name: NotificationCreateInTx :many
+SELECT e.n::int AS n, c.notification_id::bigint AS notification_id, c.created::boolean AS created
+FROM (SELECT s.user_id, s.event_key, s.body, s.ttl_seconds, s.max_attempts, s.channel_list, s.n
+      FROM (SELECT unnest($1::text[]) AS user_id, unnest($2::text[]) AS event_key,
+                   unnest($3::text[]) AS body, unnest($4::float8[]) AS ttl_seconds,
+                   unnest($5::int[]) AS max_attempts, unnest($6::text[]) AS channel_list,
+                   generate_series(1, cardinality($1::text[])) AS n) AS s
+      ORDER BY s.user_id, s.event_key, s.n) AS e
+CROSS JOIN LATERAL notifier_create(user_id => e.user_id, event_key => e.event_key, body => e.body,
+                                   ttl => make_interval(secs => e.ttl_seconds), max_attempts => e.max_attempts,
+                                   channels => string_to_array(nullif(e.channel_list, ''), ',')) AS c
+ORDER BY e.n
+`
+
+type NotificationCreateInTxParams struct {
+	UserIDs      []string
+	EventKeys    []string
+	Bodies       []string
+	TTLSeconds   []float64
+	MaxAttempts  []int32
+	ChannelLists []string
+}
+
+type NotificationCreateInTxRow struct {
+	N              int32
+	NotificationID int64
+	Created        bool
+}
+
+// Submits a batch of events through notifier_create (schema/026), one call per event, in the caller's
+// transaction and at its isolation level: what Notifier.CreateTx and CreateBatchTx run. The calls go in
+// (user_id, event_key) order, the first of equal keys first, as NotificationInsert sorts its rows, so
+// that batches of either create path lock shared keys in the same order and cannot deadlock on each
+// other; the answers come back in input order (n, from 1). @channel_lists holds each event's channels
+// joined by commas (a channel name has none), or an empty string for every enabled channel.
+func (q *Queries) NotificationCreateInTx(ctx context.Context, arg NotificationCreateInTxParams) ([]NotificationCreateInTxRow, error) {
+	rows, err := q.db.Query(ctx, NotificationCreateInTx,
+		arg.UserIDs,
+		arg.EventKeys,
+		arg.Bodies,
+		arg.TTLSeconds,
+		arg.MaxAttempts,
+		arg.ChannelLists,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []NotificationCreateInTxRow{}
+	for rows.Next() {
+		var i NotificationCreateInTxRow
+		if err := rows.Scan(&i.N, &i.NotificationID, &i.Created); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const NotificationGet = `-- name: NotificationGet :one
 SELECT id, user_id, event_key, body, created_at, expires_at
 FROM notification
@@ -188,6 +250,47 @@ func (q *Queries) NotificationListWithTasks(ctx context.Context, arg Notificatio
 			&i.UserID,
 			&i.EventKey,
 			&i.TaskID,
+			&i.Channel,
+			&i.Ref,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const NotificationTasks = `-- name: NotificationTasks :many
+SELECT notification_id, id, channel, ref
+FROM delivery_task
+WHERE notification_id = ANY ($1::bigint[])
+ORDER BY notification_id, channel
+`
+
+type NotificationTasksRow struct {
+	NotificationID int64
+	ID             int64
+	Channel        string
+	Ref            string
+}
+
+// The tasks of some notifications, for create's answer (CreateTx reads them back after notifier_create:
+// its own new tasks, or the winner's).
+func (q *Queries) NotificationTasks(ctx context.Context, notificationIds []int64) ([]NotificationTasksRow, error) {
+	rows, err := q.db.Query(ctx, NotificationTasks, notificationIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []NotificationTasksRow{}
+	for rows.Next() {
+		var i NotificationTasksRow
+		if err := rows.Scan(
+			&i.NotificationID,
+			&i.ID,
 			&i.Channel,
 			&i.Ref,
 		); err != nil {

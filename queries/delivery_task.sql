@@ -4,12 +4,15 @@
 -- creator role may set no other). Guards R2: UNIQUE (notification_id, channel) allows one task per
 -- channel; it runs only for the notifications this submitter created (for the creator role, row-level
 -- security also requires that this transaction inserted the notification and that the channel is
--- enabled: schema/010).
+-- enabled: schema/026). @channel_lists restricts each notification to the channels its submitter named,
+-- joined by commas (a channel name has none), or an empty string for every enabled channel: the same
+-- rule as notifier_create's channels (schema/026).
 INSERT INTO delivery_task (notification_id, channel, max_attempts)
 SELECT n.id, p.channel, n.max_attempts
 FROM (SELECT unnest(@notification_ids::bigint[]) AS id, unnest(@user_ids::text[]) AS user_id,
-             unnest(@max_attempts::int[]) AS max_attempts) AS n
+             unnest(@max_attempts::int[]) AS max_attempts, unnest(@channel_lists::text[]) AS channel_list) AS n
 JOIN channel_pref p ON p.user_id = n.user_id AND p.enabled
+WHERE n.channel_list = '' OR p.channel = ANY (string_to_array(n.channel_list, ','))
 ORDER BY n.id, p.channel
 RETURNING id, notification_id, channel, ref;
 

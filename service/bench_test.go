@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/notifierhq/notifier/internal/cputime"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
@@ -195,5 +197,46 @@ func BenchmarkDeliver(b *testing.B) {
 	cputime.ReportPerOp(b, cpu)
 	if got := e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENT'`); got != int64(b.N) {
 		b.Fatalf("%d tasks SENT, want %d", got, b.N)
+	}
+}
+
+// BenchmarkCreateBatch1000: 1000 new events (a push and an sms task each) per iteration, in one
+// transaction, through the set-based CreateBatch (three statements) and through CreateBatchTx (one
+// notifier_create call per event, schema/026): the figure behind keeping both create paths.
+func BenchmarkCreateBatch1000(b *testing.B) {
+	const batch = 1000
+	paths := map[string]func(e *env, reqs []service.CreateRequest) ([]service.Created, error){
+		"CreateBatch": func(e *env, reqs []service.CreateRequest) ([]service.Created, error) {
+			return e.n.CreateBatch(e.ctx, reqs)
+		},
+		"CreateBatchTx": func(e *env, reqs []service.CreateRequest) (out []service.Created, err error) {
+			err = pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
+				out, err = e.n.CreateBatchTx(e.ctx, tx, reqs)
+				return err
+			})
+			return out, err
+		},
+	}
+	for _, name := range []string{"CreateBatch", "CreateBatchTx"} {
+		b.Run(name, func(b *testing.B) {
+			e := newEnv(b)
+			e.user("u1", "push", "sms")
+			b.ResetTimer()
+			for i := range b.N {
+				reqs := make([]service.CreateRequest, batch)
+				for j := range reqs {
+					reqs[j] = service.CreateRequest{UserID: "u1", EventKey: fmt.Sprintf("ev-%d-%d", i, j), Body: "body", TTL: time.Hour, MaxAttempts: 3}
+				}
+				out, err := paths[name](e, reqs)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if !out[batch-1].Created || len(out[batch-1].Tasks) != 2 {
+					b.Fatalf("batch %d: %+v", i, out[batch-1])
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(batch*b.N)/b.Elapsed().Seconds(), "events/s")
+		})
 	}
 }

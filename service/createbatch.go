@@ -3,8 +3,13 @@ package service
 import (
 	"context"
 	"fmt"
-	"github.com/notifierhq/notifier/service/delivery"
+	"slices"
+	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/notifierhq/notifier/service/delivery"
 
 	"github.com/notifierhq/notifier/dbgen"
 )
@@ -16,11 +21,25 @@ type CreateRequest struct {
 	Body        string
 	TTL         time.Duration
 	MaxAttempts int
+	// Channels, when not empty, restricts the tasks to these of the user's enabled channels (create
+	// --channels); empty means every enabled channel.
+	Channels []string
 }
 
 // Validate checks the request without touching the database.
 func (r CreateRequest) Validate() error {
-	return ValidateCreate(r.UserID, r.EventKey, r.Body, r.TTL, r.MaxAttempts)
+	return firstError(ValidateCreate(r.UserID, r.EventKey, r.Body, r.TTL, r.MaxAttempts), r.ValidateChannels())
+}
+
+// ValidateChannels checks the channels the request names: each a channel name (the rule of
+// schema/020's notifier_channel).
+func (r CreateRequest) ValidateChannels() error {
+	for _, c := range r.Channels {
+		if !channelName.MatchString(c) {
+			return &delivery.InputError{Field: "channels", Reason: fmt.Sprintf("%q: want 1-32 of a-z, 0-9, _ or -, starting with a letter", c)}
+		}
+	}
+	return nil
 }
 
 // Created is what submitting one event did: create's output.
@@ -28,6 +47,27 @@ type Created struct {
 	NotificationID int64     `json:"notification_id"`
 	Created        bool      `json:"created"`
 	Tasks          []TaskRef `json:"tasks"`
+	// ChannelsWithoutPreference lists the channels the request named on which the notification has no
+	// task: the user has no enabled preference there (for created=false: the first submission made no
+	// task there). Absent when the request named no channels, or when each one got its task.
+	ChannelsWithoutPreference []string `json:"channels_without_preference,omitempty"`
+}
+
+// channelsWithoutTask is the part of named that tasks do not cover, in the order named.
+func channelsWithoutTask(named []string, tasks []TaskRef) []string {
+	var missing []string
+	for _, c := range named {
+		if !slices.ContainsFunc(tasks, func(t TaskRef) bool { return t.Channel == c }) && !slices.Contains(missing, c) {
+			missing = append(missing, c)
+		}
+	}
+	return missing
+}
+
+// channelList is how a request's channels travel to SQL: joined by commas (a channel name has none),
+// empty for every enabled channel (queries TaskInsertForEnabledPrefs, NotificationCreateInTx).
+func channelList(channels []string) string {
+	return strings.Join(channels, ",")
 }
 
 // MaxCreateBatch bounds the events of one CreateBatch (one transaction).
@@ -105,6 +145,7 @@ func createBatch(ctx context.Context, q *dbgen.Queries, reqs []CreateRequest) ([
 			tasks.NotificationIDs = append(tasks.NotificationIDs, id)
 			tasks.UserIDs = append(tasks.UserIDs, r.UserID)
 			tasks.MaxAttempts = append(tasks.MaxAttempts, int32(r.MaxAttempts))
+			tasks.ChannelLists = append(tasks.ChannelLists, channelList(r.Channels))
 			continue
 		}
 		if !created {
@@ -152,6 +193,81 @@ func createBatch(ctx context.Context, q *dbgen.Queries, reqs []CreateRequest) ([
 		if out[i].Tasks == nil {
 			out[i].Tasks = []TaskRef{}
 		}
+		out[i].ChannelsWithoutPreference = channelsWithoutTask(r.Channels, out[i].Tasks)
+	}
+	return out, nil
+}
+
+// CreateTx submits one event inside the caller's transaction tx, through the database's notifier_create
+// (schema/026): the caller's business writes and the notification commit or roll back together, at
+// any savepoint level. Same answer as Create: the first submission of (user, event key) that commits
+// creates; every other gets the existing notification, its tasks and created=false. At READ COMMITTED
+// a concurrent submission of the same event waits for tx to end. At REPEATABLE READ or SERIALIZABLE a
+// winner that committed after tx's snapshot cannot be read back: the error (SQLSTATE 40001) names the
+// isolation level, and retrying the whole transaction answers created=false. tx's role needs
+// notifier_creator. An error leaves tx aborted (PostgreSQL's rule): roll it back, or call inside a
+// savepoint (tx.Begin) to carry on.
+func (n *Notifier) CreateTx(ctx context.Context, tx pgx.Tx, r CreateRequest) (Created, error) {
+	out, err := n.CreateBatchTx(ctx, tx, []CreateRequest{r})
+	if err != nil {
+		return Created{}, err
+	}
+	return out[0], nil
+}
+
+// CreateBatchTx is CreateTx of several events, answered in the order of reqs (at most MaxCreateBatch,
+// every one valid, else nothing is written). Keys are locked in the order CreateBatch locks them, so
+// that two batches never deadlock on each other.
+func (n *Notifier) CreateBatchTx(ctx context.Context, tx pgx.Tx, reqs []CreateRequest) ([]Created, error) {
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	if len(reqs) > MaxCreateBatch {
+		return nil, &delivery.InputError{Field: "batch", Reason: fmt.Sprintf("%d events, more than %d", len(reqs), MaxCreateBatch)}
+	}
+	for i, r := range reqs {
+		if err := r.Validate(); err != nil {
+			return nil, fmt.Errorf("event %d: %w", i+1, err)
+		}
+	}
+	var p dbgen.NotificationCreateInTxParams
+	for _, r := range reqs {
+		p.UserIDs = append(p.UserIDs, r.UserID)
+		p.EventKeys = append(p.EventKeys, r.EventKey)
+		p.Bodies = append(p.Bodies, r.Body)
+		p.TTLSeconds = append(p.TTLSeconds, r.TTL.Seconds())
+		p.MaxAttempts = append(p.MaxAttempts, int32(r.MaxAttempts))
+		p.ChannelLists = append(p.ChannelLists, channelList(r.Channels))
+	}
+	q := dbgen.New(tx)
+	rows, err := q.NotificationCreateInTx(ctx, p)
+	if err != nil {
+		return nil, n.refused("create", RoleCreator, fmt.Errorf("create: %w", err))
+	}
+	if len(rows) != len(reqs) {
+		return nil, fmt.Errorf("create: %d answers to %d events", len(rows), len(reqs))
+	}
+	out := make([]Created, len(reqs))
+	ids := make([]int64, 0, len(rows))
+	for _, row := range rows {
+		i := row.N - 1
+		out[i] = Created{NotificationID: row.NotificationID, Created: row.Created}
+		ids = append(ids, row.NotificationID)
+	}
+	tasks, err := q.NotificationTasks(ctx, ids)
+	if err != nil {
+		return nil, n.refused("create", RoleCreator, fmt.Errorf("create: read tasks: %w", err))
+	}
+	byNotification := map[int64][]TaskRef{}
+	for _, t := range tasks {
+		byNotification[t.NotificationID] = append(byNotification[t.NotificationID], TaskRef{TaskID: t.ID, Channel: t.Channel, Ref: t.Ref})
+	}
+	for i := range out {
+		out[i].Tasks = byNotification[out[i].NotificationID]
+		if out[i].Tasks == nil {
+			out[i].Tasks = []TaskRef{}
+		}
+		out[i].ChannelsWithoutPreference = channelsWithoutTask(reqs[i].Channels, out[i].Tasks)
 	}
 	return out, nil
 }

@@ -391,10 +391,11 @@ var smMoves = []smMove{
 type smCall struct {
 	role    string
 	name    string
-	fixture string // smFixture kind; "own-notification": $1 is a notification this same transaction inserted
-	setup   string // run by the owner first (e.g. a grant for this test database only)
-	sql     string
-	want    smWant
+	fixture string // smFixture kind; "own-notification": $1 is a notification this same transaction inserted;
+	// "own-notification-in-savepoint": inserted in a released savepoint, the statement run in another one
+	setup string // run by the owner first (e.g. a grant for this test database only)
+	sql   string
+	want  smWant
 }
 
 const (
@@ -423,6 +424,9 @@ var smCalls = []smCall{
 
 	// The creator's tasks: its own transaction's notification, an enabled channel, due now.
 	{role: smCreator, name: "task for its own new notification", fixture: "own-notification", sql: smCreatorTask, want: smOne},
+	{role: smCreator, name: "task for its own notification, both in savepoints (schema/026)", fixture: "own-notification-in-savepoint", sql: smCreatorTask, want: smOne},
+	{role: smCreator, name: "task from a savepoint for an existing notification", fixture: "notification-from-savepoint", sql: smCreatorTask,
+		want: smWant{code: sqlInsufficient, policy: "delivery_task_creator_insert"}},
 	{role: smCreator, name: "task for an existing notification", fixture: "notification", sql: smCreatorTask,
 		want: smWant{code: sqlInsufficient, policy: "delivery_task_creator_insert"}},
 	{role: smCreator, name: "task on a disabled channel", fixture: "own-notification",
@@ -549,6 +553,12 @@ func smWorld(t *testing.T) (*pgxpool.Pool, map[string]*pgxpool.Pool) {
 // smCheck runs sql as one role on the fixture id and checks want; a refused or hidden statement must
 // change nothing.
 func smCheck(t *testing.T, owner, pool *pgxpool.Pool, id int64, ownTx bool, sql string, want smWant) {
+	smCheckIn(t, owner, pool, id, ownTx, false, sql, want)
+}
+
+// smCheckIn is smCheck; inSavepoint runs the statement (and, with ownTx, the notification's insert)
+// each in a savepoint of its own, as a caller of notifier_create may.
+func smCheckIn(t *testing.T, owner, pool *pgxpool.Pool, id int64, ownTx, inSavepoint bool, sql string, want smWant) {
 	t.Helper()
 	is := is.NewRelaxed(t)
 	before := smSnapshot(t, owner, id)
@@ -556,15 +566,28 @@ func smCheck(t *testing.T, owner, pool *pgxpool.Pool, id int64, ownTx bool, sql 
 		rows int64
 		err  error
 	)
-	if ownTx { // the way Create runs: the notification and its tasks in one transaction
+	// in runs f in tx, or in a savepoint of tx that is released when f succeeds.
+	in := func(tx pgx.Tx, f func(pgx.Tx) error) error {
+		if !inSavepoint {
+			return f(tx)
+		}
+		return pgx.BeginFunc(context.Background(), tx, f)
+	}
+	if ownTx || inSavepoint { // the way Create runs: the notification and its tasks in one transaction
 		err = pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-			if err := tx.QueryRow(context.Background(), `INSERT INTO notification (user_id, event_key, body, expires_at)
-				VALUES ('u1', 'own-' || gen_random_uuid(), 'b', now() + interval '1 hour') RETURNING id`).Scan(&id); err != nil {
-				return err
+			if ownTx {
+				if err := in(tx, func(tx pgx.Tx) error {
+					return tx.QueryRow(context.Background(), `INSERT INTO notification (user_id, event_key, body, expires_at)
+						VALUES ('u1', 'own-' || gen_random_uuid(), 'b', now() + interval '1 hour') RETURNING id`).Scan(&id)
+				}); err != nil {
+					return err
+				}
 			}
-			tag, err := tx.Exec(context.Background(), sql, id)
-			rows = tag.RowsAffected()
-			return err
+			return in(tx, func(tx pgx.Tx) error {
+				tag, err := tx.Exec(context.Background(), sql, id)
+				rows = tag.RowsAffected()
+				return err
+			})
 		})
 	} else {
 		var tag pgconn.CommandTag
@@ -627,10 +650,11 @@ func TestStateMachineRoleCalls(t *testing.T) {
 				is.New(t).NoErr(err) // the setup is valid
 			}
 			var id int64
-			if c.fixture != "own-notification" {
-				id = smFixture(t, owner, c.fixture)
+			own, inSavepoint := strings.HasPrefix(c.fixture, "own-notification"), strings.HasSuffix(c.fixture, "savepoint")
+			if !own {
+				id = smFixture(t, owner, strings.TrimSuffix(c.fixture, "-from-savepoint"))
 			}
-			smCheck(t, owner, pools[c.role], id, c.fixture == "own-notification", c.sql, c.want)
+			smCheckIn(t, owner, pools[c.role], id, own, inSavepoint, c.sql, c.want)
 		})
 	}
 }
