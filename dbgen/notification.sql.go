@@ -7,6 +7,7 @@ package dbgen
 
 import (
 	"context"
+	"time"
 )
 
 const NotificationGet = `-- name: NotificationGet :one
@@ -15,10 +16,19 @@ FROM notification
 WHERE id = $1
 `
 
+type NotificationGetRow struct {
+	ID        int64
+	UserID    string
+	EventKey  string
+	Body      string
+	CreatedAt time.Time
+	ExpiresAt time.Time
+}
+
 // One notification, for operators (the console's task page shows its user, event key and body) and tests.
-func (q *Queries) NotificationGet(ctx context.Context, id int64) (Notification, error) {
+func (q *Queries) NotificationGet(ctx context.Context, id int64) (NotificationGetRow, error) {
 	row := q.db.QueryRow(ctx, NotificationGet, id)
-	var i Notification
+	var i NotificationGetRow
 	err := row.Scan(
 		&i.ID,
 		&i.UserID,
