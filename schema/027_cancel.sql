@@ -87,9 +87,10 @@ SELECT pg_temp.notifier_rewrite('delivery_task_evidence()', ARRAY[
     ELSIF OLD.state = 'SENDING'$e$,
     $e$            ELSE false
         END;
-        -- Before it is due, a waiting task is settled only by a cancel (schema/027).
+        -- Before it is due, a waiting task is settled without a call only by a cancel (schema/027); a
+        -- receipt's SENT is evidence of its own.
         IF ok AND OLD.state IN ('PENDING', 'UNKNOWN') AND NOT OLD.needs_review AND OLD.next_attempt_at > now()
-           AND a.outcome NOT IN ('CANCELLED', 'CANCELLED_UNCERTAIN') THEN
+           AND NEW.state IN ('SUPPRESSED', 'FAILED', 'UNKNOWN') AND a.outcome NOT IN ('CANCELLED', 'CANCELLED_UNCERTAIN') THEN
             want := 'a SKIP attempt CANCELLED or CANCELLED_UNCERTAIN (the task was not due: only a cancel settles it)';
             ok := false;
         END IF;
@@ -256,9 +257,10 @@ SELECT pg_temp.notifier_rewrite('delivery_attempt_fits()', ARRAY[
 SELECT pg_temp.notifier_rewrite('delivery_task_evidence()', ARRAY[
     $e$            ELSE false
         END;
-        -- Before it is due, a waiting task is settled only by a cancel (schema/027).
+        -- Before it is due, a waiting task is settled without a call only by a cancel (schema/027); a
+        -- receipt's SENT is evidence of its own.
         IF ok AND OLD.state IN ('PENDING', 'UNKNOWN') AND NOT OLD.needs_review AND OLD.next_attempt_at > now()
-           AND a.outcome NOT IN ('CANCELLED', 'CANCELLED_UNCERTAIN') THEN
+           AND NEW.state IN ('SUPPRESSED', 'FAILED', 'UNKNOWN') AND a.outcome NOT IN ('CANCELLED', 'CANCELLED_UNCERTAIN') THEN
             want := 'a SKIP attempt CANCELLED or CANCELLED_UNCERTAIN (the task was not due: only a cancel settles it)';
             ok := false;
         END IF;
