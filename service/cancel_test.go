@@ -232,3 +232,25 @@ func TestCancelNeedsTheCreatorRole(t *testing.T) {
 	is.Equal(e.task(id).State, delivery.StateSuppressed)
 	is.Equal(e.outcomes(id), outcomes(delivery.OutcomeCancelled))
 }
+
+// TestCancelOfAHolderThatDied: the holder of a cancelled task vanished (its lease ran out, its call may
+// have gone out). The next claim neither calls nor writes it off: it parks it with CANCELLED_UNCERTAIN.
+func TestCancelOfAHolderThatDied(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "push")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	d := e.dispatcher(dcfg{lease: 300 * time.Millisecond, timeout: 200 * time.Millisecond})
+	a, _, err := d.Claim(e.ctx)
+	is.NoErr(err)
+	is.True(a != nil) // held, and never called nor finished: the holder is gone
+	is.Equal(e.cancel("u1", "e1", "").Tasks[0].Effect, service.CancelAtNextClaim)
+
+	e.waitDB(`(SELECT lease_until < now() FROM delivery_task WHERE id = $1)`, id)
+	res := runOnce(t, d)
+	is.Equal(res.Kind, service.ResultParked) // taken over as uncertain: parked, not SUPPRESSED
+	is.Equal(res.Outcome, delivery.OutcomeCancelledUncertain)
+	is.Equal(e.outcomes(id), outcomes(delivery.OutcomeLeaseExpired, delivery.OutcomeCancelledUncertain))
+	is.Equal(runOnce(t, d).Kind, service.ResultNothing)
+	is.Equal(e.push.TotalSends(), 0) // no call from the claim
+}
