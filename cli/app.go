@@ -74,6 +74,7 @@ func newApp(e *env) *cli.App {
 		Commands: []*cli.Command{
 			prefCommand(e),
 			createCommand(e),
+			cancelCommand(e),
 			workCommand(e),
 			receiptsCommand(e),
 			resolveCommand(e),

@@ -56,6 +56,10 @@ func TestBadInput(t *testing.T) {
 		{"resolve missing note", []string{"resolve", "--task", "1", "--state", "SENT"}, "--note"},
 		{"resolve bad task", []string{"resolve", "--task", "abc", "--state", "SENT", "--note", "n"}, "task"},
 		{"resolve blank note", []string{"resolve", "--task", "1", "--state", "SENT", "--note", " "}, "note"},
+		{"cancel missing event key", []string{"cancel", "--user", "u1"}, "--event-key"},
+		{"cancel blank user", []string{"cancel", "--user", " ", "--event-key", "k"}, "user"},
+		{"cancel empty note", []string{"cancel", "--user", "u1", "--event-key", "k", "--note", ""}, "--note"},
+		{"cancel note too long", []string{"cancel", "--user", "u1", "--event-key", "k", "--note", strings.Repeat("n", 2001)}, "note"},
 		{"review bad limit", []string{"review", "--limit", "0"}, "--limit"},
 		{"work no channel", []string{"work", "--once"}, "--channel"},
 		{"work channel without =", []string{"work", "--once", "--channel", "push"}, `--channel "push"`},
@@ -103,6 +107,7 @@ func TestUnreachableDatabase(t *testing.T) {
 		{"pref", "set", "--user", "u1", "--channel", "push", "--address", "a"},
 		{"create", "--user", "u1", "--event-key", "k", "--body", "b"},
 		{"resolve", "--task", "1", "--state", "SENT", "--note", "n"},
+		{"cancel", "--user", "u1", "--event-key", "k"},
 		{"work", "--once", "--channel", "push=idempotent," + push.URL()},
 		{"work", "--wait-for-database", "0", "--channel", "push=idempotent," + push.URL()},
 	}

@@ -41,6 +41,7 @@ func TestCommandsRefuseAReadOnlyDatabase(t *testing.T) {
 		{"create", "--user", "u1", "--event-key", "e1", "--body", "hi"},
 		{"pref", "set", "--user", "u2", "--channel", "push", "--address", "d2"},
 		{"resolve", "--task", "1", "--state", "SENT", "--note", "checked"},
+		{"cancel", "--user", "u1", "--event-key", "e1"},
 		{"receipts", "--listen", "127.0.0.1:0", "--webhook-secret-file", secret},
 	} {
 		started := time.Now()

@@ -51,6 +51,7 @@ func TestShowFollowsAnEvent(t *testing.T) {
 	is.Equal(before.UserID, "u1")
 	is.Equal(before.EventKey, "order-1")
 	is.Equal(before.ExpiresAt.Sub(before.CreatedAt).Hours(), 2.0) // the ttl
+	is.Equal(before.CancelledAt, nil)                             // not cancelled
 	is.Equal(len(before.Tasks), 2)
 	for i, task := range before.Tasks {
 		is.Equal(task.ID, created.Tasks[i].TaskID) // create's tasks, in its order
@@ -65,7 +66,8 @@ func TestShowFollowsAnEvent(t *testing.T) {
 	raw := c.ok("show", "--user", "u1", "--event-key", "order-1").stdout
 	is.True(strings.Contains(raw, `"attempts":[]`))     // an empty list, not null, for a script
 	is.True(strings.Contains(raw, `"last_error":null`)) // and the key present
-	is.True(!strings.Contains(raw, "shipped"))          // the body is not printed
+	is.True(strings.Contains(raw, `"cancelled_at":null`))
+	is.True(!strings.Contains(raw, "shipped")) // the body is not printed
 
 	r := c.run("", "work", "--once", "--worker-id", "w-show", "--channel", "push=idempotent,"+push.URL())
 	is.Equal(r.code, 0) // the push task delivered

@@ -268,7 +268,7 @@ func TestHelp(t *testing.T) {
 	c := notifierCLI{t: t}
 	for _, args := range [][]string{
 		{"--help"}, {"-h"}, {"help"},
-		{"pref", "--help"}, {"pref", "set", "--help"}, {"create", "--help"}, {"work", "--help"},
+		{"pref", "--help"}, {"pref", "set", "--help"}, {"create", "--help"}, {"cancel", "--help"}, {"work", "--help"},
 		{"resolve", "--help"}, {"review", "--help"}, {"show", "--help"}, {"status", "--help"}, {"fake", "--help"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {

@@ -143,7 +143,7 @@ type AttemptRecordSkipParams struct {
 	Error     string
 }
 
-// Records a claim-time decision not to call (PREF_DISABLED, TTL_EXPIRED and their _UNCERTAIN variants),
+// Records a claim-time decision not to call (PREF_DISABLED, TTL_EXPIRED, CANCELLED and their _UNCERTAIN variants),
 // right after TaskSettleWithoutCall counted it, in the same transaction: attempt_no is the count it
 // returned, and the outcome matches the state it wrote (delivery_attempt_follows_task, schema/010).
 func (q *Queries) AttemptRecordSkip(ctx context.Context, arg AttemptRecordSkipParams) error {

@@ -92,10 +92,12 @@ type DeliveryTask struct {
 }
 
 type Notification struct {
-	ID        int64
-	UserID    string
-	EventKey  string
-	Body      string
-	CreatedAt time.Time
-	ExpiresAt time.Time
+	ID          int64
+	UserID      string
+	EventKey    string
+	Body        string
+	CreatedAt   time.Time
+	ExpiresAt   time.Time
+	CancelledAt *time.Time
+	CancelNote  *string
 }

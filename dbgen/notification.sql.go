@@ -72,12 +72,13 @@ func (q *Queries) NotificationCreateInTx(ctx context.Context, arg NotificationCr
 }
 
 const NotificationGet = `-- name: NotificationGet :one
-SELECT id, user_id, event_key, body, created_at, expires_at
+SELECT id, user_id, event_key, body, created_at, expires_at, cancelled_at, cancel_note
 FROM notification
 WHERE id = $1
 `
 
-// One notification, for operators (the console's task page shows its user, event key and body) and tests.
+// One notification, for operators (the console's task page shows its user, event key and body), show
+// (with its cancel, if any) and tests.
 func (q *Queries) NotificationGet(ctx context.Context, id int64) (Notification, error) {
 	row := q.db.QueryRow(ctx, NotificationGet, id)
 	var i Notification
@@ -88,12 +89,14 @@ func (q *Queries) NotificationGet(ctx context.Context, id int64) (Notification, 
 		&i.Body,
 		&i.CreatedAt,
 		&i.ExpiresAt,
+		&i.CancelledAt,
+		&i.CancelNote,
 	)
 	return i, err
 }
 
 const NotificationGetByUserEvent = `-- name: NotificationGetByUserEvent :one
-SELECT id, user_id, event_key, body, created_at, expires_at
+SELECT id, user_id, event_key, body, created_at, expires_at, cancelled_at, cancel_note
 FROM notification
 WHERE user_id = $1 AND event_key = $2
 `
@@ -117,6 +120,8 @@ func (q *Queries) NotificationGetByUserEvent(ctx context.Context, arg Notificati
 		&i.Body,
 		&i.CreatedAt,
 		&i.ExpiresAt,
+		&i.CancelledAt,
+		&i.CancelNote,
 	)
 	return i, err
 }

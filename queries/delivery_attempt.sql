@@ -21,7 +21,7 @@ WHERE a.attempt_token = ANY ((@attempt_tokens::text[])::uuid[])
                 AND (t.lease_until < now()) IS TRUE);
 
 -- name: AttemptRecordSkip :exec
--- Records a claim-time decision not to call (PREF_DISABLED, TTL_EXPIRED and their _UNCERTAIN variants),
+-- Records a claim-time decision not to call (PREF_DISABLED, TTL_EXPIRED, CANCELLED and their _UNCERTAIN variants),
 -- right after TaskSettleWithoutCall counted it, in the same transaction: attempt_no is the count it
 -- returned, and the outcome matches the state it wrote (delivery_attempt_follows_task, schema/010).
 INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome, error)

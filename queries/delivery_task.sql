@@ -85,6 +85,8 @@ SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.ma
        n.body,
        n.expires_at,
        (n.expires_at <= now())::bool    AS expired,
+       -- the submitter cancelled the notification (notifier_cancel, schema/027): settled, not called
+       (n.cancelled_at IS NOT NULL)::bool AS cancelled,
        -- a provider's receipt arrived while the task was held (schema/015): it is settled, not called
        (t.receipt_at IS NOT NULL)::bool AS receipt_noted,
        -- how long the uncertainty has lasted; for a lease that just expired, since the lost attempt began
@@ -92,7 +94,7 @@ SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.ma
 FROM locked t
 CROSS JOIN LATERAL (
     -- OFFSET 0: a per-row primary-key lookup, never a hash join (see above)
-    SELECT n.user_id, n.body, n.expires_at FROM notification n WHERE n.id = t.notification_id OFFSET 0
+    SELECT n.user_id, n.body, n.expires_at, n.cancelled_at FROM notification n WHERE n.id = t.notification_id OFFSET 0
 ) n
 LEFT JOIN LATERAL (
     SELECT p.enabled, p.address FROM channel_pref p WHERE p.user_id = n.user_id AND p.channel = t.channel OFFSET 0
@@ -159,7 +161,7 @@ WHERE a.attempt_token = ANY (CAST(@attempt_tokens::text[] AS uuid[]))
   AND (t.lease_until > now()) IS TRUE;
 
 -- name: TaskSettleWithoutCall :one
--- Claim-time decision not to call (preference disabled, notification expired). Guards R5 and R6: the
+-- Claim-time decision not to call (preference disabled, notification expired or cancelled). Guards R5 and R6: the
 -- caller passes SUPPRESSED/FAILED only when no earlier attempt may have been accepted; otherwise UNKNOWN
 -- with needs_review (parked). Counts as an attempt: the caller records its row with AttemptRecordSkip
 -- in the same transaction (delivery_task_evidence checks it at commit). Guards on the row's state, not

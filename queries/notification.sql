@@ -1,6 +1,7 @@
 -- name: NotificationGet :one
--- One notification, for operators (the console's task page shows its user, event key and body) and tests.
-SELECT id, user_id, event_key, body, created_at, expires_at
+-- One notification, for operators (the console's task page shows its user, event key and body), show
+-- (with its cancel, if any) and tests.
+SELECT id, user_id, event_key, body, created_at, expires_at, cancelled_at, cancel_note
 FROM notification
 WHERE id = @id;
 
@@ -44,7 +45,7 @@ WHERE id = ANY (@ids::bigint[]);
 -- NotificationGet. Read only; R1 makes it at most one row: the lookup is the UNIQUE key
 -- notification_user_event_key_key that deduplicates every create, so a script finds the event by the
 -- key it submitted it under.
-SELECT id, user_id, event_key, body, created_at, expires_at
+SELECT id, user_id, event_key, body, created_at, expires_at, cancelled_at, cancel_note
 FROM notification
 WHERE user_id = @user_id AND event_key = @event_key;
 

@@ -90,7 +90,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context, limit int) (attempts []*Atte
 		for _, row := range rows {
 			decisions[row.ID] = delivery.Decide(delivery.ClaimFacts{
 				Uncertain: row.OutcomeUncertain, LeaseExpired: row.LeaseExpired,
-				PrefEnabled: row.PrefEnabled, Expired: row.Expired,
+				PrefEnabled: row.PrefEnabled, Expired: row.Expired, Cancelled: row.Cancelled,
 				AttemptCount: int(row.AttemptCount), AccountRefusals: int(row.AccountRefusals), MaxAttempts: int(row.MaxAttempts),
 				Mode: d.cfg.Routes[row.Channel].Mode, Contract: d.cfg.Routes[row.Channel].Contract,
 				UncertainAge: seconds(row.UncertainAgeSeconds), ReceiptNoted: row.ReceiptNoted,

@@ -148,7 +148,7 @@ const (
 	ResultUnknown    ResultKind = "UNKNOWN"    // may have been accepted; will be retried per channel mode
 	ResultParked     ResultKind = "PARKED"     // may have been accepted; waits for a human
 	ResultFailed     ResultKind = "FAILED"     // certainly not accepted; given up
-	ResultSuppressed ResultKind = "SUPPRESSED" // the user disabled the channel before the call
+	ResultSuppressed ResultKind = "SUPPRESSED" // the user disabled the channel, or the event was cancelled, before the call
 	ResultStale      ResultKind = "STALE"      // this holder was superseded; its observation went to late_outcome
 	// The server refused this attempt's own row of a finish (see FinishBatch): its observation is not
 	// stored. The task stays SENDING with this token until its lease expires, then counts as uncertain.

@@ -111,21 +111,22 @@ func FuzzNext(f *testing.F) {
 
 func FuzzDecide(f *testing.F) {
 	for _, m := range append(fuzzModes, "", "bogus") {
-		for bits := range 16 {
-			f.Add(bits&1 != 0, bits&2 != 0, bits&4 != 0, bits&8 != 0, 1, 3, string(m))
+		for bits := range 32 {
+			f.Add(bits&1 != 0, bits&2 != 0, bits&4 != 0, bits&8 != 0, bits&16 != 0, 1, 3, string(m))
 		}
-		f.Add(false, false, true, false, 3, 3, string(m))  // budget used up, nothing uncertain
-		f.Add(true, false, true, false, 3, 3, string(m))   // budget used up, uncertain
-		f.Add(false, true, true, false, 100, 1, string(m)) // lease expired, budget overspent
+		f.Add(false, false, true, false, false, 3, 3, string(m))  // budget used up, nothing uncertain
+		f.Add(true, false, true, false, false, 3, 3, string(m))   // budget used up, uncertain
+		f.Add(false, true, true, false, false, 100, 1, string(m)) // lease expired, budget overspent
+		f.Add(true, false, true, false, true, 3, 3, string(m))    // cancelled, uncertain, budget used up
 	}
-	f.Add(false, false, true, false, -1, 0, "IDEMPOTENT")             // nonsense counts
-	f.Add(true, true, false, true, 1<<31-1, -1<<31, "QUERYABLE")      // extremes
-	f.Add(false, false, true, false, 0, 1, "QUERYABLE\x00")           // a mode with junk
-	f.Add(true, false, false, false, 1, 3, strings.Repeat("N", 1000)) // long junk mode
+	f.Add(false, false, true, false, false, -1, 0, "IDEMPOTENT")             // nonsense counts
+	f.Add(true, true, false, true, true, 1<<31-1, -1<<31, "QUERYABLE")       // extremes
+	f.Add(false, false, true, false, false, 0, 1, "QUERYABLE\x00")           // a mode with junk
+	f.Add(true, false, false, false, false, 1, 3, strings.Repeat("N", 1000)) // long junk mode
 
-	f.Fuzz(func(t *testing.T, uncertain, leaseExpired, prefEnabled, expired bool, attemptCount, maxAttempts int, mode string) {
+	f.Fuzz(func(t *testing.T, uncertain, leaseExpired, prefEnabled, expired, cancelled bool, attemptCount, maxAttempts int, mode string) {
 		facts := delivery.ClaimFacts{Uncertain: uncertain, LeaseExpired: leaseExpired, PrefEnabled: prefEnabled,
-			Expired: expired, AttemptCount: attemptCount, MaxAttempts: maxAttempts, Mode: delivery.Mode(mode)}
+			Expired: expired, Cancelled: cancelled, AttemptCount: attemptCount, MaxAttempts: maxAttempts, Mode: delivery.Mode(mode)}
 		d := delivery.Decide(facts)
 		fail := func(why string) {
 			t.Helper()
@@ -140,9 +141,15 @@ func FuzzDecide(f *testing.F) {
 		if mayBeAccepted && !d.Uncertain {
 			fail("an uncertain history lost its uncertainty")
 		}
-		// R5: a disabled preference or an expired notification is never called.
-		if (!prefEnabled || expired) && d.Kind == delivery.ClaimCall {
-			fail("called although the preference is disabled or the notification expired")
+		// R5: a disabled preference, an expired or a cancelled notification is never called.
+		if (!prefEnabled || expired || cancelled) && d.Kind == delivery.ClaimCall {
+			fail("called although the preference is disabled or the notification expired or was cancelled")
+		}
+		// A cancel names the settle of a cancelled notification's task (schema/027 accepts no other SKIP
+		// for a task settled before it is due), whatever else holds.
+		if cancelled && (d.Kind != delivery.ClaimSettle ||
+			d.Outcome != map[bool]delivery.Outcome{false: delivery.OutcomeCancelled, true: delivery.OutcomeCancelledUncertain}[mayBeAccepted]) {
+			fail("a cancelled notification's task is not settled as cancelled")
 		}
 		switch d.Kind {
 		case delivery.ClaimCall:
@@ -165,13 +172,14 @@ func FuzzDecide(f *testing.F) {
 				fail("the attempt's uncertainty differs from the task's history")
 			}
 		case delivery.ClaimSettle:
-			if prefEnabled && !expired {
+			if prefEnabled && !expired && !cancelled {
 				fail("settled without a reason")
 			}
 			want := map[delivery.State][]delivery.Outcome{
-				delivery.StateSuppressed: {delivery.OutcomePrefDisabled},
+				delivery.StateSuppressed: {delivery.OutcomePrefDisabled, delivery.OutcomeCancelled},
 				delivery.StateFailed:     {delivery.OutcomeTTLExpired},
-				delivery.StateUnknown:    {delivery.OutcomePrefDisabledUncertain, delivery.OutcomeTTLExpiredUncertain},
+				delivery.StateUnknown: {delivery.OutcomePrefDisabledUncertain, delivery.OutcomeTTLExpiredUncertain,
+					delivery.OutcomeCancelledUncertain},
 			}[d.State]
 			if !containsOutcome(want, d.Outcome) {
 				fail("settle state and attempt outcome do not match (or the outcome is not one the table accepts)")
@@ -179,7 +187,7 @@ func FuzzDecide(f *testing.F) {
 			if (d.State == delivery.StateUnknown) != mayBeAccepted {
 				fail("UNKNOWN (parked) exactly for an uncertain history")
 			}
-			if d.State == delivery.StateSuppressed && prefEnabled || d.State == delivery.StateFailed && !(prefEnabled && expired) {
+			if d.State == delivery.StateSuppressed && prefEnabled && !cancelled || d.State == delivery.StateFailed && !(prefEnabled && expired) {
 				fail("the settle reason does not match the facts")
 			}
 			if d.Reason == "" {

@@ -134,6 +134,8 @@ var schemaViolations = []schemaViolation{
 	{"notification/expires before creation", `INSERT INTO notification (user_id, event_key, body, expires_at) VALUES ('u1', 'ev-2', 'b', now() - interval '1 second')`, schemaErrCheck, "notification_expires_after_created", "", ""},
 	{"notification/expires_at missing", `INSERT INTO notification (user_id, event_key, body) VALUES ('u1', 'ev-2', 'b')`, schemaErrNotNull, "", "expires_at", ""},
 	{"notification/body null", `INSERT INTO notification (user_id, event_key, body, expires_at) VALUES ('u1', 'ev-2', NULL, now() + interval '1 hour')`, schemaErrNotNull, "", "body", ""},
+	{"notification/cancel note of 2001 chars", `UPDATE notification SET cancelled_at = now(), cancel_note = repeat('n', 2001)`, schemaErrCheck, "notification_cancel_note_check", "", ""},
+	{"notification/cancel note without a cancel", `UPDATE notification SET cancel_note = 'changed my mind'`, schemaErrCheck, "notification_cancel_note_needs_cancel", "", ""},
 	{"notification/delete with a task", `DELETE FROM notification`, schemaErrForeignKey, "delivery_task_notification_id_fkey", "", ""},
 
 	// delivery_task
@@ -425,6 +427,7 @@ func TestSchemaBaselineAndBoundariesAreValid(t *testing.T) {
 		`INSERT INTO notification (user_id, event_key, body, expires_at) VALUES (repeat('u', 200), repeat('k', 200), repeat('x', 65536), now() + interval '1 microsecond')`,
 		`INSERT INTO notification (user_id, event_key, body, expires_at) VALUES ('u1', 'ev-2', repeat('é', 32768), now() + interval '1 hour')`,
 		`INSERT INTO notification (user_id, event_key, body, expires_at) VALUES ('u2', 'ev-1', '', now() + interval '1 hour')`,
+		`UPDATE notification SET cancelled_at = now(), cancel_note = repeat('n', 2000) WHERE user_id = 'u2'`,
 		`INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES (` + schemaBaseNotification + `, 'other', 1)`,
 		`INSERT INTO delivery_task (notification_id, channel, max_attempts, lease_owner, provider_msg_id, last_error)
 		 VALUES (` + schemaBaseNotification + `, 'none', 100, repeat('w', 200), repeat('m', 500), repeat('e', 2000))`,

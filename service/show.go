@@ -40,12 +40,15 @@ func (r ShowRequest) Validate() error {
 // script that created an event reads to follow it (notifier show). The notification's own fields come
 // first; a field the notification gains (a send time, a cancel) belongs beside ExpiresAt.
 type NotificationReport struct {
-	ID        int64        `json:"notification_id"`
-	UserID    string       `json:"user_id"`
-	EventKey  string       `json:"event_key"`
-	CreatedAt time.Time    `json:"created_at"`
-	ExpiresAt time.Time    `json:"expires_at"`
-	Tasks     []TaskReport `json:"tasks"`
+	ID        int64     `json:"notification_id"`
+	UserID    string    `json:"user_id"`
+	EventKey  string    `json:"event_key"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+	// CancelledAt is when notifier cancel took the event back (null if it did not); CancelNote its note.
+	CancelledAt *time.Time   `json:"cancelled_at"`
+	CancelNote  *string      `json:"cancel_note,omitempty"`
+	Tasks       []TaskReport `json:"tasks"`
 }
 
 // TaskReport is one task of a NotificationReport with its history, the attempts in review's shape.
@@ -109,7 +112,7 @@ func show(ctx context.Context, q *dbgen.Queries, r ShowRequest) (NotificationRep
 		return NotificationReport{}, err
 	}
 	out := NotificationReport{ID: row.ID, UserID: row.UserID, EventKey: row.EventKey, CreatedAt: row.CreatedAt,
-		ExpiresAt: row.ExpiresAt, Tasks: make([]TaskReport, len(rows))}
+		ExpiresAt: row.ExpiresAt, CancelledAt: row.CancelledAt, CancelNote: row.CancelNote, Tasks: make([]TaskReport, len(rows))}
 	for i, t := range rows {
 		out.Tasks[i] = TaskReport{ID: t.ID, Channel: t.Channel, Ref: t.Ref, State: delivery.State(t.State),
 			NeedsReview: t.NeedsReview, AttemptCount: int(t.AttemptCount), LastError: t.LastError, Attempts: attempts[t.ID]}

@@ -104,6 +104,17 @@ const (
 		WHERE id = $1 RETURNING id, attempt_count)
 	INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome)
 	SELECT id, attempt_count, gen_random_uuid(), 'SKIP', 'w-sm', now(), 'PREF_DISABLED' FROM s`
+	smSettleCancelled = `WITH s AS (
+		UPDATE delivery_task SET state = 'SUPPRESSED', next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL,
+		       attempt_count = attempt_count + 1
+		WHERE id = $1 RETURNING id, attempt_count)
+	INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome)
+	SELECT id, attempt_count, gen_random_uuid(), 'SKIP', 'w-sm', now(), 'CANCELLED' FROM s`
+	smParkCancelled = `WITH s AS (
+		UPDATE delivery_task SET state = 'UNKNOWN', needs_review = true, next_attempt_at = NULL, attempt_count = attempt_count + 1
+		WHERE id = $1 RETURNING id, attempt_count)
+	INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome)
+	SELECT id, attempt_count, gen_random_uuid(), 'SKIP', 'w-sm', now(), 'CANCELLED_UNCERTAIN' FROM s`
 	smPark = `UPDATE delivery_task SET state = 'UNKNOWN', needs_review = true, outcome_uncertain = true,
 		uncertain_since = coalesce(uncertain_since, updated_at), next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL,
 		last_error = 'parked' WHERE id = $1`
@@ -279,6 +290,28 @@ var smMoves = []smMove{
 		sql:   strings.Replace(smSettleSuppressed, "'PREF_DISABLED' FROM s", "'TTL_EXPIRED' FROM s", 1),
 		owner: smRefused("delivery_attempt_follows_task", "outcome"), worker: smRefused("delivery_attempt_follows_task", "outcome")},
 
+	// Cancels (schema/027): a waiting task of a cancelled notification is settled with the cancel's SKIP,
+	// due or not, SUPPRESSED when certain and parked when not; nothing else settles a task before it is
+	// due, and a notification that was not cancelled gives no task the cancel's outcome.
+	{name: "cancel settles a task not due", fixture: "scheduled-cancelled", sql: smSettleCancelled, owner: smOne, worker: smOne},
+	{name: "cancel parks an uncertain task", fixture: "waiting-uncertain-cancelled", sql: smParkCancelled, owner: smOne, worker: smOne},
+	{name: "a task not due of a cancelled notification settled as disabled", fixture: "scheduled-cancelled", sql: smSettleSuppressed,
+		owner: smRefused("delivery_task_evidence", "attempt_count"), worker: smRefused("delivery_task_evidence", "attempt_count")},
+	{name: "cancel settles a task not due of a notification not cancelled", fixture: "scheduled", sql: smSettleCancelled,
+		owner: smRefused("delivery_task_transition", "next_attempt_at"), worker: smRefused("delivery_task_transition", "next_attempt_at")},
+	{name: "SKIP CANCELLED for a notification not cancelled", fixture: "pending", sql: smSettleCancelled,
+		owner: smRefused("delivery_attempt_follows_task", "outcome"), worker: smRefused("delivery_attempt_follows_task", "outcome")},
+	{name: "cancel writes an uncertain task off", fixture: "waiting-uncertain-cancelled",
+		sql:   strings.Replace(smSettleCancelled, "attempt_count = attempt_count + 1", "attempt_count = attempt_count + 1, outcome_uncertain = false, uncertain_since = NULL", 1),
+		owner: smRefused("delivery_task_uncertainty", "outcome_uncertain"), worker: smRefused("delivery_task_uncertainty", "outcome_uncertain")},
+	{name: "cancel parks a certain task as uncertain with CANCELLED", fixture: "pending-cancelled",
+		sql: strings.Replace(strings.Replace(smParkCancelled, "'CANCELLED_UNCERTAIN' FROM s", "'CANCELLED' FROM s", 1),
+			"needs_review = true,", "needs_review = true, outcome_uncertain = true, uncertain_since = updated_at,", 1),
+		owner: smRefused("delivery_attempt_follows_task", "outcome"), worker: smRefused("delivery_attempt_follows_task", "outcome")},
+	{name: "a cancelled notification's held task settled under a live lease", fixture: "sending-cancelled",
+		sql:   smSettleCancelled,
+		owner: smRefused("delivery_task_transition", "state"), worker: smRefused("delivery_task_transition", "state")},
+
 	// Setting aside (the claim's way past a row that makes it fail) moves one time later, nothing else.
 	{name: "due task's next attempt moved earlier", fixture: "scheduled",
 		sql:   `UPDATE delivery_task SET next_attempt_at = now() - interval '1 hour', last_error = 'x' WHERE id = $1`,
@@ -353,6 +386,10 @@ var smMoves = []smMove{
 		owner: smRefused("delivery_receipt_append_only", ""), worker: smDenied},
 	{name: "legitimate: a receipt settles a waiting task", fixture: "waiting-uncertain", sql: smApplyReceipt,
 		owner: smOne, worker: smOne, others: map[string]smWant{smReceiver: smOne}},
+	{name: "legitimate: a receipt settles a task not due (only its settle without a call needs a cancel)", fixture: "scheduled",
+		sql: smApplyReceipt, owner: smOne, worker: smOne, others: map[string]smWant{smReceiver: smOne}},
+	{name: "legitimate: a receipt settles a cancelled notification's task not due", fixture: "scheduled-cancelled",
+		sql: smApplyReceipt, owner: smOne, worker: smOne, others: map[string]smWant{smReceiver: smOne}},
 	{name: "legitimate: a receipt settles a parked task", fixture: "parked", sql: smApplyReceipt,
 		owner: smOne, worker: smOne, others: map[string]smWant{smReceiver: smOne}},
 	{name: "legitimate: a receipt noted on a held task", fixture: "sending", sql: smApplyReceipt,
@@ -400,11 +437,27 @@ type smCall struct {
 
 const (
 	smResolveSent = `SELECT * FROM notifier_resolve($1, 'SENT', 'seen in the channel console', 'ops', NULL)`
+	// smCancel cancels the event of the task $1.
+	smCancel = `SELECT * FROM notifier_cancel('u1', (SELECT n.event_key FROM notification n JOIN delivery_task t
+		ON t.notification_id = n.id WHERE t.id = $1), 'changed my mind')`
 	smCreatorTask = `INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES ($1, 'push', 3)`
 	smGrantState  = `GRANT INSERT (state, attempt_count) ON delivery_task TO notifier_creator`
 )
 
 var smCalls = []smCall{
+	// notifier_cancel (schema/027): the creator's, and the owner's.
+	{role: smCreator, name: "cancel a pending task", fixture: "pending", sql: smCancel, want: smOne},
+	{role: smCreator, name: "cancel an event that does not exist", fixture: "pending",
+		sql: `SELECT * FROM notifier_cancel('u1', 'no-such-event-' || $1::bigint)`, want: smWant{rows: 0}},
+	{role: smCreator, name: "cancel with a note of 2001 characters", fixture: "pending",
+		sql: strings.Replace(smCancel, "'changed my mind'", "repeat('n', 2001)", 1), want: smWant{code: sqlBadArg}},
+	{role: smOwner, name: "owner cancels", fixture: "pending", sql: smCancel, want: smOne},
+	{role: smWorker, name: "worker cancels", fixture: "pending", sql: smCancel, want: smDenied},
+	{role: smOperator, name: "operator cancels", fixture: "pending", sql: smCancel, want: smDenied},
+	{role: smReceiver, name: "receiver cancels", fixture: "pending", sql: smCancel, want: smDenied},
+	{role: smCreator, name: "creator cancels by hand", fixture: "notification",
+		sql: `UPDATE notification SET cancelled_at = now() WHERE id = $1`, want: smDenied},
+
 	// notifier_resolve: the operator's only write.
 	{role: smOperator, name: "resolve a parked task", fixture: "parked", sql: smResolveSent, want: smOne},
 	{role: smOperator, name: "resolve a resolved task", fixture: "resolved", sql: smResolveSent, want: smWant{rows: 0}},
@@ -455,6 +508,11 @@ func smFixture(t *testing.T, pool *pgxpool.Pool, kind string) int64 {
 		if _, err := pool.Exec(ctx, sql, args...); err != nil {
 			t.Fatalf("fixture %s: %s: %v", kind, sql, err)
 		}
+	}
+	if base, ok := strings.CutSuffix(kind, "-cancelled"); ok { // the same task, its notification cancelled
+		task := smFixture(t, pool, base)
+		run(`UPDATE notification SET cancelled_at = now() WHERE id = (SELECT notification_id FROM delivery_task WHERE id = $1)`, task)
+		return task
 	}
 	if err := pool.QueryRow(ctx, `INSERT INTO notification (user_id, event_key, body, expires_at)
 		VALUES ('u1', 'fx-' || gen_random_uuid(), 'b', now() + interval '1 hour') RETURNING id`).Scan(&n); err != nil {

@@ -70,11 +70,12 @@ SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.ma
        n.body,
        n.expires_at,
        (n.expires_at <= now())::bool    AS expired,
+       (n.cancelled_at IS NOT NULL)::bool AS cancelled,
        (t.receipt_at IS NOT NULL)::bool AS receipt_noted,
        extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
 FROM locked t
 CROSS JOIN LATERAL (
-    SELECT n.user_id, n.body, n.expires_at FROM notification n WHERE n.id = t.notification_id OFFSET 0
+    SELECT n.user_id, n.body, n.expires_at, n.cancelled_at FROM notification n WHERE n.id = t.notification_id OFFSET 0
 ) n
 LEFT JOIN LATERAL (
     SELECT p.enabled, p.address FROM channel_pref p WHERE p.user_id = n.user_id AND p.channel = t.channel OFFSET 0

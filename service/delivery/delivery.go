@@ -88,6 +88,12 @@ const (
 	OutcomePrefDisabledUncertain Outcome = "PREF_DISABLED_UNCERTAIN"
 	OutcomeTTLExpiredUncertain   Outcome = "TTL_EXPIRED_UNCERTAIN"
 
+	// A cancel (notifier cancel, schema/027) settled the task without a call: CANCELLED when no attempt
+	// may have been accepted (SUPPRESSED), CANCELLED_UNCERTAIN when one may have been (parked: the cancel
+	// met an unknown outcome, and a human resolves it).
+	OutcomeCancelled          Outcome = "CANCELLED"
+	OutcomeCancelledUncertain Outcome = "CANCELLED_UNCERTAIN"
+
 	OutcomeManualSent   Outcome = "MANUAL_SENT"
 	OutcomeManualFailed Outcome = "MANUAL_FAILED"
 

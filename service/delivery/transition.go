@@ -104,6 +104,7 @@ type ClaimFacts struct {
 	LeaseExpired bool // taken over from a holder whose lease ran out
 	PrefEnabled  bool
 	Expired      bool
+	Cancelled    bool // the notification was cancelled (notifier cancel) while the task was held or waiting
 	AttemptCount int
 	// AccountRefusals are the attempts refused for an account state (ACCOUNT_REFUSED): refunded, they
 	// do not count against MaxAttempts.
@@ -120,7 +121,7 @@ type ClaimKind int
 
 const (
 	ClaimCall    ClaimKind = iota // call the channel with Action
-	ClaimSettle                   // no call: write State with Outcome (suppression or expiry)
+	ClaimSettle                   // no call: write State with Outcome (suppression, expiry or cancel)
 	ClaimPark                     // no call, no attempt: park for review
 	ClaimReceipt                  // no call: a provider's receipt settles the task as SENT
 )
@@ -143,6 +144,14 @@ func Decide(f ClaimFacts) ClaimDecision {
 		return ClaimDecision{Kind: ClaimReceipt, Reason: "a provider's receipt arrived while the task was held"}
 	}
 	uncertain := f.Uncertain || f.LeaseExpired
+	if f.Cancelled { // the submitter took the event back: never called again, never written off if uncertain
+		if uncertain {
+			return ClaimDecision{Kind: ClaimSettle, Uncertain: true, State: StateUnknown, Outcome: OutcomeCancelledUncertain,
+				Reason: "notification cancelled before the call; an earlier attempt may have been accepted"}
+		}
+		return ClaimDecision{Kind: ClaimSettle, State: StateSuppressed, Outcome: OutcomeCancelled,
+			Reason: "notification cancelled before the call"}
+	}
 	if !f.PrefEnabled || f.Expired {
 		outcome, uncertainOutcome, state, reason := OutcomePrefDisabled, OutcomePrefDisabledUncertain, StateSuppressed,
 			"channel disabled by the user before the call"

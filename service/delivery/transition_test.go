@@ -166,9 +166,21 @@ func TestDecide(t *testing.T) {
 		{"expired with uncertain history parks", func(f *ClaimFacts) { f.Expired, f.LeaseExpired = true, true },
 			ClaimDecision{Kind: ClaimSettle, State: StateUnknown, Outcome: OutcomeTTLExpiredUncertain, Uncertain: true}},
 
+		{"cancelled suppresses", func(f *ClaimFacts) { f.Cancelled = true },
+			ClaimDecision{Kind: ClaimSettle, State: StateSuppressed, Outcome: OutcomeCancelled}},
+		{"cancelled with uncertain history parks", func(f *ClaimFacts) { f.Cancelled, f.Uncertain = true, true },
+			ClaimDecision{Kind: ClaimSettle, State: StateUnknown, Outcome: OutcomeCancelledUncertain, Uncertain: true}},
+		{"cancelled after a lease expired parks", func(f *ClaimFacts) { f.Cancelled, f.LeaseExpired = true, true },
+			ClaimDecision{Kind: ClaimSettle, State: StateUnknown, Outcome: OutcomeCancelledUncertain, Uncertain: true}},
+		{"cancelled before disabled and expired: the cancel names the settle", func(f *ClaimFacts) {
+			f.Cancelled, f.PrefEnabled, f.Expired = true, false, true
+		}, ClaimDecision{Kind: ClaimSettle, State: StateSuppressed, Outcome: OutcomeCancelled}},
+		{"cancelled with the budget used up and an uncertain history parks with the cancel's outcome", func(f *ClaimFacts) {
+			f.Cancelled, f.Uncertain, f.AttemptCount = true, true, 3
+		}, ClaimDecision{Kind: ClaimSettle, State: StateUnknown, Outcome: OutcomeCancelledUncertain, Uncertain: true}},
 		{"a receipt settles", func(f *ClaimFacts) { f.ReceiptNoted = true }, ClaimDecision{Kind: ClaimReceipt}},
 		{"a receipt settles whatever else holds", func(f *ClaimFacts) {
-			f.ReceiptNoted, f.PrefEnabled, f.Expired, f.Uncertain, f.AttemptCount, f.Mode = true, false, true, true, 3, ModeNone
+			f.ReceiptNoted, f.PrefEnabled, f.Expired, f.Uncertain, f.AttemptCount, f.Mode, f.Cancelled = true, false, true, true, 3, ModeNone, true
 		}, ClaimDecision{Kind: ClaimReceipt}},
 	}
 	for _, c := range cases {
