@@ -14,18 +14,20 @@ pgtmp := tools / "bin/pgtmp"
 default:
     @"{{ just_executable() }}" --justfile "{{ justfile() }}" --list --unsorted
 
-# Run the Go tests with the race detector (DB tests start their own throwaway PostgreSQL unless TEST_DATABASE_URL is set; the PgBouncer tests need Debian's pgbouncer and the console's browser tests Debian's chromium, installed here when root or sudo -n can, else skipped), then the protocol tests again with batched claims; args go to `go test`, e.g. `just test -run N1 ./service/`
+# Run the Go tests with the race detector (DB tests start their own throwaway PostgreSQL unless TEST_DATABASE_URL is set; the PgBouncer tests need Debian's pgbouncer and the console's browser tests Debian's chromium, installed here when root or sudo -n can, else skipped); the soak and the batched re-run are in test-long; args go to `go test`, e.g. `just test -run N1 ./service/`
 test *args:
     @sh internal/tools/install-debs pgbouncer || echo "just test: pgbouncer could not be installed: the tests through PgBouncer will skip" >&2
     @sh internal/tools/install-debs chromium || echo "just test: chromium could not be installed: the console's browser tests will skip" >&2
     @has_pkg=; for a in "$@"; do case $a in .|./*|../*|github.com/*) has_pkg=1 ;; esac; done; \
     if [ -z "$has_pkg" ]; then set -- "$@" ./...; fi; \
     echo "go test -race -count=1 $*" >&2; \
-    go test -race -count=1 "$@"; \
-    if [ -z "$has_pkg" ] && [ $# -eq 1 ]; then \
-      echo "NOTIFIER_TEST_BATCH=8 go test -race -count=1 ./service/  (the protocol tests again, claims and finishes batched)" >&2; \
-      NOTIFIER_TEST_BATCH=8 go test -race -count=1 ./service/; \
-    fi
+    go test -race -count=1 "$@"
+
+# Run the long tests, which CI runs after test (docs/testing.md#how-the-tests-run): the protocol tests of service/ again with claims and finishes batched (NOTIFIER_TEST_BATCH=8), then the soak (40s of faults, -soak); args go to the soak's `go test`, e.g. `just test-long -soak.duration 5m -timeout 20m`
+test-long *args:
+    @echo "NOTIFIER_TEST_BATCH=8 go test -race -count=1 ./service/  (the protocol tests again, claims and finishes batched)" >&2
+    NOTIFIER_TEST_BATCH=8 go test -race -count=1 ./service/
+    go test -race -count=1 -run '^TestSoak$' ./cli/ -soak "$@"
 
 # Build the notifier binary into bin/notifier (go install ./cli/notifier puts it in GOBIN as notifier)
 build:
@@ -116,7 +118,7 @@ alerts-check:
     promtool check rules deploy/prometheus/notifier-rules.yml
     cd deploy/prometheus && promtool test rules notifier-rules.test.yml
 
-# Run what CI runs (.ci/run): staticcheck, test, alerts-check, river-vet, benchmarks, sqlc-check, migrate-check, ha-soak
+# Run what CI runs (.ci/run): staticcheck, test, test-long, alerts-check, river-vet, benchmarks, sqlc-check, migrate-check, ha-soak
 ci:
     bash .ci/run
 

@@ -28,9 +28,11 @@ import (
 )
 
 // The soak runs notifier work processes under faults for a while, drains, and checks the invariants
-// that say "nothing is lost, nothing is written off that might have gone out". The short mode runs in
-// CI; the long one by flag: go test ./cli -run Soak -soak.duration 20m -timeout 40m -v
+// that say "nothing is lost, nothing is written off that might have gone out". It runs only with
+// -soak (just test-long, which CI runs, gives 40s of faults; a long one: go test ./cli -run Soak -soak
+// -soak.duration 20m -timeout 40m -v), so that just test stays short.
 var (
+	soakOn       = flag.Bool("soak", false, "run TestSoak (just test-long does)")
 	soakDuration = flag.Duration("soak.duration", 40*time.Second, "how long the faults go on")
 	soakWorkers  = flag.Int("soak.workers", 3, "worker processes")
 	soakSeed     = flag.Uint64("soak.seed", 0, "random seed (0: time-based, printed)")
@@ -38,8 +40,8 @@ var (
 )
 
 func TestSoak(t *testing.T) {
-	if testing.Short() {
-		t.Skip("soak: not in -short")
+	if !*soakOn || testing.Short() {
+		t.Skip("soak: runs with -soak (sh internal/tools/just test-long)")
 	}
 	is := is.New(t)
 	seed := *soakSeed
