@@ -338,7 +338,7 @@ func TestThroughPgBouncerTransactionMode(t *testing.T) {
 	is.Equal(st.Parked, int64(1)) // the none task
 	lines := strings.Split(strings.TrimSpace(asOperator.ok("review").stdout), "\n")
 	is.Equal(len(lines), 1) // one parked task to review
-	var p service.ParkedTask
+	var p service.ReviewTask
 	decode(t, lines[0], &p)
 	is.Equal(p.Channel, "none")                              // the none task
 	is.Equal(p.Attempts[0].Outcome, delivery.OutcomeTimeout) // with its history

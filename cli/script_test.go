@@ -95,7 +95,7 @@ func TestScript(t *testing.T) {
 	r = c.ok("review")
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	is.Equal(len(lines), 1) // one JSON line per parked task
-	var p service.ParkedTask
+	var p service.ReviewTask
 	decode(t, lines[0], &p)
 	is.Equal(p.ID, parkedID)                                 // the parked task
 	is.Equal(p.Review, service.ReviewParked)                 // shown because it is parked

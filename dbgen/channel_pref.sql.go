@@ -39,41 +39,6 @@ func (q *Queries) PrefDisableByTask(ctx context.Context, taskID int64) (PrefDisa
 	return i, err
 }
 
-const PrefListByUser = `-- name: PrefListByUser :many
-SELECT user_id, channel, address, enabled, version, updated_at
-FROM channel_pref
-WHERE user_id = $1
-ORDER BY channel
-`
-
-// A user's channels, for operators and tests.
-func (q *Queries) PrefListByUser(ctx context.Context, userID string) ([]ChannelPref, error) {
-	rows, err := q.db.Query(ctx, PrefListByUser, userID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []ChannelPref{}
-	for rows.Next() {
-		var i ChannelPref
-		if err := rows.Scan(
-			&i.UserID,
-			&i.Channel,
-			&i.Address,
-			&i.Enabled,
-			&i.Version,
-			&i.UpdatedAt,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const PrefUpsert = `-- name: PrefUpsert :one
 INSERT INTO channel_pref (user_id, channel, address, enabled)
 VALUES ($1, $2, $3, $4)

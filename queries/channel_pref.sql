@@ -15,13 +15,6 @@ ON CONFLICT (user_id, channel) DO UPDATE
                           THEN now() ELSE channel_pref.updated_at END
 RETURNING user_id, channel, address, enabled, version, updated_at;
 
--- name: PrefListByUser :many
--- A user's channels, for operators and tests.
-SELECT user_id, channel, address, enabled, version, updated_at
-FROM channel_pref
-WHERE user_id = @user_id
-ORDER BY channel;
-
 -- name: PrefDisableByTask :one
 -- Switches off the preference a task was sent by (its user and channel), so that no later
 -- notification goes to an address the provider said is gone: after a hard bounce receipt (notifier

@@ -50,7 +50,8 @@ GRANT USAGE ON SCHEMA public TO notifier_creator, notifier_worker, notifier_oper
 
 -- channel_pref: the creator sets preferences (PrefUpsert: INSERT ... ON CONFLICT DO UPDATE ... RETURNING)
 -- and reads them when it creates tasks (TaskInsertForEnabledPrefs); the worker reads the switch and the
--- address at claim time (TaskClaim); operators may list them (PrefListByUser).
+-- address at claim time (TaskClaim); operators may read them (a task's channel and address, when they
+-- look into it).
 GRANT SELECT ON channel_pref TO notifier_creator, notifier_worker, notifier_operator;
 GRANT INSERT (user_id, channel, address, enabled) ON channel_pref TO notifier_creator;
 GRANT UPDATE (address, enabled, version, updated_at) ON channel_pref TO notifier_creator;

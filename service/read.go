@@ -98,8 +98,9 @@ const (
 	ReviewLateAccepted ReviewKind = "LATE_ACCEPTED"
 )
 
-// ParkedTask is a task shown to a human (notifier review), with its history and why it is shown.
-type ParkedTask struct {
+// ReviewTask is a task shown to a human (notifier review, the console): parked (to resolve) or
+// late-accepted (to know about), as Review says, with its history.
+type ReviewTask struct {
 	Task
 	Review   ReviewKind      `json:"review"`
 	UserID   string          `json:"user_id"`
@@ -107,35 +108,16 @@ type ParkedTask struct {
 	Attempts []AttemptRecord `json:"attempts"`
 }
 
-// Parked lists up to limit parked tasks with id > afterID, oldest first.
-func (n *Notifier) Parked(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
-	out, err := n.parked(ctx, afterID, limit)
-	if err != nil {
-		return nil, err
-	}
-	return n.withAttempts(ctx, out)
-}
-
-// LateAccepted lists up to limit FAILED or SUPPRESSED tasks with id > afterID that a late answer says
-// were accepted (ReviewLateAccepted), oldest first.
-func (n *Notifier) LateAccepted(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
-	out, err := n.lateAccepted(ctx, afterID, limit)
-	if err != nil {
-		return nil, err
-	}
-	return n.withAttempts(ctx, out)
-}
-
 // Review lists what a human should look at, up to limit tasks with id > afterID in id order: parked
 // tasks (to resolve) and final "not sent" tasks a late answer contradicts (to know about). Paging by
 // the last id printed covers both. A user the database refuses gets a *PermissionError naming
 // RoleOperator.
-func (n *Notifier) Review(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
+func (n *Notifier) Review(ctx context.Context, afterID int64, limit int) ([]ReviewTask, error) {
 	tasks, err := n.review(ctx, afterID, limit)
 	return tasks, needsRole("review", RoleOperator, err)
 }
 
-func (n *Notifier) review(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
+func (n *Notifier) review(ctx context.Context, afterID int64, limit int) ([]ReviewTask, error) {
 	return n.reviewWhere(ctx, ReviewFilter{AfterID: afterID, Limit: limit})
 }
 
@@ -150,7 +132,7 @@ type ReviewFilter struct {
 
 // ReviewWhere is Review narrowed by f, paged the same way (by the last id shown). A state that no listed
 // task can be in is an *InputError.
-func (n *Notifier) ReviewWhere(ctx context.Context, f ReviewFilter) ([]ParkedTask, error) {
+func (n *Notifier) ReviewWhere(ctx context.Context, f ReviewFilter) ([]ReviewTask, error) {
 	switch f.State {
 	case "", delivery.StateUnknown, delivery.StateFailed, delivery.StateSuppressed:
 	default:
@@ -160,8 +142,8 @@ func (n *Notifier) ReviewWhere(ctx context.Context, f ReviewFilter) ([]ParkedTas
 	return tasks, needsRole("review", RoleOperator, err)
 }
 
-func (n *Notifier) reviewWhere(ctx context.Context, f ReviewFilter) ([]ParkedTask, error) {
-	var parked, late []ParkedTask
+func (n *Notifier) reviewWhere(ctx context.Context, f ReviewFilter) ([]ReviewTask, error) {
+	var parked, late []ReviewTask
 	var err error
 	if f.State == "" || f.State == delivery.StateUnknown {
 		if parked, err = n.parkedOf(ctx, f); err != nil {
@@ -174,50 +156,40 @@ func (n *Notifier) reviewWhere(ctx context.Context, f ReviewFilter) ([]ParkedTas
 		}
 	}
 	all := append(parked, late...)
-	slices.SortFunc(all, func(a, b ParkedTask) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(all, func(a, b ReviewTask) int { return cmp.Compare(a.ID, b.ID) })
 	return n.withAttempts(ctx, all[:min(f.Limit, len(all))]) // the history of the tasks shown only
 }
 
-// parked is Parked without the tasks' histories.
-func (n *Notifier) parked(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
-	return n.parkedOf(ctx, ReviewFilter{AfterID: afterID, Limit: limit})
-}
-
-func (n *Notifier) parkedOf(ctx context.Context, f ReviewFilter) ([]ParkedTask, error) {
+func (n *Notifier) parkedOf(ctx context.Context, f ReviewFilter) ([]ReviewTask, error) {
 	rows, err := n.q.TaskListParked(ctx, dbgen.TaskListParkedParams{AfterID: f.AfterID, Channel: optional(f.Channel), MaxRows: int32(f.Limit)})
 	if err != nil {
 		return nil, fmt.Errorf("list parked tasks: %w", err)
 	}
-	out := make([]ParkedTask, len(rows))
+	out := make([]ReviewTask, len(rows))
 	for i, r := range rows {
-		out[i] = reviewTask(r, ReviewParked)
+		out[i] = reviewRow(r, ReviewParked)
 	}
 	return out, nil
 }
 
-// lateAccepted is LateAccepted without the tasks' histories.
-func (n *Notifier) lateAccepted(ctx context.Context, afterID int64, limit int) ([]ParkedTask, error) {
-	return n.lateAcceptedOf(ctx, ReviewFilter{AfterID: afterID, Limit: limit})
-}
-
-func (n *Notifier) lateAcceptedOf(ctx context.Context, f ReviewFilter) ([]ParkedTask, error) {
+func (n *Notifier) lateAcceptedOf(ctx context.Context, f ReviewFilter) ([]ReviewTask, error) {
 	rows, err := n.q.TaskListLateAccepted(ctx, dbgen.TaskListLateAcceptedParams{AfterID: f.AfterID, Channel: optional(f.Channel),
 		State: optional(string(f.State)), MaxRows: int32(f.Limit)})
 	if err != nil {
 		return nil, fmt.Errorf("list late-accepted tasks: %w", err)
 	}
-	out := make([]ParkedTask, len(rows))
+	out := make([]ReviewTask, len(rows))
 	for i, r := range rows {
-		out[i] = reviewTask(dbgen.TaskListParkedRow(r), ReviewLateAccepted)
+		out[i] = reviewRow(dbgen.TaskListParkedRow(r), ReviewLateAccepted)
 	}
 	return out, nil
 }
 
 // reviewTask is a listed task shown to a human for kind, without its history. A parked task is UNKNOWN,
 // uncertain and needs review; a late-accepted one is final and neither.
-func reviewTask(r dbgen.TaskListParkedRow, kind ReviewKind) ParkedTask {
+func reviewRow(r dbgen.TaskListParkedRow, kind ReviewKind) ReviewTask {
 	parked := kind == ReviewParked
-	return ParkedTask{
+	return ReviewTask{
 		Task: Task{ID: r.ID, NotificationID: r.NotificationID, Channel: r.Channel, State: delivery.State(r.State),
 			AttemptCount: int(r.AttemptCount), MaxAttempts: int(r.MaxAttempts), OutcomeUncertain: parked,
 			NeedsReview: parked, ProviderMsgID: deref(r.ProviderMsgID), LastError: deref(r.LastError), UpdatedAt: r.UpdatedAt},
@@ -226,7 +198,7 @@ func reviewTask(r dbgen.TaskListParkedRow, kind ReviewKind) ParkedTask {
 }
 
 // withAttempts adds each task's history, read for the whole page in one statement.
-func (n *Notifier) withAttempts(ctx context.Context, tasks []ParkedTask) ([]ParkedTask, error) {
+func (n *Notifier) withAttempts(ctx context.Context, tasks []ReviewTask) ([]ReviewTask, error) {
 	if len(tasks) == 0 {
 		return tasks, nil
 	}

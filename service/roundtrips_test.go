@@ -148,7 +148,7 @@ func TestReviewRoundTripsDoNotGrowWithThePage(t *testing.T) {
 	is.NoErr(err)
 	t.Cleanup(pool.Close)
 	n := service.NewNotifier(pool)
-	review := func(limit int) ([]service.ParkedTask, int64) {
+	review := func(limit int) ([]service.ReviewTask, int64) {
 		start := trips.n.Load()
 		list, err := n.Review(e.ctx, 0, limit)
 		is.NoErr(err)

@@ -601,7 +601,7 @@ func TestOperatorRoleResolvesParkedOnly(t *testing.T) {
 	n := service.NewNotifier(operator)
 
 	// notifier review and status.
-	list, err := n.Parked(e.ctx, 0, 10)
+	list, err := n.Review(e.ctx, 0, 10)
 	is.NoErr(err)                      // notifier review
 	is.Equal(len(list), 1)             // the parked task
 	is.Equal(list[0].ID, parked)       // with its id
@@ -676,7 +676,7 @@ func TestRolesEndToEnd(t *testing.T) {
 		results[runOnce(t, d).Kind]++
 	}
 	is.Equal(results, map[service.ResultKind]int{service.ResultSent: 2, service.ResultParked: 1}) // push, sms sent; none parked
-	parked, err := operator.Parked(e.ctx, 0, 10)
+	parked, err := operator.Review(e.ctx, 0, 10)
 	is.NoErr(err)
 	is.Equal(len(parked), 1)
 	changed, err := operator.ResolveManually(e.ctx, parked[0].ID, delivery.StateFailed, "the channel has no record", "ops")

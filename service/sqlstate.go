@@ -51,7 +51,7 @@ func refusedForRow(err error) bool {
 // rowFault reports whether the server refused a finish for what one of its rows holds (refusedForRow),
 // or rolled it back to break a deadlock (40): the statement is certainly not written, and finishing each
 // row alone saves the rows that are not at fault (finishEach). Anything else fails the whole finish; a
-// transient failure is retried (finishTransient).
+// transient failure is sent again (Dispatcher.finish).
 func rowFault(err error) bool {
 	return refusedForRow(err) || sqlClass(err) == "40"
 }

@@ -44,7 +44,7 @@ type view struct {
 }
 
 type listItem struct {
-	service.ParkedTask
+	service.ReviewTask
 	Body  string
 	Since time.Time // the first attempt's start (the task's updated_at without one)
 }
@@ -298,7 +298,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, sess *session) {
 		if len(t.Attempts) > 0 {
 			since = t.Attempts[0].StartedAt
 		}
-		v.Items = append(v.Items, listItem{ParkedTask: t, Body: bodies[t.NotificationID], Since: since})
+		v.Items = append(v.Items, listItem{ReviewTask: t, Body: bodies[t.NotificationID], Since: since})
 	}
 	if len(tasks) == s.cfg.PageSize {
 		next := url.Values{"after": {strconv.FormatInt(tasks[len(tasks)-1].ID, 10)}}
