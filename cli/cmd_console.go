@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/notifierhq/notifier/cli/console"
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/httpkit"
 )
 
 const consoleDescription = `Serves a small web page for operators (docs/operations.md#web-console): the tasks a human must
@@ -143,7 +143,7 @@ func parseConsole(c *cli.Context) (consoleConfig, error) {
 		cfg.tls = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 	insecure := c.Bool("insecure-listen")
-	if cfg.tls == nil && !insecure && !isLoopback(host) {
+	if cfg.tls == nil && !insecure && !httpkit.IsLoopbackHost(host) {
 		return cfg, usagef("console: refusing to serve plain HTTP on %s, which is not a loopback address: give --tls-cert and --tls-key, listen on 127.0.0.1 behind a TLS proxy, or --insecure-listen to accept that sessions and notes cross the network unencrypted", cfg.listen)
 	}
 	if c.Duration("session-ttl") <= 0 {
@@ -154,15 +154,6 @@ func parseConsole(c *cli.Context) (consoleConfig, error) {
 	// (browsers treat http://127.0.0.1 and http://localhost as secure) the browser keeps Secure cookies.
 	cfg.web.SecureCookie = cfg.tls != nil || !insecure
 	return cfg, nil
-}
-
-// isLoopback: localhost, or a loopback IP. An empty host (":8080") is every interface.
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip, err := netip.ParseAddr(host)
-	return err == nil && ip.IsLoopback()
 }
 
 func serveConsole(c *cli.Context, e *env) error {

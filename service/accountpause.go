@@ -77,7 +77,7 @@ func (d *Dispatcher) pauseRefused(ctx context.Context, attempts []*Attempt, obs 
 		}
 		switch {
 		case obs[i].Outcome == delivery.OutcomeAccountRefused:
-			ans.refused, ans.cause = true, truncate(obs[i].Detail, MaxNoteLength)
+			ans.refused, ans.cause = true, delivery.Truncate(obs[i].Detail, MaxNoteLength)
 			ans.probeRefused = ans.probeRefused || a.Probe
 		default:
 			ans.probeAnswered = true

@@ -560,7 +560,7 @@ func (d *Dispatcher) setAside(ctx context.Context, t dbgen.TaskClaimRow, refused
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.DBTimeout)
 	defer cancel()
 	delay := d.cfg.Backoff.Max
-	why := truncate(fmt.Sprintf("SET_ASIDE: the database refused to claim this task: %v; tried again after %s",
+	why := delivery.Truncate(fmt.Sprintf("SET_ASIDE: the database refused to claim this task: %v; tried again after %s",
 		refused, delay.Round(time.Second)), MaxNoteLength)
 	if _, err := dbgen.New(d.pool).TaskSetAside(ctx, dbgen.TaskSetAsideParams{
 		ID: t.ID, DelaySeconds: delay.Seconds(), LastError: why,

@@ -3,9 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -223,25 +221,5 @@ func errorText(obs delivery.Observation) string {
 	if obs.Detail != "" {
 		text += ": " + obs.Detail
 	}
-	return truncate(text, MaxNoteLength)
-}
-
-// truncate makes s storable as PostgreSQL text of at most n characters: whatever a channel answered,
-// a finish must not fail on it (and lose the observations of its whole batch). Invalid UTF-8 and NUL,
-// which PostgreSQL text refuses, become "?".
-func truncate(s string, n int) string {
-	s = strings.ReplaceAll(strings.ToValidUTF8(s, "?"), "\x00", "?")
-	r := []rune(s)
-	if len(r) <= n {
-		return s
-	}
-	return string(r[:n])
-}
-
-// spread lengthens a wait d by up to a quarter, at random, so that what waits together (a window's
-// retries after a provider's outage, the workers of a database that comes back) does not go again in
-// lockstep. Never shorter: a wait is at least what it was computed to be (a Retry-After, a settle
-// time). The same rule as the worker loop's polls and backoff (worker.spread).
-func spread(d time.Duration) time.Duration {
-	return d + time.Duration(rand.Float64()*float64(d)/4)
+	return delivery.Truncate(text, MaxNoteLength)
 }

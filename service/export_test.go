@@ -89,6 +89,3 @@ func (d *Dispatcher) FinishBatchOnce(ctx context.Context, attempts []*Attempt, o
 func (d *Dispatcher) ConfigureRateLimits(ctx context.Context) ([]Bucket, error) {
 	return d.configureRateLimits(ctx)
 }
-
-// Spread is spread, for its test: the retries' and settle times' waits.
-var Spread = spread

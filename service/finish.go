@@ -125,7 +125,7 @@ func finishDeadline(attempts []*Attempt, lease time.Duration) time.Time {
 // 2 s, spread.
 func finishRetryDelay(try int) time.Duration {
 	d := 100 * time.Millisecond << min(try, 5)
-	return spread(min(d, 2*time.Second))
+	return delivery.Spread(min(d, 2*time.Second))
 }
 
 // finishParams maps each observation to its task's next state: TaskFinish's arguments, and the results
@@ -147,20 +147,20 @@ func (d *Dispatcher) finishParams(attempts []*Attempt, obs []delivery.Observatio
 		switch {
 		case t.Retry && t.Refund:
 			// the channel's pause paces it: due again at once when the channel resumes
-			retry = spread(d.cfg.Backoff.Base).Seconds()
+			retry = delivery.Spread(d.cfg.Backoff.Base).Seconds()
 		case t.Retry:
-			retry = spread(max(d.cfg.Backoff.Delay(a.No-a.AccountRefusals, o.RetryAfter), t.NotBefore)).Seconds()
+			retry = delivery.Spread(max(d.cfg.Backoff.Delay(a.No-a.AccountRefusals, o.RetryAfter), t.NotBefore)).Seconds()
 		}
 		finish.IDs = append(finish.IDs, a.TaskID)
 		finish.AttemptTokens = append(finish.AttemptTokens, a.Token)
 		finish.States = append(finish.States, string(t.State))
 		finish.OutcomeUncertain = append(finish.OutcomeUncertain, t.Uncertain)
 		finish.NeedsReview = append(finish.NeedsReview, t.Park)
-		finish.ProviderMsgIDs = append(finish.ProviderMsgIDs, truncate(o.ProviderMsgID, 500))
+		finish.ProviderMsgIDs = append(finish.ProviderMsgIDs, delivery.Truncate(o.ProviderMsgID, 500))
 		finish.LastErrors = append(finish.LastErrors, errorText(o))
 		finish.RetryAfterSeconds = append(finish.RetryAfterSeconds, retry)
 		finish.Outcomes = append(finish.Outcomes, string(o.Outcome))
-		finish.Errors = append(finish.Errors, truncate(o.Detail, MaxNoteLength))
+		finish.Errors = append(finish.Errors, delivery.Truncate(o.Detail, MaxNoteLength))
 	}
 	return finish, results, nil
 }
@@ -216,7 +216,7 @@ func (d *Dispatcher) finishEach(ctx context.Context, attempts []*Attempt, params
 		})
 		if _, err := finishResults(attempts[i:one], results[i:one], rows, err); err != nil {
 			results[i].Kind, results[i].Err = ResultUnrecorded, err
-			results[i].Detail = truncate(err.Error(), MaxNoteLength)
+			results[i].Detail = delivery.Truncate(err.Error(), MaxNoteLength)
 		}
 	}
 	return results

@@ -70,21 +70,6 @@ func TestFinishWritesLastErrorWithItsDetail(t *testing.T) {
 	}
 }
 
-// A wait is lengthened by up to a quarter, at random: never shorter, never more, and not always by the
-// same amount (the waits of a batch's retries do not go together).
-func TestSpreadLengthensByUpToAQuarter(t *testing.T) {
-	is := is.New(t)
-	const d = time.Second
-	seen := map[time.Duration]bool{}
-	for range 100 {
-		got := service.Spread(d)
-		is.True(got >= d)
-		is.True(got <= d+d/4)
-		seen[got] = true
-	}
-	is.True(len(seen) > 50) // spread, not a fixed lengthening
-}
-
 // The finish is one statement whose snapshot can predate a takeover: here it starts while a superseding
 // claim holds the task's row lock, and that claim commits only after the finish waits on the lock. The
 // token guard must see the new token (STALE), and the old attempt, closed as LEASE_EXPIRED by the claim

@@ -131,7 +131,7 @@ func WaitForDatabase(ctx context.Context, pool *pgxpool.Pool, wait time.Duration
 		if err == nil || !unreachable(err) || ctx.Err() != nil {
 			return err
 		}
-		next := spread(delay)
+		next := delivery.Spread(delay)
 		if wait <= 0 {
 			return err
 		}

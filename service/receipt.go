@@ -77,7 +77,7 @@ func (n *Notifier) RecordReceipt(ctx context.Context, r delivery.Receipt, disabl
 		}
 		res = delivery.ReceiptResult{TaskID: id}
 		applied, err := q.ReceiptApply(ctx, dbgen.ReceiptApplyParams{TaskID: id, ProviderMsgID: optional(r.ProviderMsgID),
-			Note: truncate(fmt.Sprintf("receipt %s %s: %s", r.Source, r.EventID, r.Kind), MaxNoteLength)})
+			Note: delivery.Truncate(fmt.Sprintf("receipt %s %s: %s", r.Source, r.EventID, r.Kind), MaxNoteLength)})
 		if errors.Is(err, pgx.ErrNoRows) {
 			return delivery.ErrUnknownReference // no such task (never was, or pruned since matching); nothing written
 		}
@@ -92,7 +92,7 @@ func (n *Notifier) RecordReceipt(ctx context.Context, r delivery.Receipt, disabl
 		_, err = q.ReceiptInsert(ctx, dbgen.ReceiptInsertParams{
 			TaskID: id, Source: r.Source, EventID: r.EventID, Kind: string(r.Kind), HardBounce: r.HardBounce,
 			Effect: applied.Effect, ProviderMsgID: optional(r.ProviderMsgID), OccurredAt: occurred,
-			Detail: optional(truncate(r.Detail, MaxNoteLength)),
+			Detail: optional(delivery.Truncate(r.Detail, MaxNoteLength)),
 		})
 		if errors.Is(err, pgx.ErrNoRows) {
 			return errDuplicateReceipt // roll back what applying it did: it was applied the first time

@@ -3,10 +3,10 @@ package worker
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/notifierhq/notifier/service"
+	"github.com/notifierhq/notifier/service/delivery"
 )
 
 // window is the streaming loop's state: the calls in flight, the answers waiting to be recorded, the
@@ -30,14 +30,7 @@ type window struct {
 }
 
 func newWindow(cfg Config) *window {
-	return &window{cfg: cfg, jitter: spread}
-}
-
-// spread lengthens a wait d by up to a quarter, at random: the polls of many workers, and the claims
-// of workers whose database comes back, do not go in lockstep. Never shorter than d (service's spread
-// is the same rule for the tasks' retries).
-func spread(d time.Duration) time.Duration {
-	return d + time.Duration(rand.Float64()*float64(d)/4)
+	return &window{cfg: cfg, jitter: delivery.Spread}
 }
 
 func (w *window) room() int { return w.cfg.MaxInFlight - w.calling }

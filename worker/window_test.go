@@ -169,17 +169,6 @@ func TestWindowStopsForPooler(t *testing.T) {
 	is.Equal(w.claimed(0, 0, pooler, false, false, t0), claimStopping) // said once
 }
 
-func TestSpread(t *testing.T) {
-	is := is.New(t)
-	lo, hi := time.Hour, time.Duration(0)
-	for range 1000 {
-		d := spread(time.Second)
-		lo, hi = min(lo, d), max(hi, d)
-	}
-	is.True(lo >= time.Second && hi <= 1250*time.Millisecond)         // never shorter, at most a quarter longer
-	is.True(lo < 1050*time.Millisecond && hi > 1200*time.Millisecond) // and really spread
-}
-
 func TestWindowDone(t *testing.T) {
 	is := is.New(t)
 	is.True(!testWindow(nil).done())                                                 // not stopping

@@ -258,13 +258,13 @@ func Classify(status int, header http.Header, body []byte) delivery.Observation 
 
 func classify(resp *httpkit.Response) (delivery.Observation, string) {
 	if resp.Status == http.StatusOK {
-		return delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: truncate(resp.Header.Get("Apns-Id"), 100)}, ""
+		return delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: delivery.Truncate(resp.Header.Get("Apns-Id"), 100)}, ""
 	}
 	var e struct {
 		Reason string `json:"reason"`
 	}
 	_ = json.Unmarshal(resp.Body, &e)
-	reason := truncate(strings.Map(func(r rune) rune {
+	reason := delivery.Truncate(strings.Map(func(r rune) rune {
 		if r < 0x20 || r > 0x7e {
 			return '?'
 		}
@@ -297,13 +297,6 @@ func classify(resp *httpkit.Response) (delivery.Observation, string) {
 		obs.Detail = what
 	}
 	return obs, reason
-}
-
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
 }
 
 // Query is not offered: APNs cannot be asked about a notification.

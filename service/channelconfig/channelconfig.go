@@ -96,7 +96,7 @@ func (e *Error) Error() string        { return e.msg }
 func (e *Error) Is(target error) bool { return target == delivery.ErrInvalidInput }
 
 func fail(format string, args ...any) error {
-	return &Error{msg: oneLine(fmt.Sprintf(format, args...))}
+	return &Error{msg: delivery.OneLine(fmt.Sprintf(format, args...), 10000)}
 }
 
 // Load reads and checks the file and builds one route per channel. getenv resolves *_env keys
@@ -419,5 +419,3 @@ func keyErr(key string, err error) error {
 	}
 	return fmt.Errorf("%s: %s", key, msg)
 }
-
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

@@ -246,7 +246,7 @@ func tokenFailure(err error) delivery.Observation {
 			Error string `json:"error"`
 		}
 		_ = json.Unmarshal(re.Body, &body)
-		code := truncate(strings.Map(printable, body.Error), 64)
+		code := delivery.Truncate(strings.Map(printable, body.Error), 64)
 		if code == "" {
 			code = "HTTP " + strconv.Itoa(re.Response.StatusCode)
 		}
@@ -407,7 +407,7 @@ func classify(resp *httpkit.Response) delivery.Observation {
 			Name string `json:"name"`
 		}
 		_ = json.Unmarshal(resp.Body, &ok)
-		return delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: truncate(ok.Name, 500)}
+		return delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: delivery.Truncate(ok.Name, 500)}
 	}
 	var e errorReply
 	_ = json.Unmarshal(resp.Body, &e)
@@ -417,7 +417,7 @@ func classify(resp *httpkit.Response) delivery.Observation {
 			code = d.ErrorCode
 		}
 	}
-	code = truncate(strings.Map(printable, code), 64)
+	code = delivery.Truncate(strings.Map(printable, code), 64)
 	what := "HTTP " + strconv.Itoa(resp.Status)
 	if code != "" {
 		what += " " + code
@@ -457,13 +457,6 @@ func printable(r rune) rune {
 		return '?'
 	}
 	return r
-}
-
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
 }
 
 // Query is not offered: FCM cannot be asked whether it holds a message.

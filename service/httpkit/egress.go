@@ -168,3 +168,14 @@ func ParseNetworks(cidrs []string) ([]netip.Prefix, error) {
 	}
 	return out, nil
 }
+
+// IsLoopbackHost says whether host (a URL's or a listen address's host, without port or brackets) is
+// "localhost" or a loopback IP: where plain HTTP, or SMTP without TLS, does not cross a network. It
+// only classifies: it never resolves. An empty host (":8080") is every interface, not loopback.
+func IsLoopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}

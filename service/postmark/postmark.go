@@ -29,14 +29,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/mail"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpkit"
@@ -79,9 +77,6 @@ const QueryReachAllowance = 30 * time.Minute
 func MaxInFlightAge(retention, settle time.Duration) time.Duration {
 	return retention - ExpiryDayAllowance - settle - QueryReachAllowance
 }
-
-// MaxSubjectRunes bounds the subject (prefix + the body's first line).
-const MaxSubjectRunes = 120
 
 // Postmark's API error codes this adapter treats specially.
 const (
@@ -157,7 +152,7 @@ func checkBaseURL(raw string) (string, error) {
 	if err != nil || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
 		return "", fmt.Errorf("%w: base_url %q: want https://host[/path]", delivery.ErrInvalidInput, redact.Origin(raw))
 	}
-	if u.Scheme != "https" && (u.Scheme != "http" || !isLoopback(u.Hostname())) {
+	if u.Scheme != "https" && (u.Scheme != "http" || !httpkit.IsLoopbackHost(u.Hostname())) {
 		return "", fmt.Errorf("%w: base_url %q: https only (plain http only to a loopback host): the server token goes with every request", delivery.ErrInvalidInput, redact.Origin(raw))
 	}
 	return strings.TrimRight(u.String(), "/"), nil
@@ -194,19 +189,6 @@ type Search struct {
 	} `json:"Messages"`
 }
 
-// Subject is the email's subject for a body: prefix + the first non-empty line, bounded.
-func Subject(prefix, body string) string {
-	first, _, _ := strings.Cut(strings.TrimSpace(strings.ReplaceAll(body, "\r", "\n")), "\n")
-	subject := strings.TrimSpace(prefix + first)
-	if subject == "" {
-		subject = "Notification"
-	}
-	if utf8.RuneCountInString(subject) > MaxSubjectRunes {
-		subject = string([]rune(subject)[:MaxSubjectRunes-1]) + "…"
-	}
-	return strings.ToValidUTF8(subject, "?")
-}
-
 func (c *Client) header() http.Header {
 	return http.Header{
 		"Accept":                  {"application/json"},
@@ -221,7 +203,7 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 	if err != nil {
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "the address is not an email address"}
 	}
-	body, err := json.Marshal(Email{From: c.from, To: to.Address, Subject: Subject(c.prefix, msg.Body), TextBody: msg.Body,
+	body, err := json.Marshal(Email{From: c.from, To: to.Address, Subject: delivery.Subject(c.prefix, msg.Body), TextBody: msg.Body,
 		Metadata: map[string]string{RefMetadata: msg.Ref}, MessageStream: c.stream})
 	if err != nil {
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "encode email: " + err.Error()}
@@ -251,7 +233,7 @@ func Classify(resp *httpkit.Response) delivery.Observation {
 	if a.ErrorCode != 0 {
 		what += " ErrorCode " + strconv.Itoa(a.ErrorCode)
 	}
-	if m := oneLine(a.Message); m != "" {
+	if m := delivery.OneLine(a.Message, 200); m != "" {
 		what += ": " + m
 	}
 	if cause, ok := accountStates[a.ErrorCode]; ok || resp.Status == http.StatusUnauthorized {
@@ -303,20 +285,4 @@ func (c *Client) Query(ctx context.Context, ref string) delivery.Observation {
 		detail = strconv.Itoa(s.TotalCount) + " emails carry this ref" // an earlier resend went out too
 	}
 	return delivery.Observation{Outcome: delivery.OutcomeQueryFound, ProviderMsgID: s.Messages[0].MessageID, Detail: detail}
-}
-
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
-func oneLine(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > 200 {
-		s = s[:200]
-	}
-	return strings.ToValidUTF8(s, "?")
 }

@@ -37,14 +37,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/mail"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpkit"
@@ -79,9 +77,6 @@ const MaxKeyLength = 256
 
 // RefTag is the name of the tag that carries the task's ref.
 const RefTag = "notifier_ref"
-
-// MaxSubjectRunes bounds the subject (prefix + the body's first line).
-const MaxSubjectRunes = 120
 
 // Options configure a client.
 type Options struct {
@@ -135,7 +130,7 @@ func CheckBaseURL(raw string) (string, error) {
 	}
 	switch {
 	case u.Scheme == "https":
-	case u.Scheme == "http" && isLoopback(u.Hostname()):
+	case u.Scheme == "http" && httpkit.IsLoopbackHost(u.Hostname()):
 	default:
 		return "", fmt.Errorf("%w: base_url %q: https only (plain http only to a loopback host): the API key goes with every request", delivery.ErrInvalidInput, redact.Origin(raw))
 	}
@@ -172,19 +167,6 @@ type Error struct {
 	Message    string `json:"message"`
 }
 
-// Subject is the email's subject for a body: prefix + the first non-empty line, bounded.
-func Subject(prefix, body string) string {
-	first, _, _ := strings.Cut(strings.TrimSpace(strings.ReplaceAll(body, "\r", "\n")), "\n")
-	subject := strings.TrimSpace(prefix + first)
-	if subject == "" {
-		subject = "Notification"
-	}
-	if utf8.RuneCountInString(subject) > MaxSubjectRunes {
-		subject = string([]rune(subject)[:MaxSubjectRunes-1]) + "…"
-	}
-	return strings.ToValidUTF8(subject, "?")
-}
-
 // Send posts the email once. See the package comment for the outcome mapping.
 func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observation {
 	if msg.IdempotencyKey == "" || len(msg.IdempotencyKey) > MaxKeyLength {
@@ -194,7 +176,7 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 	if err != nil {
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "the address is not an email address"}
 	}
-	body, err := json.Marshal(Email{From: c.from, To: []string{to.Address}, Subject: Subject(c.prefix, msg.Body),
+	body, err := json.Marshal(Email{From: c.from, To: []string{to.Address}, Subject: delivery.Subject(c.prefix, msg.Body),
 		Text: msg.Body, Tags: []Tag{{Name: RefTag, Value: msg.Ref}}})
 	if err != nil {
 		return delivery.Observation{Outcome: delivery.OutcomeRejected, Detail: "encode email: " + err.Error()}
@@ -230,7 +212,7 @@ func Classify(resp *httpkit.Response) delivery.Observation {
 		what += " " + e.Name
 	}
 	if e.Message != "" {
-		what += ": " + oneLine(e.Message)
+		what += ": " + delivery.OneLine(e.Message, 200)
 	}
 	switch {
 	case resp.Status == http.StatusConflict && e.Name == "concurrent_idempotent_requests":
@@ -274,20 +256,4 @@ func accountCause(name string) string {
 // Query is not offered: Resend cannot look an email up by our reference (the contract is the key).
 func (c *Client) Query(context.Context, string) delivery.Observation {
 	return delivery.Observation{Outcome: delivery.OutcomeQueryFailed, Detail: "not supported: Resend is idempotent, not queryable"}
-}
-
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
-func oneLine(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > 200 {
-		s = s[:200]
-	}
-	return strings.ToValidUTF8(s, "?")
 }

@@ -88,9 +88,6 @@ func ParseTLSMode(s string) (TLSMode, error) {
 	return "", fmt.Errorf("%w: starttls %q: want required, opportunistic or none", delivery.ErrInvalidInput, s)
 }
 
-// MaxSubjectRunes bounds the Subject (prefix + the body's first line).
-const MaxSubjectRunes = 120
-
 // Options configure a client.
 type Options struct {
 	Addr            string  // relay host:port
@@ -138,7 +135,7 @@ func New(opt Options) (*Client, error) {
 	if strings.ContainsAny(opt.Username, "\x00\r\n") || strings.ContainsAny(opt.Password, "\x00\r\n") {
 		return nil, fmt.Errorf("%w: SMTP credentials contain NUL, CR or LF", delivery.ErrInvalidInput)
 	}
-	if opt.Username != "" && mode == TLSNone && !isLoopback(host) {
+	if opt.Username != "" && mode == TLSNone && !httpkit.IsLoopbackHost(host) {
 		return nil, fmt.Errorf("%w: SMTP AUTH with starttls = none to %s would send the password in clear text", delivery.ErrInvalidInput, host)
 	}
 	helo := opt.HeloName
@@ -215,19 +212,11 @@ func (c *Client) Send(ctx context.Context, msg delivery.Message) delivery.Observ
 // UTF-8 text (streamed, so a large body is bounded by the context like any other write).
 func (c *Client) writeMessage(w io.Writer, msg delivery.Message, to *mail.Address) error {
 	body := strings.ReplaceAll(strings.ReplaceAll(msg.Body, "\r\n", "\n"), "\r", "\n")
-	first, _, _ := strings.Cut(strings.TrimSpace(body), "\n")
-	subject := strings.TrimSpace(c.subjectPrefx + first)
-	if subject == "" {
-		subject = "Notification"
-	}
-	if utf8.RuneCountInString(subject) > MaxSubjectRunes {
-		subject = string([]rune(subject)[:MaxSubjectRunes-1]) + "…"
-	}
 	var b strings.Builder
 	header := func(k, v string) { b.WriteString(k + ": " + v + "\r\n") }
 	header("From", c.from.String())
 	header("To", to.String())
-	header("Subject", mime.QEncoding.Encode("utf-8", strings.ToValidUTF8(subject, "?")))
+	header("Subject", mime.QEncoding.Encode("utf-8", delivery.Subject(c.subjectPrefx, msg.Body)))
 	header("Date", c.now().Format(time.RFC1123Z))
 	header("Message-ID", c.MessageID(msg.IdempotencyKey))
 	header("MIME-Version", "1.0")
@@ -441,7 +430,7 @@ func (s *session) auth() *delivery.Observation {
 	if s.c.user == "" {
 		return nil
 	}
-	if !s.secured && !isLoopback(s.c.host) {
+	if !s.secured && !httpkit.IsLoopbackHost(s.c.host) {
 		return &delivery.Observation{Outcome: delivery.OutcomeConnectFailed, Detail: "the relay offered no STARTTLS: AUTH refused over plain text (not sent)"}
 	}
 	mechs, ok := s.ext["AUTH"]
@@ -464,14 +453,6 @@ func containsFold(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 func isASCII(s string) bool {
