@@ -33,7 +33,8 @@ type env struct {
 
 const exitCodesHelp = `Exit codes: 0 ok; 1 runtime error (database unreachable, query failed, the database user
 lacks the command's role, ...); 2 usage or bad input (unknown command or flag, missing or bad value,
-input the service refuses); 3 nothing changed (show: no such notification).`
+input the service refuses); 3 nothing changed (resolve, cancel; create never: a duplicate is exit 0
+with created=false) or nothing found (show).`
 
 const rootDescription = `Submits notification events, runs delivery workers and lets an operator review and resolve
 deliveries whose outcome is unknown. Every command that talks to PostgreSQL needs --database-url

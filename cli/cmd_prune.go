@@ -34,8 +34,8 @@ delivery_attempt_retention_only).
 Once a notification is gone, the same (user, event key) submitted again creates a new notification
 and is delivered again: --older-than is also the shortest dedupe window. It must be at least %s.
 
-Runs as the tables' owner (the migration user): the roles notifier_creator, notifier_worker and
-notifier_operator may not DELETE.
+Runs as the tables' owner (the migration user): the roles notifier_creator, notifier_worker,
+notifier_operator and notifier_receiver may not DELETE.
 
 Prints one JSON object on stdout:
   {"tasks":120000,"attempts":131000,"receipts":90000,"notifications":60000,"batches":181}

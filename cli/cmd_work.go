@@ -47,7 +47,8 @@ MODE says what the channel's contract allows after a call without an answer:
   none        neither: park the task for notifier review / notifier resolve
 
 --channels-file FILE reads channels from a TOML file instead of (or as well as) --channel: real
-channel kinds (http, webhook = Standard Webhooks, webpush = Web Push with VAPID, smtp = email)
+channel kinds (http, webhook = Standard Webhooks, webpush = Web Push with VAPID, smtp = email,
+and the providers fcm, apns, twilio, ses, postmark, resend)
 and their contract (idempotency_window, query_settle, max_in_flight_age,
 server_errors_uncertain, resend_with_topic), and a rate limit per channel (rate_limit, burst).
 Example:
@@ -144,7 +145,8 @@ func workCommand(e *env) *cli.Command {
 		Usage: "run a delivery worker (claim, call the channel, record the outcome)",
 		UsageText: "notifier work {--channel NAME=MODE,URL [--channel ...] | --channels-file FILE} [--worker-id W] [--once]\n" +
 			"   [--max-in-flight 1024] [--batch 256] [--finishers 2] [--lease 30s] [--timeout 10s] [--backoff 2s] [--poll 200ms]\n" +
-			"   [--allow-lease-overlap] [--disable-on-unregistered] [--metrics-addr 127.0.0.1:9464] [--ca-file F]",
+			"   [--allow-lease-overlap] [--disable-on-unregistered] [--metrics-addr 127.0.0.1:9464] [--ca-file F]\n" +
+			"   [--wait-for-database 1m]",
 		Description: workDescription,
 		Flags: []cli.Flag{
 			&cli.StringSliceFlag{Name: "channel", Usage: "NAME=MODE,URL with MODE idempotent|queryable|none (repeatable; this or --channels-file is required)"},
