@@ -409,6 +409,7 @@ func converse(c net.Conn, rd *bufio.Reader, stop func(line string) bool) {
 // (CONNECT_FAILED); a broken connection after it is IO_ERROR (outcome unknown).
 func TestChannelSMTPConnectionFailures(t *testing.T) {
 	is := is.New(t)
+	clientGaveUp := make(chan struct{}) // the stalling relay holds its connection, unread, until then
 	cases := []struct {
 		name   string
 		script func(c net.Conn, rd *bufio.Reader)
@@ -425,7 +426,7 @@ func TestChannelSMTPConnectionFailures(t *testing.T) {
 					return false
 				}
 				_, _ = io.WriteString(c, "354 go ahead\r\n")
-				time.Sleep(6 * time.Second) // reads nothing more: the client's writes block
+				<-clientGaveUp // reads nothing more: the client's writes block
 				return true
 			})
 		}, delivery.OutcomeConnectFailed, "timeout at message text"},
@@ -456,6 +457,9 @@ func TestChannelSMTPConnectionFailures(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
 			obs := c.Send(ctx, msg)
+			if strings.Contains(tc.name, "stalls") {
+				close(clientGaveUp)
+			}
 			is.Equal(obs.Outcome, tc.want) // mapped by whether the final dot was sent
 			if !strings.Contains(obs.Detail, tc.detail) {
 				t.Fatalf("detail %q does not name %q", obs.Detail, tc.detail)
