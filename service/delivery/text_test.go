@@ -54,5 +54,7 @@ func TestSubject(t *testing.T) {
 	long := delivery.Subject("", strings.Repeat("ö", 200))
 	is.Equal(len([]rune(long)), delivery.MaxSubjectRunes) // bounded
 	is.True(strings.HasSuffix(long, "…"))                 // and says it was cut
+	exact := strings.Repeat("ö", delivery.MaxSubjectRunes)
+	is.Equal(delivery.Subject("", exact), exact) // exactly the bound: kept whole
 	is.Equal(delivery.Subject("", "a\xffb"), "a?b")       // valid UTF-8
 }
