@@ -55,6 +55,6 @@ func TestSubject(t *testing.T) {
 	is.Equal(len([]rune(long)), delivery.MaxSubjectRunes) // bounded
 	is.True(strings.HasSuffix(long, "…"))                 // and says it was cut
 	exact := strings.Repeat("ö", delivery.MaxSubjectRunes)
-	is.Equal(delivery.Subject("", exact), exact) // exactly the bound: kept whole
-	is.Equal(delivery.Subject("", "a\xffb"), "a?b")       // valid UTF-8
+	is.Equal(delivery.Subject("", exact), exact)    // exactly the bound: kept whole
+	is.Equal(delivery.Subject("", "a\xffb"), "a?b") // valid UTF-8
 }
