@@ -85,6 +85,7 @@ func TestSendAtInCallersTx(t *testing.T) {
 	ahead := time.Now().Add(30 * time.Minute).Truncate(time.Microsecond)
 	tx, err := creatorPool.Begin(e.ctx)
 	is.NoErr(err)
+	defer func() { _ = tx.Rollback(e.ctx) }() // after the commit, a no-op
 	later, err := creator.CreateTx(e.ctx, tx, service.CreateRequest{UserID: "u1", EventKey: "ahead", Body: "b",
 		TTL: time.Hour, MaxAttempts: 3, SendAt: ahead})
 	is.NoErr(err)
@@ -126,10 +127,26 @@ func TestSendAtAtOrAfterExpiryRefused(t *testing.T) {
 		tx, err := creatorPool.Begin(e.ctx)
 		is.NoErr(err)
 		_, err = creator.CreateTx(e.ctx, tx, r)
+		_ = tx.Rollback(e.ctx)
 		is.True(errors.As(err, &in)) // CreateTx too
-		is.NoErr(tx.Rollback(e.ctx))
 		t.Logf("%s: %v", c.name, err)
 	}
+	// A send time this host's clock cannot judge: exactly the expiry on the clock of a transaction that
+	// began before it. Validate passes it (its now is later); notifier_create refuses it, and CreateTx
+	// answers the same *InputError.
+	tx, err := creatorPool.Begin(e.ctx)
+	is.NoErr(err)
+	defer func() { _ = tx.Rollback(e.ctx) }() // on failure too: the pool's close waits for its connection
+	var txStart time.Time
+	is.NoErr(tx.QueryRow(e.ctx, `SELECT now()`).Scan(&txStart))
+	late := service.CreateRequest{UserID: "u1", EventKey: "late", Body: "b", TTL: time.Hour, MaxAttempts: 3, SendAt: txStart.Add(time.Hour)}
+	is.NoErr(late.Validate()) // past the client's check
+	_, err = creator.CreateTx(e.ctx, tx, late)
+	var in *delivery.InputError
+	is.True(errors.As(err, &in)) // refused by the database, as bad input
+	is.Equal(in.Field, "send_at")
+	is.NoErr(tx.Rollback(e.ctx))
+	t.Logf("at the database's expiry: %v", err)
 	for _, sendAt := range []string{"now() + interval '1 hour'", "now() + interval '2 hours'"} {
 		_, err := creatorPool.Exec(e.ctx, `SELECT * FROM notifier_create(user_id => 'u1', event_key => 'sql', body => 'b',
 			ttl => interval '1 hour', send_at => `+sendAt+`)`)
@@ -139,7 +156,7 @@ func TestSendAtAtOrAfterExpiryRefused(t *testing.T) {
 		is.True(strings.Contains(pgErr.Message, "send_at"))    // naming send_at
 		is.True(strings.Contains(pgErr.Message, "the expiry")) // and why
 	}
-	_, err := creatorPool.Exec(e.ctx, `INSERT INTO notification (user_id, event_key, body, expires_at, send_at)
+	_, err = creatorPool.Exec(e.ctx, `INSERT INTO notification (user_id, event_key, body, expires_at, send_at)
 		VALUES ('u1', 'check', 'b', now() + interval '1 hour', now() + interval '1 hour')`)
 	pgErr := secPgErr(err)
 	is.True(pgErr != nil)
