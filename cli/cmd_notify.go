@@ -67,6 +67,7 @@ func createCommand(e *env) *cli.Command {
 		Name:  "create",
 		Usage: "submit an event: one logical notification per (user, event key)",
 		UsageText: "notifier create --user U --event-key K --body B|- [--ttl 24h] [--max-attempts 3] [--channels push,sms]\n" +
+			"     [--send-at 2026-12-24T09:00:00Z | --delay 90m]\n" +
 			"   notifier create --jsonl FILE|- [--batch-size 1000] [--ttl 24h] [--max-attempts 3]",
 		Description: `Submits one event for a user. The first submission of (user, event key) creates the
 notification and one delivery task per enabled channel preference; every later or concurrent
@@ -77,6 +78,12 @@ push,sms makes tasks only on those of the user's enabled channels (a name that i
 name: exit 2, nothing written); the output then names the channels that got no task because the
 user has no enabled preference there: "channels_without_preference":["sms"].
 
+--send-at T (RFC 3339) or --delay D (a duration from now on the database clock, like --ttl) schedules
+the event: its tasks wait until then, and notifier status counts them as scheduled, not overdue. A
+send time already past is due at once. One or the other, not both; a send time at or after the
+expiry (--ttl from now) is refused (exit 2, nothing written). A duplicate submission changes
+nothing, whatever send time it carries; notifier show prints the send time.
+
 Prints one JSON object on stdout:
   {"notification_id":1,"created":true,"tasks":[{"task_id":1,"channel":"push","ref":"..."}]}
 Exit code 0 both when the notification was created and when it already existed. ref is the task's
@@ -84,8 +91,8 @@ reference as the channel sees it (random, never reused; the idempotency key is n
 
 --jsonl FILE (or - for stdin) submits many events, one JSON object per line:
   {"user":"u1","event_key":"order-1001-shipped","body":"Shipped","ttl":"36h","max_attempts":5,"channels":["push"]}
-ttl ("36h", or seconds), max_attempts and channels are optional (default --ttl, --max-attempts and
-every enabled channel). Events
+ttl ("36h", or seconds), max_attempts, channels and send_at ("2026-12-24T09:00:00Z") are optional
+(default --ttl, --max-attempts, every enabled channel, at once). Events
 go in batched transactions of --batch-size; one result line per input line, in input order, once its
 batch has committed: create's output plus "line":N, or {"line":N,"error":"..."} for a line refused
 (malformed JSON, a field missing or invalid, an unknown field, a line over 1 MiB). Blank lines are
@@ -104,6 +111,8 @@ streams: memory stays bounded for any file size. Progress goes to stderr when st
 			&cli.IntFlag{Name: "max-attempts", Value: 3, Usage: "attempts per channel before giving up or parking"},
 			&cli.StringFlag{Name: "jsonl", Usage: "submit the events of `FILE` (- for stdin), one JSON object per line"},
 			&cli.StringFlag{Name: "channels", Usage: "only these of the user's enabled channels, comma-separated, e.g. push,sms (default: every enabled channel)"},
+			&cli.StringFlag{Name: "send-at", Usage: "deliver at `TIME` (RFC 3339, e.g. 2026-12-24T09:00:00Z), not before"},
+			&cli.DurationFlag{Name: "delay", Usage: "deliver this long after the database's now, not before"},
 			&cli.IntFlag{Name: "batch-size", Value: 1000, Usage: fmt.Sprintf("with --jsonl: events per transaction (1-%d)", service.MaxCreateBatch)},
 		},
 		Action: func(c *cli.Context) error {
@@ -136,6 +145,19 @@ streams: memory stays bounded for any file size. Progress goes to stderr when st
 				}
 				req.Channels = channels
 			}
+			if c.IsSet("send-at") {
+				t, err := parseSendAt(c.String("send-at"))
+				if err != nil {
+					return usagef("invalid --send-at: %v", err)
+				}
+				req.SendAt = t
+			}
+			if c.IsSet("delay") {
+				req.Delay = c.Duration("delay")
+				if req.Delay == 0 {
+					return usagef("invalid --delay 0s: a delay is more than 0 (leave it out to send at once)")
+				}
+			}
 			if err := req.Validate(); err != nil {
 				return err
 			}
@@ -158,9 +180,9 @@ streams: memory stays bounded for any file size. Progress goes to stderr when st
 
 // createMany is create --jsonl.
 func createMany(c *cli.Context, e *env) error {
-	for _, f := range []string{"user", "event-key", "body", "channels"} {
+	for _, f := range []string{"user", "event-key", "body", "channels", "send-at", "delay"} {
 		if c.IsSet(f) {
-			return usagef("create: --%s does not go with --jsonl (each line names its event)", f)
+			return usagef("create: --%s does not go with --jsonl (each line names its event and its send_at)", f)
 		}
 	}
 	batch := c.Int("batch-size")
@@ -187,6 +209,15 @@ func createMany(c *cli.Context, e *env) error {
 	}
 	defer pool.Close()
 	return createJSONL(c.Context, e, service.NewNotifier(pool), in, batch, defaults)
+}
+
+// parseSendAt reads a send time: RFC 3339 with a zone (create --send-at, a --jsonl line's send_at).
+func parseSendAt(v string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q: want an RFC 3339 time such as 2026-12-24T09:00:00Z", v)
+	}
+	return t, nil
 }
 
 // parseChannelsFlag reads create's --channels: comma-separated channel names, each named once. A name

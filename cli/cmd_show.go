@@ -19,13 +19,13 @@ func showCommand(e *env) *cli.Command {
 		Description: `Prints one notification, named by the (user, event key) it was created under or by its id
 (create's notification_id), with every task and each task's attempts verbatim, in the shape notifier
 review prints them. What a script that created an event reads to follow it: a task PENDING with no
-attempt is waiting for a worker; SENT is accepted by the channel; UNKNOWN with needs_review is parked
+attempt is waiting for a worker, or for the send_at it was created with (null: sent at once); SENT is accepted by the channel; UNKNOWN with needs_review is parked
 for a human (notifier review, notifier resolve); FAILED and SUPPRESSED were certainly not sent.
 Everything comes from one snapshot: a task's attempt_count and its attempts agree.
 
 Prints one JSON object on stdout (here on several lines; it is one line):
-  {"notification_id":3,"user_id":"u1","event_key":"order-1","created_at":"...","expires_at":"...",
-   "tasks":[{"task_id":7,"channel":"push","ref":"...","state":"SENT","needs_review":false,
+  {"notification_id":3,"user_id":"u1","event_key":"order-1","created_at":"...","send_at":null,
+   "expires_at":"...","tasks":[{"task_id":7,"channel":"push","ref":"...","state":"SENT","needs_review":false,
              "attempt_count":1,"last_error":null,
              "attempts":[{"attempt":1,"action":"SEND","worker":"w1","started_at":"...",
                           "finished_at":"...","outcome":"ACCEPTED","provider_msg_id":"..."}]}]}

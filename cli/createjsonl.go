@@ -32,6 +32,7 @@ type jsonlEvent struct {
 	TTL         json.RawMessage `json:"ttl"`          // "36h", or seconds
 	MaxAttempts *int            `json:"max_attempts"` // default: --max-attempts
 	Channels    *[]string       `json:"channels"`     // default: every enabled channel
+	SendAt      *string         `json:"send_at"`      // RFC 3339; default: at once
 }
 
 // jsonlResult is one line of create --jsonl's output: create's output and the input's line number, or
@@ -188,6 +189,13 @@ func parseJSONLine(raw []byte, tooLong bool, defaults service.CreateRequest) (se
 			return req, `"channels" is empty: name at least one channel, or leave it out for every enabled channel`
 		}
 		req.Channels = *ev.Channels
+	}
+	if ev.SendAt != nil {
+		t, err := parseSendAt(*ev.SendAt)
+		if err != nil {
+			return req, `"send_at": ` + err.Error()
+		}
+		req.SendAt = t
 	}
 	if err := req.Validate(); err != nil {
 		return req, err.Error()

@@ -35,6 +35,7 @@ type metrics struct {
 	oldestParked       prometheus.Gauge
 	oldestDue          prometheus.Gauge
 	lateAccepted       prometheus.Gauge
+	tasksScheduled     prometheus.Gauge
 	ratePausedFor      *prometheus.GaugeVec
 	accountPausedFor   *prometheus.GaugeVec
 	gaugesRefreshed    prometheus.Gauge
@@ -107,6 +108,10 @@ func newMetrics() *metrics {
 			Name: "notifier_tasks_late_accepted",
 			Help: "FAILED or SUPPRESSED tasks that a late answer or a receipt says were accepted after all, fleet-wide (as notifier status's late_accepted).",
 		}),
+		tasksScheduled: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "notifier_tasks_scheduled",
+			Help: "Tasks waiting for their send time (create --send-at, --delay), fleet-wide, as notifier status's scheduled: not due, so not overdue.",
+		}),
 		ratePausedFor: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "notifier_rate_limit_paused_seconds",
 			Help: "Seconds left of a rate-limited channel's pause after a 429 (0 when not paused), per channel with a bucket, fleet-wide.",
@@ -128,7 +133,7 @@ func newMetrics() *metrics {
 	}
 	m.registry.MustRegister(m.claims, m.calls, m.finishes, m.parked, m.setAside, m.rateLimited, m.ratePaused, m.callDuration,
 		m.standbys, m.waitsOnStandby, m.finishRetries,
-		m.tasksParked, m.oldestParked, m.oldestDue, m.lateAccepted, m.ratePausedFor, m.accountPausedFor, m.gaugesRefreshed, m.lastClaim,
+		m.tasksParked, m.oldestParked, m.oldestDue, m.lateAccepted, m.tasksScheduled, m.ratePausedFor, m.accountPausedFor, m.gaugesRefreshed, m.lastClaim,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -156,6 +161,7 @@ func (m *metrics) onAlertGauges(g service.AlertGauges, now time.Time) {
 	m.tasksParked.Set(float64(g.Parked))
 	m.oldestParked.Set(g.OldestParkedSeconds)
 	m.oldestDue.Set(g.OldestDueSeconds)
+	m.tasksScheduled.Set(float64(g.Scheduled))
 	m.lateAccepted.Set(float64(g.LateAccepted))
 	rateSeries := map[string]float64{}
 	for _, b := range g.RateLimits {

@@ -68,7 +68,7 @@ func TestAlertGaugesFollowTheBuckets(t *testing.T) {
 	is := is.New(t)
 	m := newMetrics()
 	at := time.Unix(1_800_000_000, 0)
-	m.onAlertGauges(service.AlertGauges{Parked: 2, OldestParkedSeconds: 60, OldestDueSeconds: 5, LateAccepted: 1,
+	m.onAlertGauges(service.AlertGauges{Parked: 2, OldestParkedSeconds: 60, OldestDueSeconds: 5, LateAccepted: 1, Scheduled: 7,
 		RateLimits: []service.Bucket{{Channel: "push", PausedFor: 30}, {Channel: "sms"}}}, at)
 	m.onAlertGauges(service.AlertGauges{Parked: 1, OldestParkedSeconds: 90,
 		RateLimits: []service.Bucket{{Channel: "push", PausedFor: 12}}}, at.Add(15*time.Second))
@@ -77,6 +77,7 @@ func TestAlertGaugesFollowTheBuckets(t *testing.T) {
 		"notifier_tasks_parked_oldest_age_seconds":          90,
 		"notifier_tasks_due_oldest_age_seconds":             0, // none due any more
 		"notifier_tasks_late_accepted":                      0,
+		"notifier_tasks_scheduled":                          0,  // none scheduled any more
 		"notifier_rate_limit_paused_seconds channel=push":   12, // sms's bucket is gone, and its series with it
 		"notifier_fleet_gauges_refreshed_timestamp_seconds": 1_800_000_015,
 	})

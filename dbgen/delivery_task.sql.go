@@ -268,6 +268,24 @@ func (q *Queries) TaskCountLateAccepted(ctx context.Context) (int64, error) {
 	return tasks, err
 }
 
+const TaskCountScheduled = `-- name: TaskCountScheduled :one
+SELECT count(*)::bigint AS tasks
+FROM delivery_task t
+WHERE t.next_attempt_at > now() AND t.attempt_count = 0
+`
+
+// Tasks waiting for their send time (schema/028), for notifier status and its gauge: waiting, never
+// attempted (attempt_count = 0, so a task set aside for a retry is not counted) and not due yet. They are
+// not overdue: TaskOldestReady and TaskAlertGauges measure a task only from its next_attempt_at, once
+// it has come. Reads the range of delivery_task_ready_idx after now() of each channel, and each of those
+// tasks: a cost that grows with the scheduled tasks (docs/operations.md#scheduled-tasks).
+func (q *Queries) TaskCountScheduled(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, TaskCountScheduled)
+	var tasks int64
+	err := row.Scan(&tasks)
+	return tasks, err
+}
+
 const TaskFinish = `-- name: TaskFinish :many
 WITH u AS (
     SELECT unnest($1::bigint[]) AS id,
@@ -514,10 +532,11 @@ func (q *Queries) TaskHeldByTokens(ctx context.Context, attemptTokens []string) 
 }
 
 const TaskInsertForEnabledPrefs = `-- name: TaskInsertForEnabledPrefs :many
-INSERT INTO delivery_task (notification_id, channel, max_attempts)
-SELECT n.id, p.channel, n.max_attempts
+INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
+SELECT n.id, p.channel, n.max_attempts, greatest(s.send_at, now())
 FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::text[]) AS user_id,
              unnest($3::int[]) AS max_attempts, unnest($4::text[]) AS channel_list) AS n
+JOIN notification s ON s.id = n.id
 JOIN channel_pref p ON p.user_id = n.user_id AND p.enabled
 WHERE n.channel_list = '' OR p.channel = ANY (string_to_array(n.channel_list, ','))
 ORDER BY n.id, p.channel
@@ -539,8 +558,9 @@ type TaskInsertForEnabledPrefsRow struct {
 }
 
 // Creates one PENDING task per channel each user has enabled, in the same transaction that created the
-// notifications (NotificationInsert returned them), due at once (next_attempt_at's default, now(); the
-// creator role may set no other). Guards R2: UNIQUE (notification_id, channel) allows one task per
+// notifications (NotificationInsert returned them), due at their notification's send time, or at once
+// when it has none or it is past: greatest(send_at, now()), the only time the creator role may set
+// (schema/028). Guards R2: UNIQUE (notification_id, channel) allows one task per
 // channel; it runs only for the notifications this submitter created (for the creator role, row-level
 // security also requires that this transaction inserted the notification and that the channel is
 // enabled: schema/026). @channel_lists restricts each notification to the channels its submitter named,

@@ -100,4 +100,5 @@ type Notification struct {
 	ExpiresAt   time.Time
 	CancelledAt *time.Time
 	CancelNote  *string
+	SendAt      *time.Time
 }

@@ -11,25 +11,30 @@ import (
 
 const NotificationCreateInTx = `-- name: NotificationCreateInTx :many
 SELECT e.n::int AS n, c.notification_id::bigint AS notification_id, c.created::boolean AS created
-FROM (SELECT s.user_id, s.event_key, s.body, s.ttl_seconds, s.max_attempts, s.channel_list, s.n
+FROM (SELECT s.user_id, s.event_key, s.body, s.ttl_seconds, s.max_attempts, s.channel_list, s.send_at, s.send_delay_seconds, s.n
       FROM (SELECT unnest($1::text[]) AS user_id, unnest($2::text[]) AS event_key,
                    unnest($3::text[]) AS body, unnest($4::float8[]) AS ttl_seconds,
                    unnest($5::int[]) AS max_attempts, unnest($6::text[]) AS channel_list,
+                   unnest($7::text[]) AS send_at, unnest($8::float8[]) AS send_delay_seconds,
                    generate_series(1, cardinality($1::text[])) AS n) AS s
       ORDER BY s.user_id, s.event_key, s.n) AS e
 CROSS JOIN LATERAL notifier_create(user_id => e.user_id, event_key => e.event_key, body => e.body,
                                    ttl => make_interval(secs => e.ttl_seconds), max_attempts => e.max_attempts,
-                                   channels => string_to_array(nullif(e.channel_list, ''), ',')) AS c
+                                   channels => string_to_array(nullif(e.channel_list, ''), ','),
+                                   send_at => coalesce(nullif(e.send_at, '')::timestamptz,
+                                                       now() + make_interval(secs => nullif(e.send_delay_seconds, 0)))) AS c
 ORDER BY e.n
 `
 
 type NotificationCreateInTxParams struct {
-	UserIDs      []string
-	EventKeys    []string
-	Bodies       []string
-	TTLSeconds   []float64
-	MaxAttempts  []int32
-	ChannelLists []string
+	UserIDs          []string
+	EventKeys        []string
+	Bodies           []string
+	TTLSeconds       []float64
+	MaxAttempts      []int32
+	ChannelLists     []string
+	SendAts          []string
+	SendDelaySeconds []float64
 }
 
 type NotificationCreateInTxRow struct {
@@ -43,7 +48,8 @@ type NotificationCreateInTxRow struct {
 // (user_id, event_key) order, the first of equal keys first, as NotificationInsert sorts its rows, so
 // that batches of either create path lock shared keys in the same order and cannot deadlock on each
 // other; the answers come back in input order (n, from 1). @channel_lists holds each event's channels
-// joined by commas (a channel name has none), or an empty string for every enabled channel.
+// joined by commas (a channel name has none), or an empty string for every enabled channel; @send_ats
+// and @send_delay_seconds are each event's send time as NotificationInsert takes them.
 func (q *Queries) NotificationCreateInTx(ctx context.Context, arg NotificationCreateInTxParams) ([]NotificationCreateInTxRow, error) {
 	rows, err := q.db.Query(ctx, NotificationCreateInTx,
 		arg.UserIDs,
@@ -52,6 +58,8 @@ func (q *Queries) NotificationCreateInTx(ctx context.Context, arg NotificationCr
 		arg.TTLSeconds,
 		arg.MaxAttempts,
 		arg.ChannelLists,
+		arg.SendAts,
+		arg.SendDelaySeconds,
 	)
 	if err != nil {
 		return nil, err
@@ -72,7 +80,7 @@ func (q *Queries) NotificationCreateInTx(ctx context.Context, arg NotificationCr
 }
 
 const NotificationGet = `-- name: NotificationGet :one
-SELECT id, user_id, event_key, body, created_at, expires_at, cancelled_at, cancel_note
+SELECT id, user_id, event_key, body, created_at, expires_at, cancelled_at, cancel_note, send_at
 FROM notification
 WHERE id = $1
 `
@@ -91,12 +99,13 @@ func (q *Queries) NotificationGet(ctx context.Context, id int64) (Notification, 
 		&i.ExpiresAt,
 		&i.CancelledAt,
 		&i.CancelNote,
+		&i.SendAt,
 	)
 	return i, err
 }
 
 const NotificationGetByUserEvent = `-- name: NotificationGetByUserEvent :one
-SELECT id, user_id, event_key, body, created_at, expires_at, cancelled_at, cancel_note
+SELECT id, user_id, event_key, body, created_at, expires_at, cancelled_at, cancel_note, send_at
 FROM notification
 WHERE user_id = $1 AND event_key = $2
 `
@@ -122,15 +131,19 @@ func (q *Queries) NotificationGetByUserEvent(ctx context.Context, arg Notificati
 		&i.ExpiresAt,
 		&i.CancelledAt,
 		&i.CancelNote,
+		&i.SendAt,
 	)
 	return i, err
 }
 
 const NotificationInsert = `-- name: NotificationInsert :many
-INSERT INTO notification (user_id, event_key, body, expires_at)
-SELECT e.user_id, e.event_key, e.body, now() + make_interval(secs => e.ttl_seconds)
+INSERT INTO notification (user_id, event_key, body, expires_at, send_at)
+SELECT e.user_id, e.event_key, e.body, now() + make_interval(secs => e.ttl_seconds),
+       coalesce(nullif(e.send_at, '')::timestamptz,
+                now() + make_interval(secs => nullif(e.send_delay_seconds, 0)))
 FROM (SELECT unnest($1::text[]) AS user_id, unnest($2::text[]) AS event_key,
              unnest($3::text[]) AS body, unnest($4::float8[]) AS ttl_seconds,
+             unnest($5::text[]) AS send_at, unnest($6::float8[]) AS send_delay_seconds,
              generate_series(1, cardinality($1::text[])) AS n) AS e
 ORDER BY e.user_id, e.event_key, e.n
 ON CONFLICT (user_id, event_key) DO NOTHING
@@ -138,10 +151,12 @@ RETURNING id, user_id, event_key
 `
 
 type NotificationInsertParams struct {
-	UserIDs    []string
-	EventKeys  []string
-	Bodies     []string
-	TTLSeconds []float64
+	UserIDs          []string
+	EventKeys        []string
+	Bodies           []string
+	TTLSeconds       []float64
+	SendAts          []string
+	SendDelaySeconds []float64
 }
 
 type NotificationInsertRow struct {
@@ -156,13 +171,17 @@ type NotificationInsertRow struct {
 // submitter, whose insert this one waits for on the index, or earlier in this very batch) inserts
 // nothing and returns no row, to every submitter but one. Rows go in (user_id, event_key) order, the first of equal
 // keys first (its body wins), so that two batches lock shared keys in the same order and cannot
-// deadlock on each other.
+// deadlock on each other. Each event's send time (schema/028) is @send_ats (RFC 3339) or, relative to
+// the database clock like the expiry, @send_delay_seconds; ” and 0 mean at once (NULL). A send time at
+// or after the expiry fails the whole batch (CHECK notification_send_before_expiry), nothing written.
 func (q *Queries) NotificationInsert(ctx context.Context, arg NotificationInsertParams) ([]NotificationInsertRow, error) {
 	rows, err := q.db.Query(ctx, NotificationInsert,
 		arg.UserIDs,
 		arg.EventKeys,
 		arg.Bodies,
 		arg.TTLSeconds,
+		arg.SendAts,
+		arg.SendDelaySeconds,
 	)
 	if err != nil {
 		return nil, err

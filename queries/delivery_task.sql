@@ -1,16 +1,18 @@
 -- name: TaskInsertForEnabledPrefs :many
 -- Creates one PENDING task per channel each user has enabled, in the same transaction that created the
--- notifications (NotificationInsert returned them), due at once (next_attempt_at's default, now(); the
--- creator role may set no other). Guards R2: UNIQUE (notification_id, channel) allows one task per
+-- notifications (NotificationInsert returned them), due at their notification's send time, or at once
+-- when it has none or it is past: greatest(send_at, now()), the only time the creator role may set
+-- (schema/028). Guards R2: UNIQUE (notification_id, channel) allows one task per
 -- channel; it runs only for the notifications this submitter created (for the creator role, row-level
 -- security also requires that this transaction inserted the notification and that the channel is
 -- enabled: schema/026). @channel_lists restricts each notification to the channels its submitter named,
 -- joined by commas (a channel name has none), or an empty string for every enabled channel: the same
 -- rule as notifier_create's channels (schema/026).
-INSERT INTO delivery_task (notification_id, channel, max_attempts)
-SELECT n.id, p.channel, n.max_attempts
+INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
+SELECT n.id, p.channel, n.max_attempts, greatest(s.send_at, now())
 FROM (SELECT unnest(@notification_ids::bigint[]) AS id, unnest(@user_ids::text[]) AS user_id,
              unnest(@max_attempts::int[]) AS max_attempts, unnest(@channel_lists::text[]) AS channel_list) AS n
+JOIN notification s ON s.id = n.id
 JOIN channel_pref p ON p.user_id = n.user_id AND p.enabled
 WHERE n.channel_list = '' OR p.channel = ANY (string_to_array(n.channel_list, ','))
 ORDER BY n.id, p.channel
@@ -393,6 +395,16 @@ ORDER BY channel, state, needs_review;
 SELECT coalesce(extract(epoch FROM now() - min(next_attempt_at)), 0)::float8 AS age_seconds
 FROM delivery_task
 WHERE next_attempt_at IS NOT NULL AND next_attempt_at <= now();
+
+-- name: TaskCountScheduled :one
+-- Tasks waiting for their send time (schema/028), for notifier status and its gauge: waiting, never
+-- attempted (attempt_count = 0, so a task set aside for a retry is not counted) and not due yet. They are
+-- not overdue: TaskOldestReady and TaskAlertGauges measure a task only from its next_attempt_at, once
+-- it has come. Reads the range of delivery_task_ready_idx after now() of each channel, and each of those
+-- tasks: a cost that grows with the scheduled tasks (docs/operations.md#scheduled-tasks).
+SELECT count(*)::bigint AS tasks
+FROM delivery_task t
+WHERE t.next_attempt_at > now() AND t.attempt_count = 0;
 
 -- name: TaskAlertGauges :one
 -- What the alert rules watch, fleet-wide, for `notifier work --metrics-addr` (every worker reads it every

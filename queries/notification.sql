@@ -1,7 +1,7 @@
 -- name: NotificationGet :one
 -- One notification, for operators (the console's task page shows its user, event key and body), show
 -- (with its cancel, if any) and tests.
-SELECT id, user_id, event_key, body, created_at, expires_at, cancelled_at, cancel_note
+SELECT id, user_id, event_key, body, created_at, expires_at, cancelled_at, cancel_note, send_at
 FROM notification
 WHERE id = @id;
 
@@ -12,11 +12,16 @@ WHERE id = @id;
 -- submitter, whose insert this one waits for on the index, or earlier in this very batch) inserts
 -- nothing and returns no row, to every submitter but one. Rows go in (user_id, event_key) order, the first of equal
 -- keys first (its body wins), so that two batches lock shared keys in the same order and cannot
--- deadlock on each other.
-INSERT INTO notification (user_id, event_key, body, expires_at)
-SELECT e.user_id, e.event_key, e.body, now() + make_interval(secs => e.ttl_seconds)
+-- deadlock on each other. Each event's send time (schema/028) is @send_ats (RFC 3339) or, relative to
+-- the database clock like the expiry, @send_delay_seconds; '' and 0 mean at once (NULL). A send time at
+-- or after the expiry fails the whole batch (CHECK notification_send_before_expiry), nothing written.
+INSERT INTO notification (user_id, event_key, body, expires_at, send_at)
+SELECT e.user_id, e.event_key, e.body, now() + make_interval(secs => e.ttl_seconds),
+       coalesce(nullif(e.send_at, '')::timestamptz,
+                now() + make_interval(secs => nullif(e.send_delay_seconds, 0)))
 FROM (SELECT unnest(@user_ids::text[]) AS user_id, unnest(@event_keys::text[]) AS event_key,
              unnest(@bodies::text[]) AS body, unnest(@ttl_seconds::float8[]) AS ttl_seconds,
+             unnest(@send_ats::text[]) AS send_at, unnest(@send_delay_seconds::float8[]) AS send_delay_seconds,
              generate_series(1, cardinality(@user_ids::text[])) AS n) AS e
 ORDER BY e.user_id, e.event_key, e.n
 ON CONFLICT (user_id, event_key) DO NOTHING
@@ -45,7 +50,7 @@ WHERE id = ANY (@ids::bigint[]);
 -- NotificationGet. Read only; R1 makes it at most one row: the lookup is the UNIQUE key
 -- notification_user_event_key_key that deduplicates every create, so a script finds the event by the
 -- key it submitted it under.
-SELECT id, user_id, event_key, body, created_at, expires_at, cancelled_at, cancel_note
+SELECT id, user_id, event_key, body, created_at, expires_at, cancelled_at, cancel_note, send_at
 FROM notification
 WHERE user_id = @user_id AND event_key = @event_key;
 
@@ -55,17 +60,21 @@ WHERE user_id = @user_id AND event_key = @event_key;
 -- (user_id, event_key) order, the first of equal keys first, as NotificationInsert sorts its rows, so
 -- that batches of either create path lock shared keys in the same order and cannot deadlock on each
 -- other; the answers come back in input order (n, from 1). @channel_lists holds each event's channels
--- joined by commas (a channel name has none), or an empty string for every enabled channel.
+-- joined by commas (a channel name has none), or an empty string for every enabled channel; @send_ats
+-- and @send_delay_seconds are each event's send time as NotificationInsert takes them.
 SELECT e.n::int AS n, c.notification_id::bigint AS notification_id, c.created::boolean AS created
 FROM (SELECT s.*
       FROM (SELECT unnest(@user_ids::text[]) AS user_id, unnest(@event_keys::text[]) AS event_key,
                    unnest(@bodies::text[]) AS body, unnest(@ttl_seconds::float8[]) AS ttl_seconds,
                    unnest(@max_attempts::int[]) AS max_attempts, unnest(@channel_lists::text[]) AS channel_list,
+                   unnest(@send_ats::text[]) AS send_at, unnest(@send_delay_seconds::float8[]) AS send_delay_seconds,
                    generate_series(1, cardinality(@user_ids::text[])) AS n) AS s
       ORDER BY s.user_id, s.event_key, s.n) AS e
 CROSS JOIN LATERAL notifier_create(user_id => e.user_id, event_key => e.event_key, body => e.body,
                                    ttl => make_interval(secs => e.ttl_seconds), max_attempts => e.max_attempts,
-                                   channels => string_to_array(nullif(e.channel_list, ''), ',')) AS c
+                                   channels => string_to_array(nullif(e.channel_list, ''), ','),
+                                   send_at => coalesce(nullif(e.send_at, '')::timestamptz,
+                                                       now() + make_interval(secs => nullif(e.send_delay_seconds, 0)))) AS c
 ORDER BY e.n;
 
 -- name: NotificationTasks :many

@@ -209,6 +209,85 @@ func TestClaimIgnoresOtherChannels(t *testing.T) {
 	}
 }
 
+// scheduledTasks is how many tasks wait for their send time in TestClaimPlanSkipsScheduledTasks.
+const scheduledTasks = 1_000_000
+
+// A million tasks scheduled for later (create --send-at, schema/028) sit in delivery_task_ready_idx
+// like any waiting task, on the claim's own channel and ahead of nothing: ordered by next_attempt_at,
+// they come after every due task, and the claim's range (next_attempt_at <= now()) stops before them.
+// The claim reads the few due tasks only, on the plan a worker runs (prepared, generic) and on a custom
+// one; the control, an index that keeps the scheduled tasks but not their order, reads them all.
+func TestClaimPlanSkipsScheduledTasks(t *testing.T) {
+	e := newEnv(t)
+	ctx := e.ctx
+	is := is.New(t)
+	e.user("u1", "push")
+	start := time.Now()
+	_, err := e.pool.Exec(ctx, `
+		WITH n AS (
+			INSERT INTO notification (user_id, event_key, body, expires_at, send_at)
+			SELECT 'u1', 'later-' || g, 'body', now() + interval '3 days', now() + make_interval(secs => 3600 + g % 86400)
+			FROM generate_series(1, $1::int) AS g
+			RETURNING id, send_at
+		)
+		INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
+		SELECT n.id, 'push', 3, n.send_at FROM n`, scheduledTasks)
+	is.NoErr(err) // a million push tasks, due in an hour to a day
+	for i := range 5 {
+		e.create("u1", fmt.Sprintf("now-%d", i), time.Hour, 3) // and a few due now
+	}
+	_, err = e.pool.Exec(ctx, `ANALYZE`)
+	is.NoErr(err)
+	t.Logf("seeded %d scheduled tasks in %s", scheduledTasks, time.Since(start).Round(time.Millisecond))
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE next_attempt_at > now()`), int64(scheduledTasks))
+	start = time.Now()
+	st, err := e.n.Status(ctx)
+	is.NoErr(err)
+	is.Equal(st.Scheduled, int64(scheduledTasks)) // status counts them apart
+	t.Logf("status with %d scheduled tasks: %s", scheduledTasks, time.Since(start).Round(time.Millisecond))
+	sql, args := claimNamedQuery(t, filepath.Join("..", "queries", "delivery_task.sql"), "TaskClaim", claimArgs)
+	is.Equal(args, []any{"push", int64(10)}) // $1 the channel, $2 the limit
+
+	for _, c := range []struct {
+		name    string
+		setup   string // run inside the transaction before the claim
+		generic bool
+		cheap   bool
+	}{
+		{"generic plan", "", true, true},
+		{"custom plan", "", false, true},
+		{"negative control: index without next_attempt_at's order", `DROP INDEX delivery_task_ready_idx;
+			CREATE INDEX delivery_task_ready_idx ON delivery_task (channel, id) WHERE next_attempt_at IS NOT NULL`, true, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			is := is.New(t)
+			tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+			is.NoErr(err)
+			defer func() { _ = tx.Rollback(context.Background()) }() // the claim's locks and any index change go with it
+			if c.setup != "" {
+				_, err = tx.Exec(ctx, c.setup)
+				is.NoErr(err)
+			}
+			var p claimPlan
+			if c.generic {
+				p = explainGeneric(t, tx, sql, "'push', 10")
+			} else {
+				p = explainClaim(t, tx, sql, args)
+			}
+			t.Logf("%s: %v rows and %v buffers read from delivery_task", c.name, p.taskRows, p.taskBuffers)
+			cheap := p.taskRows < 100 && p.taskBuffers < 100
+			if cheap != c.cheap {
+				t.Logf("plan:\n%s", p.json)
+			}
+			is.Equal(p.rootRows, float64(5)) // the five due tasks, no scheduled one
+			if c.cheap {
+				is.True(!slices.Contains(p.seqScans, "delivery_task")) // no Seq Scan on delivery_task
+			}
+			is.Equal(cheap, c.cheap) // the scheduled tasks are not read (or, in the control, they are)
+		})
+	}
+}
+
 // claimPlan is what TestClaimIgnoresHistory reads from one EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON).
 type claimPlan struct {
 	json        string             // the whole plan, indented, for the log

@@ -2,12 +2,14 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/notifierhq/notifier/service/delivery"
 
@@ -24,11 +26,56 @@ type CreateRequest struct {
 	// Channels, when not empty, restricts the tasks to these of the user's enabled channels (create
 	// --channels); empty means every enabled channel.
 	Channels []string
+	// SendAt, when not zero, is when the tasks become due (create --send-at); one already past is due at
+	// once. Delay, when not zero, is the same relative to the database clock at insert, as TTL is (create
+	// --delay). At most one of the two; either must come before the expiry (docs/protocol.md#send-at).
+	SendAt time.Time
+	Delay  time.Duration
 }
 
 // Validate checks the request without touching the database.
 func (r CreateRequest) Validate() error {
-	return firstError(ValidateCreate(r.UserID, r.EventKey, r.Body, r.TTL, r.MaxAttempts), r.ValidateChannels())
+	return firstError(ValidateCreate(r.UserID, r.EventKey, r.Body, r.TTL, r.MaxAttempts), r.ValidateChannels(), r.validateSendTime())
+}
+
+// validateSendTime checks the send time against the expiry. The expiry is counted from the database's
+// clock at insert, which this host can only estimate: a SendAt within the clocks' skew of it passes here
+// and is refused by the database (CHECK notification_send_before_expiry, or notifier_create's 22023),
+// with nothing written either way.
+func (r CreateRequest) validateSendTime() error {
+	switch {
+	case !r.SendAt.IsZero() && r.Delay != 0:
+		return &delivery.InputError{Field: "send_at", Reason: "give a send time or a delay, not both"}
+	case r.Delay < 0:
+		return &delivery.InputError{Field: "delay", Reason: fmt.Sprintf("%s: a delay is more than 0 (a send time already past: --send-at)", r.Delay)}
+	case r.Delay >= r.TTL && r.Delay > 0:
+		return &delivery.InputError{Field: "delay", Reason: fmt.Sprintf("%s is at or after the expiry (ttl %s): the notification would expire before it is due", r.Delay, r.TTL)}
+	case !r.SendAt.IsZero() && !r.SendAt.Before(time.Now().Add(r.TTL)):
+		return &delivery.InputError{Field: "send_at", Reason: fmt.Sprintf("%s is at or after the expiry (now + ttl %s): the notification would expire before it is due",
+			r.SendAt.Format(time.RFC3339Nano), r.TTL)}
+	}
+	return nil
+}
+
+// sendAtParam is how a request's send time travels to SQL (queries NotificationInsert,
+// NotificationCreateInTx): an RFC 3339 time, or "" for none.
+func (r CreateRequest) sendAtParam() string {
+	if r.SendAt.IsZero() {
+		return ""
+	}
+	return r.SendAt.Format(time.RFC3339Nano)
+}
+
+// sendBeforeExpiry turns the database's refusal of a send time at or after the expiry (the batch
+// insert's CHECK, notifier_create's invalid_parameter_value naming send_at) into the *InputError that
+// Validate gives when it can tell: a time this host's clock could not judge is refused all the same.
+func sendBeforeExpiry(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.ConstraintName == "notification_send_before_expiry" ||
+		(pgErr.Code == "22023" && strings.Contains(pgErr.Message, "send_at"))) {
+		return &delivery.InputError{Field: "send_at", Reason: "at or after the expiry on the database clock: the notification would expire before it is due"}
+	}
+	return err
 }
 
 // ValidateChannels checks the channels the request names: each a channel name (the rule of
@@ -108,7 +155,7 @@ func (n *Notifier) create(ctx context.Context, reqs []CreateRequest) ([]Created,
 		}
 	}
 	if err != nil {
-		return nil, n.refused("create", RoleCreator, fmt.Errorf("create: %w", err))
+		return nil, n.refused("create", RoleCreator, sendBeforeExpiry(fmt.Errorf("create: %w", err)))
 	}
 	return out, nil
 }
@@ -122,6 +169,8 @@ func createBatch(ctx context.Context, q *dbgen.Queries, reqs []CreateRequest) ([
 		ins.EventKeys = append(ins.EventKeys, r.EventKey)
 		ins.Bodies = append(ins.Bodies, r.Body)
 		ins.TTLSeconds = append(ins.TTLSeconds, r.TTL.Seconds())
+		ins.SendAts = append(ins.SendAts, r.sendAtParam())
+		ins.SendDelaySeconds = append(ins.SendDelaySeconds, r.Delay.Seconds())
 	}
 	inserted, err := q.NotificationInsert(ctx, ins)
 	if err != nil {
@@ -238,11 +287,13 @@ func (n *Notifier) CreateBatchTx(ctx context.Context, tx pgx.Tx, reqs []CreateRe
 		p.TTLSeconds = append(p.TTLSeconds, r.TTL.Seconds())
 		p.MaxAttempts = append(p.MaxAttempts, int32(r.MaxAttempts))
 		p.ChannelLists = append(p.ChannelLists, channelList(r.Channels))
+		p.SendAts = append(p.SendAts, r.sendAtParam())
+		p.SendDelaySeconds = append(p.SendDelaySeconds, r.Delay.Seconds())
 	}
 	q := dbgen.New(tx)
 	rows, err := q.NotificationCreateInTx(ctx, p)
 	if err != nil {
-		return nil, n.refused("create", RoleCreator, fmt.Errorf("create: %w", err))
+		return nil, n.refused("create", RoleCreator, sendBeforeExpiry(fmt.Errorf("create: %w", err)))
 	}
 	if len(rows) != len(reqs) {
 		return nil, fmt.Errorf("create: %d answers to %d events", len(rows), len(reqs))

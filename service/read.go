@@ -247,8 +247,13 @@ type Status struct {
 	Parked int64        `json:"parked"`
 	// LateAccepted counts FAILED or SUPPRESSED tasks that a late answer or a receipt says were accepted
 	// (see ReviewLateAccepted; notifier review lists them).
-	LateAccepted       int64   `json:"late_accepted"`
+	LateAccepted int64 `json:"late_accepted"`
+	// OldestReadySeconds is how long the longest-waiting due task has waited since it became due (its
+	// next_attempt_at): a scheduled task counts only from its send time.
 	OldestReadySeconds float64 `json:"oldest_ready_seconds"`
+	// Scheduled counts the tasks waiting for their send time (create --send-at, --delay): never
+	// attempted and not due yet. They are not overdue; a task set aside for a retry is not counted.
+	Scheduled int64 `json:"scheduled"`
 	// Receipts counts providers' receipts (notifier receipts) by kind and what they did to their task.
 	Receipts []ReceiptCount `json:"receipts"`
 	// RateLimits are the channels' rate-limit buckets (schema/014), as they stand now.
@@ -298,6 +303,9 @@ func (n *Notifier) status(ctx context.Context) (Status, error) {
 	}
 	if s.OldestReadySeconds, err = n.q.TaskOldestReady(ctx); err != nil {
 		return Status{}, fmt.Errorf("oldest ready task: %w", err)
+	}
+	if s.Scheduled, err = n.q.TaskCountScheduled(ctx); err != nil {
+		return Status{}, fmt.Errorf("count scheduled tasks: %w", err)
 	}
 	receipts, err := n.q.ReceiptCountByKind(ctx)
 	if err != nil {
@@ -372,12 +380,13 @@ type AlertGauges struct {
 	OldestParkedSeconds float64 // since the longest-waiting of them was parked; 0 when none
 	OldestDueSeconds    float64 // how long the longest-waiting due task has waited (as Status.OldestReadySeconds)
 	LateAccepted        int64   // as Status.LateAccepted
+	Scheduled           int64   // as Status.Scheduled
 	RateLimits          []Bucket
 	ChannelPauses       []ChannelPause // the channels paused for an account state (as Status.ChannelPauses)
 }
 
-// AlertGauges reads the gauges in three statements (TaskAlertGauges, RateLimitList, ChannelPauseList),
-// each costing what there is to show rather than the size of the backlog. A worker's role may run it (it counts late
+// AlertGauges reads the gauges in four statements (TaskAlertGauges, RateLimitList, ChannelPauseList,
+// TaskCountScheduled), each costing what there is to show rather than the size of the backlog. A worker's role may run it (it counts late
 // acceptances through schema/018's function, reading no receipt); a user the database refuses gets a
 // *PermissionError.
 func (n *Notifier) AlertGauges(ctx context.Context) (AlertGauges, error) {
@@ -393,7 +402,11 @@ func (n *Notifier) AlertGauges(ctx context.Context) (AlertGauges, error) {
 	if err != nil {
 		return AlertGauges{}, needsRole("alert gauges", RoleWorker, err)
 	}
+	scheduled, err := n.q.TaskCountScheduled(ctx)
+	if err != nil {
+		return AlertGauges{}, needsRole("alert gauges", RoleWorker, fmt.Errorf("count scheduled tasks: %w", err))
+	}
 	return AlertGauges{Parked: row.Parked, OldestParkedSeconds: row.OldestParkedSeconds,
-		OldestDueSeconds: row.OldestDueSeconds, LateAccepted: row.LateAccepted, RateLimits: buckets,
+		OldestDueSeconds: row.OldestDueSeconds, LateAccepted: row.LateAccepted, Scheduled: scheduled, RateLimits: buckets,
 		ChannelPauses: pauses}, nil
 }

@@ -135,6 +135,8 @@ var schemaViolations = []schemaViolation{
 	{"notification/expires_at missing", `INSERT INTO notification (user_id, event_key, body) VALUES ('u1', 'ev-2', 'b')`, schemaErrNotNull, "", "expires_at", ""},
 	{"notification/body null", `INSERT INTO notification (user_id, event_key, body, expires_at) VALUES ('u1', 'ev-2', NULL, now() + interval '1 hour')`, schemaErrNotNull, "", "body", ""},
 	{"notification/cancel note of 2001 chars", `UPDATE notification SET cancelled_at = now(), cancel_note = repeat('n', 2001)`, schemaErrCheck, "notification_cancel_note_check", "", ""},
+	{"notification/send time at the expiry", `INSERT INTO notification (user_id, event_key, body, expires_at, send_at) VALUES ('u1', 'ev-2', 'b', now() + interval '1 hour', now() + interval '1 hour')`, schemaErrCheck, "notification_send_before_expiry", "", ""},
+	{"notification/send time after the expiry", `INSERT INTO notification (user_id, event_key, body, expires_at, send_at) VALUES ('u1', 'ev-2', 'b', now() + interval '1 hour', now() + interval '2 hours')`, schemaErrCheck, "notification_send_before_expiry", "", ""},
 	{"notification/cancel note without a cancel", `UPDATE notification SET cancel_note = 'changed my mind'`, schemaErrCheck, "notification_cancel_note_needs_cancel", "", ""},
 	{"notification/delete with a task", `DELETE FROM notification`, schemaErrForeignKey, "delivery_task_notification_id_fkey", "", ""},
 

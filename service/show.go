@@ -44,7 +44,10 @@ type NotificationReport struct {
 	UserID    string    `json:"user_id"`
 	EventKey  string    `json:"event_key"`
 	CreatedAt time.Time `json:"created_at"`
-	ExpiresAt time.Time `json:"expires_at"`
+	// SendAt is the send time the event was created with (create --send-at or --delay, schema/028): its
+	// tasks waited until then. Null when it was sent at once.
+	SendAt    *time.Time `json:"send_at"`
+	ExpiresAt time.Time  `json:"expires_at"`
 	// CancelledAt is when notifier cancel took the event back (null if it did not); CancelNote its note.
 	CancelledAt *time.Time   `json:"cancelled_at"`
 	CancelNote  *string      `json:"cancel_note,omitempty"`
@@ -112,7 +115,7 @@ func show(ctx context.Context, q *dbgen.Queries, r ShowRequest) (NotificationRep
 		return NotificationReport{}, err
 	}
 	out := NotificationReport{ID: row.ID, UserID: row.UserID, EventKey: row.EventKey, CreatedAt: row.CreatedAt,
-		ExpiresAt: row.ExpiresAt, CancelledAt: row.CancelledAt, CancelNote: row.CancelNote, Tasks: make([]TaskReport, len(rows))}
+		SendAt: row.SendAt, ExpiresAt: row.ExpiresAt, CancelledAt: row.CancelledAt, CancelNote: row.CancelNote, Tasks: make([]TaskReport, len(rows))}
 	for i, t := range rows {
 		out.Tasks[i] = TaskReport{ID: t.ID, Channel: t.Channel, Ref: t.Ref, State: delivery.State(t.State),
 			NeedsReview: t.NeedsReview, AttemptCount: int(t.AttemptCount), LastError: t.LastError, Attempts: attempts[t.ID]}
