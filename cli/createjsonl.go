@@ -32,6 +32,7 @@ type jsonlEvent struct {
 	TTL         json.RawMessage `json:"ttl"`          // "36h", or seconds
 	MaxAttempts *int            `json:"max_attempts"` // default: --max-attempts
 	Channels    *[]string       `json:"channels"`     // default: every enabled channel
+	Fallback    *[]string       `json:"fallback"`     // an ordered chain (create --fallback); default: none
 }
 
 // jsonlResult is one line of create --jsonl's output: create's output and the input's line number, or
@@ -188,6 +189,12 @@ func parseJSONLine(raw []byte, tooLong bool, defaults service.CreateRequest) (se
 			return req, `"channels" is empty: name at least one channel, or leave it out for every enabled channel`
 		}
 		req.Channels = *ev.Channels
+	}
+	if ev.Fallback != nil {
+		if len(*ev.Fallback) == 0 {
+			return req, `"fallback" is empty: name the chain's channels, or leave it out`
+		}
+		req.Fallback = *ev.Fallback
 	}
 	if err := req.Validate(); err != nil {
 		return req, err.Error()
