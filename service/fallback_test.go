@@ -8,10 +8,12 @@ package service_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/fakes"
@@ -253,4 +255,37 @@ func TestFallbackReleaseIsTheDatabases(t *testing.T) {
 	is.True(!due(e.pool))
 	is.Equal(runOnce(t, d).Kind, service.ResultNothing)
 	is.Equal(e.calls(e.sms, tasks["sms"]), 0)
+}
+
+// TestFallbackCreateTx: notifier_create(fallback => ...), in the creator's own transaction, makes the
+// same chain as Create (the creator's insert policy lets a later task in only unreleased), and the
+// database refuses a channel named twice or fallback with channels, naming the parameter.
+func TestFallbackCreateTx(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.user("u1", "push", "sms")
+	creator := secRolePool(t, e, "notifier_creator")
+	n := service.NewNotifier(creator)
+	tx, err := creator.Begin(e.ctx)
+	is.NoErr(err)
+	c, err := n.CreateTx(e.ctx, tx, service.CreateRequest{UserID: "u1", EventKey: "tx-chain", Body: "b", TTL: time.Hour,
+		MaxAttempts: 3, Fallback: []string{"sms", "push"}})
+	is.NoErr(err)
+	is.NoErr(tx.Commit(e.ctx))
+	is.True(c.Created)
+	is.Equal(len(c.Tasks), 2)
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE channel = 'sms' AND fallback_position = 1 AND next_attempt_at IS NOT NULL`), int64(1))
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE channel = 'push' AND fallback_position = 2 AND next_attempt_at IS NULL`), int64(1))
+
+	for sql, want := range map[string]string{
+		`SELECT * FROM notifier_create(user_id => 'u1', event_key => 'x1', body => 'b', fallback => ARRAY['sms', 'sms'])`:                     "named twice",
+		`SELECT * FROM notifier_create(user_id => 'u1', event_key => 'x2', body => 'b', fallback => ARRAY['sms'], channels => ARRAY['push'])`: "channels and fallback together",
+	} {
+		_, err := creator.Exec(e.ctx, sql)
+		var pgErr *pgconn.PgError
+		is.True(errors.As(err, &pgErr))
+		is.Equal(pgErr.Code, sqlBadArg)
+		is.True(strings.Contains(pgErr.Message, want))
+	}
+	is.Equal(e.scalar(`SELECT count(*) FROM notification`), int64(1)) // nothing else written
 }
