@@ -25,11 +25,13 @@ ALTER TABLE delivery_task ADD CONSTRAINT delivery_task_fallback_position_check C
 CREATE UNIQUE INDEX delivery_task_fallback_chain_key ON delivery_task (notification_id, fallback_position)
     WHERE fallback_position IS NOT NULL;
 -- An unreleased task is the one waiting task without next_attempt_at: a later place in a chain, never
--- attempted.
+-- attempted. "IS NOT NULL AND": a CHECK passes on NULL, and fallback_position > 1 is NULL for a task
+-- outside a chain.
 ALTER TABLE delivery_task DROP CONSTRAINT delivery_task_scheduled_iff_waiting;
 ALTER TABLE delivery_task ADD CONSTRAINT delivery_task_scheduled_iff_waiting
     CHECK ((next_attempt_at IS NOT NULL) = (state IN ('PENDING', 'UNKNOWN') AND NOT needs_review)
-           OR (state = 'PENDING' AND next_attempt_at IS NULL AND fallback_position > 1 AND attempt_count = 0));
+           OR (state = 'PENDING' AND next_attempt_at IS NULL AND fallback_position IS NOT NULL AND fallback_position > 1
+               AND attempt_count = 0));
 
 ALTER TABLE delivery_attempt DROP CONSTRAINT delivery_attempt_outcome_check;
 ALTER TABLE delivery_attempt ADD CONSTRAINT delivery_attempt_outcome_check CHECK (outcome IN (

@@ -306,7 +306,7 @@ func TestCreateTxRoles(t *testing.T) {
 	is.NoErr(e.pool.QueryRow(e.ctx, `SELECT NOT prosecdef FROM pg_proc WHERE proname = 'notifier_create'`).Scan(&invoker))
 	is.True(invoker) // SECURITY INVOKER: the caller's grants and policies apply
 	var public bool
-	is.NoErr(e.pool.QueryRow(e.ctx, `SELECT has_function_privilege('public', 'notifier_create(text, text, text, interval, integer, text[])', 'EXECUTE')`).Scan(&public))
+	is.NoErr(e.pool.QueryRow(e.ctx, `SELECT has_function_privilege('public', 'notifier_create(text, text, text, interval, integer, text[], text[])', 'EXECUTE')`).Scan(&public))
 	is.True(!public) // not for everyone
 }
 
