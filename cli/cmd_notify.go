@@ -66,7 +66,7 @@ func createCommand(e *env) *cli.Command {
 	return &cli.Command{
 		Name:  "create",
 		Usage: "submit an event: one logical notification per (user, event key)",
-		UsageText: "notifier create --user U --event-key K --body B|- [--ttl 24h] [--max-attempts 3] [--channels push,sms]\n" +
+		UsageText: "notifier create --user U --event-key K --body B|- [--ttl 24h] [--max-attempts 3] [--channels push,sms | --fallback push,sms,email]\n" +
 			"     [--send-at 2026-12-24T09:00:00Z | --delay 90m]\n" +
 			"   notifier create --jsonl FILE|- [--batch-size 1000] [--ttl 24h] [--max-attempts 3]",
 		Description: `Submits one event for a user. The first submission of (user, event key) creates the
@@ -84,6 +84,14 @@ send time already past is due at once. One or the other, not both; a send time a
 expiry (--ttl from now) is refused (exit 2, nothing written). A duplicate submission changes
 nothing, whatever send time it carries; notifier show prints the send time.
 
+--fallback push,sms,email is an ordered chain: a task on each of those channels the user has
+enabled, but only the first is called; the next is released only when the one before ends
+certainly not sent (FAILED or SUPPRESSED, or resolved FAILED by an operator). While one is SENDING,
+UNKNOWN or parked, nothing further is called; once one is SENT (or resolved SENT), the rest end
+SUPPRESSED with a SKIP attempt FALLBACK_NOT_NEEDED. The database releases the next task in the
+transaction that makes the one before final (docs/protocol.md#fallback). A channel named twice, or
+--fallback with --channels: exit 2, nothing written.
+
 Prints one JSON object on stdout:
   {"notification_id":1,"created":true,"tasks":[{"task_id":1,"channel":"push","ref":"..."}]}
 Exit code 0 both when the notification was created and when it already existed. ref is the task's
@@ -91,8 +99,9 @@ reference as the channel sees it (random, never reused; the idempotency key is n
 
 --jsonl FILE (or - for stdin) submits many events, one JSON object per line:
   {"user":"u1","event_key":"order-1001-shipped","body":"Shipped","ttl":"36h","max_attempts":5,"channels":["push"]}
-ttl ("36h", or seconds), max_attempts, channels and send_at ("2026-12-24T09:00:00Z") are optional
-(default --ttl, --max-attempts, every enabled channel, at once). Events
+ttl ("36h", or seconds), max_attempts, channels, fallback (a chain, as --fallback:
+"fallback":["push","sms"]) and send_at ("2026-12-24T09:00:00Z") are optional (default --ttl,
+--max-attempts, every enabled channel, no chain, at once). Events
 go in batched transactions of --batch-size; one result line per input line, in input order, once its
 batch has committed: create's output plus "line":N, or {"line":N,"error":"..."} for a line refused
 (malformed JSON, a field missing or invalid, an unknown field, a line over 1 MiB). Blank lines are
@@ -113,6 +122,7 @@ streams: memory stays bounded for any file size. Progress goes to stderr when st
 			&cli.StringFlag{Name: "channels", Usage: "only these of the user's enabled channels, comma-separated, e.g. push,sms (default: every enabled channel)"},
 			&cli.StringFlag{Name: "send-at", Usage: "deliver at `TIME` (RFC 3339, e.g. 2026-12-24T09:00:00Z), not before"},
 			&cli.DurationFlag{Name: "delay", Usage: "deliver this long after the database's now, not before"},
+			&cli.StringFlag{Name: "fallback", Usage: "an ordered chain, comma-separated, e.g. push,sms,email: each next channel is called only when the one before ended certainly not sent"},
 			&cli.IntFlag{Name: "batch-size", Value: 1000, Usage: fmt.Sprintf("with --jsonl: events per transaction (1-%d)", service.MaxCreateBatch)},
 		},
 		Action: func(c *cli.Context) error {
@@ -158,6 +168,13 @@ streams: memory stays bounded for any file size. Progress goes to stderr when st
 					return usagef("invalid --delay 0s: a delay is more than 0 (leave it out to send at once)")
 				}
 			}
+			if c.IsSet("fallback") {
+				chain, err := parseFallbackFlag(c.String("fallback"))
+				if err != nil {
+					return err
+				}
+				req.Fallback = chain
+			}
 			if err := req.Validate(); err != nil {
 				return err
 			}
@@ -180,7 +197,7 @@ streams: memory stays bounded for any file size. Progress goes to stderr when st
 
 // createMany is create --jsonl.
 func createMany(c *cli.Context, e *env) error {
-	for _, f := range []string{"user", "event-key", "body", "channels", "send-at", "delay"} {
+	for _, f := range []string{"user", "event-key", "body", "channels", "fallback", "send-at", "delay"} {
 		if c.IsSet(f) {
 			return usagef("create: --%s does not go with --jsonl (each line names its event and its send_at)", f)
 		}
@@ -234,4 +251,17 @@ func parseChannelsFlag(v string) ([]string, error) {
 		return nil, err
 	}
 	return channels, nil
+}
+
+// parseFallbackFlag reads create's --fallback: comma-separated channel names in chain order. Unlike
+// --channels, a name given twice is refused (exit 2): its place in the chain would be ambiguous.
+func parseFallbackFlag(v string) ([]string, error) {
+	var chain []string
+	for _, c := range strings.Split(v, ",") {
+		chain = append(chain, strings.TrimSpace(c))
+	}
+	if err := (service.CreateRequest{Fallback: chain}).ValidateChannels(); err != nil {
+		return nil, err
+	}
+	return chain, nil
 }

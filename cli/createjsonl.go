@@ -33,6 +33,7 @@ type jsonlEvent struct {
 	MaxAttempts *int            `json:"max_attempts"` // default: --max-attempts
 	Channels    *[]string       `json:"channels"`     // default: every enabled channel
 	SendAt      *string         `json:"send_at"`      // RFC 3339; default: at once
+	Fallback    *[]string       `json:"fallback"`     // an ordered chain (create --fallback); default: none
 }
 
 // jsonlResult is one line of create --jsonl's output: create's output and the input's line number, or
@@ -196,6 +197,12 @@ func parseJSONLine(raw []byte, tooLong bool, defaults service.CreateRequest) (se
 			return req, `"send_at": ` + err.Error()
 		}
 		req.SendAt = t
+	}
+	if ev.Fallback != nil {
+		if len(*ev.Fallback) == 0 {
+			return req, `"fallback" is empty: name the chain's channels, or leave it out`
+		}
+		req.Fallback = *ev.Fallback
 	}
 	if err := req.Validate(); err != nil {
 		return req, err.Error()

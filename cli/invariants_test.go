@@ -94,6 +94,11 @@ func checkInvariants(t *testing.T, e soakEvidence) *soakVerdict {
 		"I8 requests for a ref no task has",
 		"I10 a replay or a query found a message the task never sent",
 		"I10 a message under a task's ref is another task's",
+		"I11 a cancelled event called again after its cancel",
+		"I12 a fallback task called while the one before was not certainly unsent",
+		"I12 a fallback task called before the one before ended",
+		"I12 a fallback chain sent twice",
+		"I12 a fallback task unreleased behind a finished one",
 	} {
 		v.add(name, 0)
 	}
@@ -114,6 +119,7 @@ func checkInvariants(t *testing.T, e soakEvidence) *soakVerdict {
 		state             string
 		uncertain, parked bool
 		manualSent        bool
+		heldByChain       bool // unreleased behind a parked task of its fallback chain
 		calls, answered   int  // attempt rows that call the channel; those of them the channel answered
 		replayedOrFound   bool // an attempt read ACCEPTED_REPLAY or QUERY_FOUND: the channel said it had the message
 		body, address     string
@@ -128,7 +134,9 @@ func checkInvariants(t *testing.T, e soakEvidence) *soakVerdict {
 			'QUERY_FOUND', 'QUERY_NOT_FOUND', 'IN_FLIGHT', 'MALFORMED_RESPONSE', 'HTTP_5XX', 'THROTTLED', 'REJECTED', 'GATEWAY_ERROR')),
 		EXISTS (SELECT FROM delivery_attempt a WHERE a.task_id = t.id
 			AND coalesce(nullif(a.outcome, 'LEASE_EXPIRED'), a.late_outcome) IN ('ACCEPTED_REPLAY', 'QUERY_FOUND')),
-		n.body, coalesce(p.address, '')
+		n.body, coalesce(p.address, ''),
+		t.state = 'PENDING' AND t.next_attempt_at IS NULL AND EXISTS (SELECT FROM delivery_task e
+			WHERE e.notification_id = t.notification_id AND e.fallback_position < t.fallback_position AND e.needs_review)
 		FROM delivery_task t
 		JOIN notification n ON n.id = t.notification_id
 		LEFT JOIN channel_pref p ON p.user_id = n.user_id AND p.channel = t.channel`)
@@ -139,7 +147,7 @@ func checkInvariants(t *testing.T, e soakEvidence) *soakVerdict {
 	for rows.Next() {
 		var tk task
 		if err := rows.Scan(&tk.id, &tk.channel, &tk.ref, &tk.state, &tk.uncertain, &tk.parked, &tk.manualSent,
-			&tk.calls, &tk.answered, &tk.replayedOrFound, &tk.body, &tk.address); err != nil {
+			&tk.calls, &tk.answered, &tk.replayedOrFound, &tk.body, &tk.address, &tk.heldByChain); err != nil {
 			t.Fatalf("read tasks: %v", err)
 		}
 		tasks = append(tasks, tk)
@@ -222,6 +230,10 @@ func checkInvariants(t *testing.T, e soakEvidence) *soakVerdict {
 			if !tk.uncertain {
 				v.add("I6 parked without uncertain history", 1)
 			}
+		case "PENDING":
+			if !tk.heldByChain { // a fallback task waits, unreleased, while an earlier one is parked
+				v.add("I5 PENDING after draining", 1)
+			}
 		default:
 			v.add("I5 "+tk.state+" after draining", 1)
 		}
@@ -247,6 +259,28 @@ func checkInvariants(t *testing.T, e soakEvidence) *soakVerdict {
 	v.add("I5 due and not claimed", int(v.count(`SELECT count(*) FROM delivery_task
 		WHERE (state = 'PENDING' OR (state = 'UNKNOWN' AND NOT needs_review)) AND next_attempt_at <= now()`)))
 	v.add("I6 open attempt after draining", int(v.count(`SELECT count(*) FROM delivery_attempt WHERE outcome IS NULL`)))
+	// I11: a cancelled event is never called again: at most one call per task starts after the cancel,
+	// the one a claim already had on its way (a claim's transaction may start before the cancel commits).
+	v.add("I11 a cancelled event called again after its cancel", int(v.count(`SELECT count(*) FROM (
+		SELECT FROM delivery_attempt a JOIN delivery_task t ON t.id = a.task_id JOIN notification n ON n.id = t.notification_id
+		WHERE n.cancelled_at IS NOT NULL AND a.action IN ('SEND', 'QUERY', 'TOPIC_RESEND') AND a.started_at > n.cancelled_at
+		GROUP BY a.task_id HAVING count(*) > 1) d`)))
+	// I12: a fallback chain calls a channel only after the one before ended certainly not sent (FAILED or
+	// SUPPRESSED, its last attempt finished before the call started), never after one was SENT, and
+	// leaves no task unreleased behind a finished one.
+	v.add("I12 a fallback task called while the one before was not certainly unsent", int(v.count(`SELECT count(*)
+		FROM delivery_task t JOIN delivery_task b ON b.notification_id = t.notification_id AND b.fallback_position = t.fallback_position - 1
+		WHERE b.state NOT IN ('FAILED', 'SUPPRESSED')
+		  AND EXISTS (SELECT FROM delivery_attempt a WHERE a.task_id = t.id AND a.action IN ('SEND', 'QUERY', 'TOPIC_RESEND'))`)))
+	v.add("I12 a fallback task called before the one before ended", int(v.count(`SELECT count(*)
+		FROM delivery_task t JOIN delivery_task b ON b.notification_id = t.notification_id AND b.fallback_position = t.fallback_position - 1
+		WHERE (SELECT min(a.started_at) FROM delivery_attempt a WHERE a.task_id = t.id AND a.action IN ('SEND', 'QUERY', 'TOPIC_RESEND'))
+		    < (SELECT max(coalesce(a.finished_at, a.started_at)) FROM delivery_attempt a WHERE a.task_id = b.id)`)))
+	v.add("I12 a fallback chain sent twice", int(v.count(`SELECT count(*) FROM (SELECT FROM delivery_task
+		WHERE fallback_position IS NOT NULL AND state = 'SENT' GROUP BY notification_id HAVING count(*) > 1) d`)))
+	v.add("I12 a fallback task unreleased behind a finished one", int(v.count(`SELECT count(*)
+		FROM delivery_task t JOIN delivery_task b ON b.notification_id = t.notification_id AND b.fallback_position = t.fallback_position - 1
+		WHERE t.state = 'PENDING' AND t.next_attempt_at IS NULL AND b.state IN ('SENT', 'FAILED', 'SUPPRESSED')`)))
 	v.add("I7 append-only trigger missing", int(1-v.count(`SELECT count(*) FROM pg_trigger
 		WHERE tgname = 'delivery_attempt_append_only' AND tgenabled <> 'D'`)))
 

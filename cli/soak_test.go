@@ -129,6 +129,7 @@ func TestSoak(t *testing.T) {
 		restartAt[f] = true
 	}
 	events := 0
+	eventUser := map[int]string{} // who each event is for: a cancel names (user, event key)
 	for time.Now().Before(deadline) {
 		tenth := int(10 * (1 - time.Until(deadline).Seconds()/soakDuration.Seconds()))
 		switch {
@@ -142,7 +143,20 @@ func TestSoak(t *testing.T) {
 				ttl = 1500 * time.Millisecond // expires mid-flight
 			}
 			events++
-			s.createConcurrently(user, fmt.Sprintf("ev-%d", events), ttl, 1+pick(3))
+			eventUser[events] = user
+			var chain []string
+			if chance(0.4) { // a fallback chain over the three channels, in a random order
+				chain = []string{"push", "sms", "none"}
+				rngMu.Lock()
+				rng.Shuffle(len(chain), func(i, j int) { chain[i], chain[j] = chain[j], chain[i] })
+				rngMu.Unlock()
+			}
+			s.createConcurrently(user, fmt.Sprintf("ev-%d", events), ttl, 1+pick(3), chain)
+		case events > 0 && chance(0.25):
+			// A cancel of one of the last few events, its tasks anywhere in their lives: waiting,
+			// unreleased, held, uncertain, parked or final (I11).
+			ev := events - pick(min(events, 4))
+			s.cancel(eventUser[ev], fmt.Sprintf("ev-%d", ev))
 		case chance(0.3):
 			s.killAndRestart(pick(*soakWorkers))
 		case chance(0.3):
@@ -178,7 +192,8 @@ func TestSoak(t *testing.T) {
 		}
 		var open int64
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM delivery_task
-			WHERE state IN ('PENDING', 'SENDING') OR (state = 'UNKNOWN' AND NOT needs_review)`).Scan(&open); err != nil {
+			WHERE (state = 'PENDING' AND next_attempt_at IS NOT NULL) OR state = 'SENDING'
+			   OR (state = 'UNKNOWN' AND NOT needs_review)`).Scan(&open); err != nil {
 			return false // the pool may still be reconnecting after a restart
 		}
 		return open == 0
@@ -200,7 +215,7 @@ type soak struct {
 	workers                        map[int]*process
 	logs                           []*syncBuffer // every worker process's stderr, killed ones included
 	kills, stops, starts, restarts int
-	creates, duplicates            int
+	creates, duplicates, cancels   int
 }
 
 func (s *soak) startWorker(i int) {
@@ -276,7 +291,7 @@ func (s *soak) restartDatabase() {
 }
 
 // createConcurrently submits one event several times at once, as a retrying client would.
-func (s *soak) createConcurrently(user, event string, ttl time.Duration, copies int) {
+func (s *soak) createConcurrently(user, event string, ttl time.Duration, copies int, fallback []string) {
 	var wg sync.WaitGroup
 	for range copies {
 		wg.Add(1)
@@ -284,7 +299,8 @@ func (s *soak) createConcurrently(user, event string, ttl time.Duration, copies 
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, created, _, err := s.n.Create(ctx, service.CreateRequest{UserID: user, EventKey: event, Body: "soak " + event, TTL: ttl, MaxAttempts: 3})
+			_, created, _, err := s.n.Create(ctx, service.CreateRequest{UserID: user, EventKey: event, Body: "soak " + event, TTL: ttl, MaxAttempts: 3,
+				Fallback: fallback})
 			if err != nil {
 				return // the database may be restarting: a client would retry; the checks count what exists
 			}
@@ -298,6 +314,22 @@ func (s *soak) createConcurrently(user, event string, ttl time.Duration, copies 
 		}()
 	}
 	wg.Wait()
+}
+
+// cancel takes an event back while workers run; an event of another user, or none, changes nothing.
+func (s *soak) cancel(user, event string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := s.n.Cancel(ctx, user, event, "soak")
+	if err != nil {
+		s.t.Logf("soak: cancel %s/%s: %v", user, event, err) // the database may be restarting: the checks count what was recorded
+		return
+	}
+	if c.Changed {
+		s.mu.Lock()
+		s.cancels++
+		s.mu.Unlock()
+	}
 }
 
 // check runs the invariant checker, adds the receipts' I9, prints the counts and requires no violation.
@@ -322,8 +354,9 @@ func (s *soak) check(is *is.I) {
 	s.receipts.log(count)
 
 	s.mu.Lock()
-	s.t.Logf("soak counts: worker kills %d, stops %d, worker starts %d, database restarts %d, events created %d, duplicate submissions %d",
-		s.kills, s.stops, s.starts, s.restarts, s.creates, s.duplicates)
+	s.t.Logf("soak counts: worker kills %d, stops %d, worker starts %d, database restarts %d, events created %d, duplicate submissions %d, cancels %d, fallback chains %d",
+		s.kills, s.stops, s.starts, s.restarts, s.creates, s.duplicates, s.cancels,
+		count(`SELECT count(DISTINCT notification_id) FROM delivery_task WHERE fallback_position IS NOT NULL`))
 	s.mu.Unlock()
 	v.log(s.t)
 	is.Equal(v.total(), 0)  // every invariant holds

@@ -8,6 +8,8 @@ package dbgen
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const TaskAlertGauges = `-- name: TaskAlertGauges :one
@@ -532,14 +534,21 @@ func (q *Queries) TaskHeldByTokens(ctx context.Context, attemptTokens []string) 
 }
 
 const TaskInsertForEnabledPrefs = `-- name: TaskInsertForEnabledPrefs :many
-INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
-SELECT n.id, p.channel, n.max_attempts, greatest(s.send_at, now())
-FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::text[]) AS user_id,
-             unnest($3::int[]) AS max_attempts, unnest($4::text[]) AS channel_list) AS n
-JOIN notification s ON s.id = n.id
-JOIN channel_pref p ON p.user_id = n.user_id AND p.enabled
-WHERE n.channel_list = '' OR p.channel = ANY (string_to_array(n.channel_list, ','))
-ORDER BY n.id, p.channel
+INSERT INTO delivery_task (notification_id, channel, max_attempts, fallback_position, next_attempt_at)
+SELECT c.id, c.channel, c.max_attempts, c.position, CASE WHEN c.position > 1 THEN NULL ELSE greatest(c.send_at, now()) END
+FROM (SELECT n.id, p.channel, n.max_attempts, s.send_at,
+             CASE WHEN n.fallback_list <> ''
+                  THEN row_number() OVER (PARTITION BY n.id
+                                          ORDER BY array_position(string_to_array(n.fallback_list, ','), p.channel::text))
+             END::smallint AS position
+      FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::text[]) AS user_id,
+                   unnest($3::int[]) AS max_attempts, unnest($4::text[]) AS channel_list,
+                   unnest($5::text[]) AS fallback_list) AS n
+      JOIN notification s ON s.id = n.id
+      JOIN channel_pref p ON p.user_id = n.user_id AND p.enabled
+      WHERE (n.channel_list = '' OR p.channel = ANY (string_to_array(n.channel_list, ',')))
+        AND (n.fallback_list = '' OR p.channel = ANY (string_to_array(n.fallback_list, ',')))) AS c
+ORDER BY c.id, c.channel
 RETURNING id, notification_id, channel, ref
 `
 
@@ -548,6 +557,7 @@ type TaskInsertForEnabledPrefsParams struct {
 	UserIDs         []string
 	MaxAttempts     []int32
 	ChannelLists    []string
+	FallbackLists   []string
 }
 
 type TaskInsertForEnabledPrefsRow struct {
@@ -565,13 +575,18 @@ type TaskInsertForEnabledPrefsRow struct {
 // security also requires that this transaction inserted the notification and that the channel is
 // enabled: schema/026). @channel_lists restricts each notification to the channels its submitter named,
 // joined by commas (a channel name has none), or an empty string for every enabled channel: the same
-// rule as notifier_create's channels (schema/026).
+// rule as notifier_create's channels (schema/026). @fallback_lists holds each notification's fallback
+// chain the same way: its enabled channels are numbered from 1 in chain order, only the first is due,
+// the others wait unreleased (no next_attempt_at) until the one before ends certainly not sent
+// (schema/029, the rule of notifier_create's fallback). The first is due at its notification's send
+// time, or now (schema/028).
 func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertForEnabledPrefsParams) ([]TaskInsertForEnabledPrefsRow, error) {
 	rows, err := q.db.Query(ctx, TaskInsertForEnabledPrefs,
 		arg.NotificationIDs,
 		arg.UserIDs,
 		arg.MaxAttempts,
 		arg.ChannelLists,
+		arg.FallbackLists,
 	)
 	if err != nil {
 		return nil, err
@@ -597,20 +612,21 @@ func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertF
 }
 
 const TaskListByNotification = `-- name: TaskListByNotification :many
-SELECT id, channel, ref, state, needs_review, attempt_count, last_error
+SELECT id, channel, ref, state, needs_review, attempt_count, last_error, fallback_position
 FROM delivery_task
 WHERE notification_id = $1
 ORDER BY id
 `
 
 type TaskListByNotificationRow struct {
-	ID           int64
-	Channel      string
-	Ref          string
-	State        string
-	NeedsReview  bool
-	AttemptCount int32
-	LastError    *string
+	ID               int64
+	Channel          string
+	Ref              string
+	State            string
+	NeedsReview      bool
+	AttemptCount     int32
+	LastError        *string
+	FallbackPosition pgtype.Int2
 }
 
 // Every task of one notification (notifier show), whatever its state, in creation order. Read only; R2
@@ -632,6 +648,7 @@ func (q *Queries) TaskListByNotification(ctx context.Context, notificationID int
 			&i.NeedsReview,
 			&i.AttemptCount,
 			&i.LastError,
+			&i.FallbackPosition,
 		); err != nil {
 			return nil, err
 		}

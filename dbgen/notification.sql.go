@@ -11,18 +11,20 @@ import (
 
 const NotificationCreateInTx = `-- name: NotificationCreateInTx :many
 SELECT e.n::int AS n, c.notification_id::bigint AS notification_id, c.created::boolean AS created
-FROM (SELECT s.user_id, s.event_key, s.body, s.ttl_seconds, s.max_attempts, s.channel_list, s.send_at, s.send_delay_seconds, s.n
+FROM (SELECT s.user_id, s.event_key, s.body, s.ttl_seconds, s.max_attempts, s.channel_list, s.send_at, s.send_delay_seconds, s.fallback_list, s.n
       FROM (SELECT unnest($1::text[]) AS user_id, unnest($2::text[]) AS event_key,
                    unnest($3::text[]) AS body, unnest($4::float8[]) AS ttl_seconds,
                    unnest($5::int[]) AS max_attempts, unnest($6::text[]) AS channel_list,
                    unnest($7::text[]) AS send_at, unnest($8::float8[]) AS send_delay_seconds,
+                   unnest($9::text[]) AS fallback_list,
                    generate_series(1, cardinality($1::text[])) AS n) AS s
       ORDER BY s.user_id, s.event_key, s.n) AS e
 CROSS JOIN LATERAL notifier_create(user_id => e.user_id, event_key => e.event_key, body => e.body,
                                    ttl => make_interval(secs => e.ttl_seconds), max_attempts => e.max_attempts,
                                    channels => string_to_array(nullif(e.channel_list, ''), ','),
                                    send_at => coalesce(nullif(e.send_at, '')::timestamptz,
-                                                       now() + make_interval(secs => nullif(e.send_delay_seconds, 0)))) AS c
+                                                       now() + make_interval(secs => nullif(e.send_delay_seconds, 0))),
+                                   fallback => string_to_array(nullif(e.fallback_list, ''), ',')) AS c
 ORDER BY e.n
 `
 
@@ -35,6 +37,7 @@ type NotificationCreateInTxParams struct {
 	ChannelLists     []string
 	SendAts          []string
 	SendDelaySeconds []float64
+	FallbackLists    []string
 }
 
 type NotificationCreateInTxRow struct {
@@ -49,7 +52,8 @@ type NotificationCreateInTxRow struct {
 // that batches of either create path lock shared keys in the same order and cannot deadlock on each
 // other; the answers come back in input order (n, from 1). @channel_lists holds each event's channels
 // joined by commas (a channel name has none), or an empty string for every enabled channel; @send_ats
-// and @send_delay_seconds are each event's send time as NotificationInsert takes them.
+// and @send_delay_seconds are each event's send time as NotificationInsert takes them;
+// @fallback_lists each event's fallback chain the same way as the channels, or an empty string for none.
 func (q *Queries) NotificationCreateInTx(ctx context.Context, arg NotificationCreateInTxParams) ([]NotificationCreateInTxRow, error) {
 	rows, err := q.db.Query(ctx, NotificationCreateInTx,
 		arg.UserIDs,
@@ -60,6 +64,7 @@ func (q *Queries) NotificationCreateInTx(ctx context.Context, arg NotificationCr
 		arg.ChannelLists,
 		arg.SendAts,
 		arg.SendDelaySeconds,
+		arg.FallbackLists,
 	)
 	if err != nil {
 		return nil, err

@@ -7,15 +7,26 @@
 -- security also requires that this transaction inserted the notification and that the channel is
 -- enabled: schema/026). @channel_lists restricts each notification to the channels its submitter named,
 -- joined by commas (a channel name has none), or an empty string for every enabled channel: the same
--- rule as notifier_create's channels (schema/026).
-INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
-SELECT n.id, p.channel, n.max_attempts, greatest(s.send_at, now())
-FROM (SELECT unnest(@notification_ids::bigint[]) AS id, unnest(@user_ids::text[]) AS user_id,
-             unnest(@max_attempts::int[]) AS max_attempts, unnest(@channel_lists::text[]) AS channel_list) AS n
-JOIN notification s ON s.id = n.id
-JOIN channel_pref p ON p.user_id = n.user_id AND p.enabled
-WHERE n.channel_list = '' OR p.channel = ANY (string_to_array(n.channel_list, ','))
-ORDER BY n.id, p.channel
+-- rule as notifier_create's channels (schema/026). @fallback_lists holds each notification's fallback
+-- chain the same way: its enabled channels are numbered from 1 in chain order, only the first is due,
+-- the others wait unreleased (no next_attempt_at) until the one before ends certainly not sent
+-- (schema/029, the rule of notifier_create's fallback). The first is due at its notification's send
+-- time, or now (schema/028).
+INSERT INTO delivery_task (notification_id, channel, max_attempts, fallback_position, next_attempt_at)
+SELECT c.id, c.channel, c.max_attempts, c.position, CASE WHEN c.position > 1 THEN NULL ELSE greatest(c.send_at, now()) END
+FROM (SELECT n.id, p.channel, n.max_attempts, s.send_at,
+             CASE WHEN n.fallback_list <> ''
+                  THEN row_number() OVER (PARTITION BY n.id
+                                          ORDER BY array_position(string_to_array(n.fallback_list, ','), p.channel::text))
+             END::smallint AS position
+      FROM (SELECT unnest(@notification_ids::bigint[]) AS id, unnest(@user_ids::text[]) AS user_id,
+                   unnest(@max_attempts::int[]) AS max_attempts, unnest(@channel_lists::text[]) AS channel_list,
+                   unnest(@fallback_lists::text[]) AS fallback_list) AS n
+      JOIN notification s ON s.id = n.id
+      JOIN channel_pref p ON p.user_id = n.user_id AND p.enabled
+      WHERE (n.channel_list = '' OR p.channel = ANY (string_to_array(n.channel_list, ',')))
+        AND (n.fallback_list = '' OR p.channel = ANY (string_to_array(n.fallback_list, ',')))) AS c
+ORDER BY c.id, c.channel
 RETURNING id, notification_id, channel, ref;
 
 -- name: TaskClaim :many
@@ -335,7 +346,7 @@ WHERE id = @id;
 -- name: TaskListByNotification :many
 -- Every task of one notification (notifier show), whatever its state, in creation order. Read only; R2
 -- makes it one row per channel at most: the rows come from the UNIQUE (notification_id, channel) index.
-SELECT id, channel, ref, state, needs_review, attempt_count, last_error
+SELECT id, channel, ref, state, needs_review, attempt_count, last_error, fallback_position
 FROM delivery_task
 WHERE notification_id = @notification_id
 ORDER BY id;

@@ -61,20 +61,23 @@ WHERE user_id = @user_id AND event_key = @event_key;
 -- that batches of either create path lock shared keys in the same order and cannot deadlock on each
 -- other; the answers come back in input order (n, from 1). @channel_lists holds each event's channels
 -- joined by commas (a channel name has none), or an empty string for every enabled channel; @send_ats
--- and @send_delay_seconds are each event's send time as NotificationInsert takes them.
+-- and @send_delay_seconds are each event's send time as NotificationInsert takes them;
+-- @fallback_lists each event's fallback chain the same way as the channels, or an empty string for none.
 SELECT e.n::int AS n, c.notification_id::bigint AS notification_id, c.created::boolean AS created
 FROM (SELECT s.*
       FROM (SELECT unnest(@user_ids::text[]) AS user_id, unnest(@event_keys::text[]) AS event_key,
                    unnest(@bodies::text[]) AS body, unnest(@ttl_seconds::float8[]) AS ttl_seconds,
                    unnest(@max_attempts::int[]) AS max_attempts, unnest(@channel_lists::text[]) AS channel_list,
                    unnest(@send_ats::text[]) AS send_at, unnest(@send_delay_seconds::float8[]) AS send_delay_seconds,
+                   unnest(@fallback_lists::text[]) AS fallback_list,
                    generate_series(1, cardinality(@user_ids::text[])) AS n) AS s
       ORDER BY s.user_id, s.event_key, s.n) AS e
 CROSS JOIN LATERAL notifier_create(user_id => e.user_id, event_key => e.event_key, body => e.body,
                                    ttl => make_interval(secs => e.ttl_seconds), max_attempts => e.max_attempts,
                                    channels => string_to_array(nullif(e.channel_list, ''), ','),
                                    send_at => coalesce(nullif(e.send_at, '')::timestamptz,
-                                                       now() + make_interval(secs => nullif(e.send_delay_seconds, 0)))) AS c
+                                                       now() + make_interval(secs => nullif(e.send_delay_seconds, 0))),
+                                   fallback => string_to_array(nullif(e.fallback_list, ''), ',')) AS c
 ORDER BY e.n;
 
 -- name: NotificationTasks :many

@@ -31,6 +31,11 @@ type CreateRequest struct {
 	// --delay). At most one of the two; either must come before the expiry (docs/protocol.md#send-at).
 	SendAt time.Time
 	Delay  time.Duration
+	// Fallback, when not empty, is an ordered chain (create --fallback): one task per chain channel the
+	// user has enabled, the first due, each next one released only when the one before ends certainly
+	// not sent (FAILED or SUPPRESSED), none called once one is SENT (docs/protocol.md#fallback). Not
+	// with Channels; no channel twice.
+	Fallback []string
 }
 
 // Validate checks the request without touching the database.
@@ -86,7 +91,29 @@ func (r CreateRequest) ValidateChannels() error {
 			return &delivery.InputError{Field: "channels", Reason: fmt.Sprintf("%q: want 1-32 of a-z, 0-9, _ or -, starting with a letter", c)}
 		}
 	}
+	if len(r.Fallback) > 0 && len(r.Channels) > 0 {
+		return &delivery.InputError{Field: "fallback", Reason: "not with channels: a fallback chain names its channels itself"}
+	}
+	if len(r.Fallback) > MaxFallbackChain {
+		return &delivery.InputError{Field: "fallback", Reason: fmt.Sprintf("%d channels, more than %d", len(r.Fallback), MaxFallbackChain)}
+	}
+	for i, c := range r.Fallback {
+		if !channelName.MatchString(c) {
+			return &delivery.InputError{Field: "fallback", Reason: fmt.Sprintf("%q: want 1-32 of a-z, 0-9, _ or -, starting with a letter", c)}
+		}
+		if slices.Contains(r.Fallback[:i], c) {
+			return &delivery.InputError{Field: "fallback", Reason: fmt.Sprintf("%q is named twice: a chain calls each channel at most once", c)}
+		}
+	}
 	return nil
+}
+
+// MaxFallbackChain bounds a fallback chain (schema/029's fallback_position).
+const MaxFallbackChain = 32
+
+// namedChannels is every channel the request names, restricting or chaining.
+func (r CreateRequest) namedChannels() []string {
+	return append(slices.Clone(r.Channels), r.Fallback...)
 }
 
 // Created is what submitting one event did: create's output.
@@ -195,6 +222,7 @@ func createBatch(ctx context.Context, q *dbgen.Queries, reqs []CreateRequest) ([
 			tasks.UserIDs = append(tasks.UserIDs, r.UserID)
 			tasks.MaxAttempts = append(tasks.MaxAttempts, int32(r.MaxAttempts))
 			tasks.ChannelLists = append(tasks.ChannelLists, channelList(r.Channels))
+			tasks.FallbackLists = append(tasks.FallbackLists, channelList(r.Fallback))
 			continue
 		}
 		if !created {
@@ -242,7 +270,7 @@ func createBatch(ctx context.Context, q *dbgen.Queries, reqs []CreateRequest) ([
 		if out[i].Tasks == nil {
 			out[i].Tasks = []TaskRef{}
 		}
-		out[i].ChannelsWithoutPreference = channelsWithoutTask(r.Channels, out[i].Tasks)
+		out[i].ChannelsWithoutPreference = channelsWithoutTask(r.namedChannels(), out[i].Tasks)
 	}
 	return out, nil
 }
@@ -289,6 +317,7 @@ func (n *Notifier) CreateBatchTx(ctx context.Context, tx pgx.Tx, reqs []CreateRe
 		p.ChannelLists = append(p.ChannelLists, channelList(r.Channels))
 		p.SendAts = append(p.SendAts, r.sendAtParam())
 		p.SendDelaySeconds = append(p.SendDelaySeconds, r.Delay.Seconds())
+		p.FallbackLists = append(p.FallbackLists, channelList(r.Fallback))
 	}
 	q := dbgen.New(tx)
 	rows, err := q.NotificationCreateInTx(ctx, p)
@@ -318,7 +347,7 @@ func (n *Notifier) CreateBatchTx(ctx context.Context, tx pgx.Tx, reqs []CreateRe
 		if out[i].Tasks == nil {
 			out[i].Tasks = []TaskRef{}
 		}
-		out[i].ChannelsWithoutPreference = channelsWithoutTask(reqs[i].Channels, out[i].Tasks)
+		out[i].ChannelsWithoutPreference = channelsWithoutTask(reqs[i].namedChannels(), out[i].Tasks)
 	}
 	return out, nil
 }

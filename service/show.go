@@ -56,14 +56,17 @@ type NotificationReport struct {
 
 // TaskReport is one task of a NotificationReport with its history, the attempts in review's shape.
 type TaskReport struct {
-	ID           int64           `json:"task_id"`
-	Channel      string          `json:"channel"`
-	Ref          string          `json:"ref"`
-	State        delivery.State  `json:"state"`
-	NeedsReview  bool            `json:"needs_review"`
-	AttemptCount int             `json:"attempt_count"`
-	LastError    *string         `json:"last_error"` // null when the task has none
-	Attempts     []AttemptRecord `json:"attempts"`
+	ID           int64          `json:"task_id"`
+	Channel      string         `json:"channel"`
+	Ref          string         `json:"ref"`
+	State        delivery.State `json:"state"`
+	NeedsReview  bool           `json:"needs_review"`
+	AttemptCount int            `json:"attempt_count"`
+	LastError    *string        `json:"last_error"` // null when the task has none
+	// FallbackPosition is the task's place in its fallback chain (1 = the first called), absent when
+	// the notification has no chain. A later task is PENDING with no attempt until it is released.
+	FallbackPosition *int16          `json:"fallback_position,omitempty"`
+	Attempts         []AttemptRecord `json:"attempts"`
 }
 
 // Show reads one notification with its tasks and their attempts, all from one snapshot (a read-only
@@ -117,8 +120,13 @@ func show(ctx context.Context, q *dbgen.Queries, r ShowRequest) (NotificationRep
 	out := NotificationReport{ID: row.ID, UserID: row.UserID, EventKey: row.EventKey, CreatedAt: row.CreatedAt,
 		SendAt: row.SendAt, ExpiresAt: row.ExpiresAt, CancelledAt: row.CancelledAt, CancelNote: row.CancelNote, Tasks: make([]TaskReport, len(rows))}
 	for i, t := range rows {
+		var position *int16
+		if t.FallbackPosition.Valid {
+			position = &t.FallbackPosition.Int16
+		}
 		out.Tasks[i] = TaskReport{ID: t.ID, Channel: t.Channel, Ref: t.Ref, State: delivery.State(t.State),
-			NeedsReview: t.NeedsReview, AttemptCount: int(t.AttemptCount), LastError: t.LastError, Attempts: attempts[t.ID]}
+			NeedsReview: t.NeedsReview, AttemptCount: int(t.AttemptCount), LastError: t.LastError,
+			FallbackPosition: position, Attempts: attempts[t.ID]}
 	}
 	return out, nil
 }

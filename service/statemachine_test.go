@@ -141,6 +141,30 @@ func smFinish(outcome, set string) string {
 }
 
 var smMoves = []smMove{
+	// Fallback chains (schema/029): an unreleased task moves only by its release, its settle as not
+	// needed, or a cancel, each only when its chain says so; the fixture's head (push) is still waiting.
+	{name: "unreleased fallback task made due by hand", fixture: "unreleased",
+		sql:   `UPDATE delivery_task SET next_attempt_at = now(), last_error = 'released by hand' WHERE id = $1`,
+		owner: smRefused("delivery_task_transition", "next_attempt_at"), worker: smRefused("delivery_task_transition", "next_attempt_at")},
+	{name: "unreleased fallback task claimed", fixture: "unreleased", sql: smClaim,
+		owner: smRefused("delivery_task_transition", "attempt_token"), worker: smRefused("delivery_task_transition", "attempt_token")},
+	{name: "unreleased fallback task set aside to a time", fixture: "unreleased",
+		sql:   `UPDATE delivery_task SET next_attempt_at = now() + interval '1 minute', last_error = 'later' WHERE id = $1`,
+		owner: smRefused("delivery_task_transition", "next_attempt_at"), worker: smRefused("delivery_task_transition", "next_attempt_at")},
+	{name: "unreleased fallback task settled as not needed before its chain was sent", fixture: "unreleased",
+		sql: `WITH s AS (
+			UPDATE delivery_task SET state = 'SUPPRESSED', attempt_count = attempt_count + 1 WHERE id = $1 RETURNING id, attempt_count)
+		INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome)
+		SELECT id, attempt_count, gen_random_uuid(), 'SKIP', 'w-sm', now(), 'FALLBACK_NOT_NEEDED' FROM s`,
+		owner: smRefused("delivery_task_transition", "next_attempt_at"), worker: smRefused("delivery_task_transition", "next_attempt_at")},
+	{name: "unreleased fallback task parked", fixture: "unreleased", sql: smPark,
+		owner: smRefused("delivery_task_transition", "state"), worker: smRefused("delivery_task_transition", "state")},
+	{name: "unreleased fallback task settled by a receipt it cannot have", fixture: "unreleased", sql: smApplyReceipt,
+		owner: smRefused("delivery_task_transition", "state"), worker: smRefused("delivery_task_transition", "state"),
+		others: map[string]smWant{smReceiver: smRefused("delivery_task_transition", "state")}},
+	{name: "unreleased fallback task moved in its chain", fixture: "unreleased",
+		sql:   `UPDATE delivery_task SET fallback_position = 3 WHERE id = $1`,
+		owner: smRefused("delivery_task_fixed", "fallback_position"), worker: smDenied},
 	// What users found.
 	{name: "SENT -> PENDING: sent again", fixture: "sent",
 		sql:   `UPDATE delivery_task SET state = 'PENDING', next_attempt_at = now() WHERE id = $1`,
@@ -488,6 +512,15 @@ var smCalls = []smCall{
 	{role: smCreator, name: "task dated ten years back", fixture: "own-notification",
 		sql:  `INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at) VALUES ($1, 'push', 3, now() - interval '10 years')`,
 		want: smWant{code: sqlInsufficient, policy: "delivery_task_creator_insert"}},
+	{role: smCreator, name: "later fallback task due now (schema/029)", fixture: "own-notification",
+		sql:  `INSERT INTO delivery_task (notification_id, channel, max_attempts, fallback_position, next_attempt_at) VALUES ($1, 'push', 3, 2, now())`,
+		want: smWant{code: sqlInsufficient, policy: "delivery_task_creator_insert"}},
+	{role: smCreator, name: "later fallback task unreleased (schema/029)", fixture: "own-notification",
+		sql:  `INSERT INTO delivery_task (notification_id, channel, max_attempts, fallback_position, next_attempt_at) VALUES ($1, 'push', 3, 2, NULL)`,
+		want: smOne},
+	{role: smCreator, name: "first fallback task unreleased (schema/029)", fixture: "own-notification",
+		sql:  `INSERT INTO delivery_task (notification_id, channel, max_attempts, fallback_position, next_attempt_at) VALUES ($1, 'push', 3, 1, NULL)`,
+		want: smWant{code: sqlInsufficient, policy: "delivery_task_creator_insert"}},
 	{role: smCreator, name: "task due now, as the previous TaskInsertForEnabledPrefs wrote it", fixture: "own-notification",
 		sql:  `INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at) VALUES ($1, 'push', 3, now())`,
 		want: smOne},
@@ -535,6 +568,10 @@ func smFixture(t *testing.T, pool *pgxpool.Pool, kind string) int64 {
 			run(smSettleSuppressed, id)
 		}
 		return id
+	case "unreleased": // the second task of a chain push, sms: the head is due, sms waits unreleased
+		scan(`INSERT INTO delivery_task (notification_id, channel, max_attempts, fallback_position) VALUES ($1, 'push', 3, 1) RETURNING id`)
+		return scan(`INSERT INTO delivery_task (notification_id, channel, max_attempts, fallback_position, next_attempt_at)
+			VALUES ($1, 'sms', 3, 2, NULL) RETURNING id`)
 	case "scheduled":
 		return scan(`INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
 			VALUES ($1, 'push', 3, now() + interval '1 hour') RETURNING id`)

@@ -6,6 +6,8 @@ package dbgen
 
 import (
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 type ChannelPause struct {
@@ -89,6 +91,7 @@ type DeliveryTask struct {
 	ReceiptAt        *time.Time
 	Ref              string
 	AccountRefusals  int32
+	FallbackPosition pgtype.Int2
 }
 
 type Notification struct {

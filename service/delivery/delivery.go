@@ -94,6 +94,10 @@ const (
 	OutcomeCancelled          Outcome = "CANCELLED"
 	OutcomeCancelledUncertain Outcome = "CANCELLED_UNCERTAIN"
 
+	// OutcomeFallbackNotNeeded: a later channel of a fallback chain was never called because an earlier
+	// one was SENT (schema/029); the task is SUPPRESSED.
+	OutcomeFallbackNotNeeded Outcome = "FALLBACK_NOT_NEEDED"
+
 	OutcomeManualSent   Outcome = "MANUAL_SENT"
 	OutcomeManualFailed Outcome = "MANUAL_FAILED"
 
