@@ -162,7 +162,15 @@ func TestClaimIgnoresOtherChannels(t *testing.T) {
 	ctx := e.ctx
 	is := is.New(t)
 	e.user("u1", "push", "sms")
-	_, err := e.pool.Exec(ctx, `
+	// The rows are what the protocol's own inserts make; their per-row triggers (the state machine's
+	// checks, the ref) would only slow the seeding: session_replication_role = replica skips them, for
+	// this statement's transaction only.
+	tx, err := e.pool.Begin(ctx)
+	is.NoErr(err)
+	defer func() { _ = tx.Rollback(ctx) }() // after the commit, a no-op
+	_, err = tx.Exec(ctx, `SET LOCAL session_replication_role = replica`)
+	is.NoErr(err)
+	_, err = tx.Exec(ctx, `
 		WITH n AS (
 			INSERT INTO notification (user_id, event_key, body, expires_at)
 			SELECT 'u1', 'sms-backlog-' || g, 'body', now() + interval '1 day' FROM generate_series(1, 6000) AS g
@@ -223,7 +231,15 @@ func TestClaimPlanSkipsScheduledTasks(t *testing.T) {
 	is := is.New(t)
 	e.user("u1", "push")
 	start := time.Now()
-	_, err := e.pool.Exec(ctx, `
+	// The rows are what the protocol's own inserts make; their per-row triggers (the state machine's
+	// checks, the ref) would only slow the seeding: session_replication_role = replica skips them, for
+	// this statement's transaction only.
+	tx, err := e.pool.Begin(ctx)
+	is.NoErr(err)
+	defer func() { _ = tx.Rollback(ctx) }() // after the commit, a no-op
+	_, err = tx.Exec(ctx, `SET LOCAL session_replication_role = replica`)
+	is.NoErr(err)
+	_, err = tx.Exec(ctx, `
 		WITH n AS (
 			INSERT INTO notification (user_id, event_key, body, expires_at, send_at)
 			SELECT 'u1', 'later-' || g, 'body', now() + interval '3 days', now() + make_interval(secs => 3600 + g % 86400)
@@ -233,6 +249,7 @@ func TestClaimPlanSkipsScheduledTasks(t *testing.T) {
 		INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
 		SELECT n.id, 'push', 3, n.send_at FROM n`, scheduledTasks)
 	is.NoErr(err) // a million push tasks, due in an hour to a day
+	is.NoErr(tx.Commit(ctx))
 	for i := range 5 {
 		e.create("u1", fmt.Sprintf("now-%d", i), time.Hour, 3) // and a few due now
 	}
@@ -512,7 +529,15 @@ func TestClaimGenericPlanLooksUpByKey(t *testing.T) {
 	ctx := e.ctx
 	is := is.New(t)
 	e.user("u1", "push", "sms")
-	_, err := e.pool.Exec(ctx, `
+	// The rows are what the protocol's own inserts make; their per-row triggers (the state machine's
+	// checks, the ref) would only slow the seeding: session_replication_role = replica skips them, for
+	// this statement's transaction only.
+	tx, err := e.pool.Begin(ctx)
+	is.NoErr(err)
+	defer func() { _ = tx.Rollback(ctx) }() // after the commit, a no-op
+	_, err = tx.Exec(ctx, `SET LOCAL session_replication_role = replica`)
+	is.NoErr(err)
+	_, err = tx.Exec(ctx, `
 		WITH n AS (
 			INSERT INTO notification (user_id, event_key, body, expires_at)
 			SELECT 'u1', 'backlog-' || g, 'body ' || g, now() + interval '1 day'
@@ -580,7 +605,15 @@ func TestStartAttemptsGenericPlanLooksUpByKey(t *testing.T) {
 	e.user("u1", "push", "sms")
 	drainQueueStatistics(t, e)
 	// Then a burst: 4,000 due tasks the statistics do not know of.
-	_, err := e.pool.Exec(ctx, `
+	// The rows are what the protocol's own inserts make; their per-row triggers (the state machine's
+	// checks, the ref) would only slow the seeding: session_replication_role = replica skips them, for
+	// this statement's transaction only.
+	tx, err := e.pool.Begin(ctx)
+	is.NoErr(err)
+	defer func() { _ = tx.Rollback(ctx) }() // after the commit, a no-op
+	_, err = tx.Exec(ctx, `SET LOCAL session_replication_role = replica`)
+	is.NoErr(err)
+	_, err = tx.Exec(ctx, `
 		WITH n AS (
 			INSERT INTO notification (user_id, event_key, body, expires_at)
 			SELECT 'u1', 'burst-' || g, 'body', now() + interval '1 day' FROM generate_series(1, 4000) AS g
@@ -701,7 +734,15 @@ func TestLeaseQueriesGenericPlansLookUpByKey(t *testing.T) {
 	drainQueueStatistics(t, e)
 	// Then 4,000 held tasks the statistics do not know of, half of their leases run out, each with its
 	// open attempt (the fixture, not the protocol).
-	_, err := e.pool.Exec(ctx, `
+	// The rows are what the protocol's own inserts make; their per-row triggers (the state machine's
+	// checks, the ref) would only slow the seeding: session_replication_role = replica skips them, for
+	// this statement's transaction only.
+	tx, err := e.pool.Begin(ctx)
+	is.NoErr(err)
+	defer func() { _ = tx.Rollback(ctx) }() // after the commit, a no-op
+	_, err = tx.Exec(ctx, `SET LOCAL session_replication_role = replica`)
+	is.NoErr(err)
+	_, err = tx.Exec(ctx, `
 		WITH n AS (
 			INSERT INTO notification (user_id, event_key, body, expires_at)
 			SELECT 'u1', 'held-' || g, 'body', now() + interval '1 day' FROM generate_series(1, 4000) AS g
