@@ -142,7 +142,10 @@ func runDemo(ctx context.Context, e *env, timeout time.Duration) error {
 	if err := report.check(created); err != nil {
 		return err
 	}
-	return demoReceipt(ctx, e, n, report)
+	if err := demoReceipt(ctx, e, n, report); err != nil {
+		return err
+	}
+	return demoIntake(ctx, e, n, channels, run, timeout)
 }
 
 // demoReceipt plays the provider of the none channel telling us, in a signed callback, that it
