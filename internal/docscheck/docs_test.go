@@ -5,6 +5,8 @@
 //   - every relative link in README.md and docs/**/*.md names an existing file, and every #anchor a
 //     heading of its target (GitHub's slugs);
 //   - README.md stays under readmeLimit bytes;
+//   - every command, role and channel kind of the code is named in README.md or docs/ (names_test.go),
+//     and no doc counts the roles wrong;
 //   - every docs/<file>.md[#anchor] or README.md[#anchor] cited in Go, SQL, shell scripts or the
 //     justfile resolves, and every rule R<n> cited there is defined in docs/protocol.md (a heading
 //     "R<n>", anchor r<n>).
