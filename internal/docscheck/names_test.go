@@ -63,7 +63,7 @@ func TestDocsNameTheCommandsRolesAndKinds(t *testing.T) {
 	}
 	readme, operations, channels := read("README.md"), read("docs/operations.md"), read("docs/channels.md")
 	commands := commandNames(t)
-	is.True(len(commands) >= 10) // the binary's commands were listed
+	is.True(len(commands) >= 10)                                                                   // the binary's commands were listed
 	is.Equal(missing(commands, func(c string) string { return "| `" + c }, readme), []string(nil)) // each command has its row in README
 
 	roles := []string{service.RoleCreator, service.RoleWorker, service.RoleOperator, service.RoleReceiver}
