@@ -162,15 +162,7 @@ func TestClaimIgnoresOtherChannels(t *testing.T) {
 	ctx := e.ctx
 	is := is.New(t)
 	e.user("u1", "push", "sms")
-	// The rows are what the protocol's own inserts make; their per-row triggers (the state machine's
-	// checks, the ref) would only slow the seeding: session_replication_role = replica skips them, for
-	// this statement's transaction only.
-	tx, err := e.pool.Begin(ctx)
-	is.NoErr(err)
-	defer func() { _ = tx.Rollback(ctx) }() // after the commit, a no-op
-	_, err = tx.Exec(ctx, `SET LOCAL session_replication_role = replica`)
-	is.NoErr(err)
-	_, err = tx.Exec(ctx, `
+	_, err := e.pool.Exec(ctx, `
 		WITH n AS (
 			INSERT INTO notification (user_id, event_key, body, expires_at)
 			SELECT 'u1', 'sms-backlog-' || g, 'body', now() + interval '1 day' FROM generate_series(1, 6000) AS g
@@ -529,15 +521,7 @@ func TestClaimGenericPlanLooksUpByKey(t *testing.T) {
 	ctx := e.ctx
 	is := is.New(t)
 	e.user("u1", "push", "sms")
-	// The rows are what the protocol's own inserts make; their per-row triggers (the state machine's
-	// checks, the ref) would only slow the seeding: session_replication_role = replica skips them, for
-	// this statement's transaction only.
-	tx, err := e.pool.Begin(ctx)
-	is.NoErr(err)
-	defer func() { _ = tx.Rollback(ctx) }() // after the commit, a no-op
-	_, err = tx.Exec(ctx, `SET LOCAL session_replication_role = replica`)
-	is.NoErr(err)
-	_, err = tx.Exec(ctx, `
+	_, err := e.pool.Exec(ctx, `
 		WITH n AS (
 			INSERT INTO notification (user_id, event_key, body, expires_at)
 			SELECT 'u1', 'backlog-' || g, 'body ' || g, now() + interval '1 day'
@@ -605,15 +589,7 @@ func TestStartAttemptsGenericPlanLooksUpByKey(t *testing.T) {
 	e.user("u1", "push", "sms")
 	drainQueueStatistics(t, e)
 	// Then a burst: 4,000 due tasks the statistics do not know of.
-	// The rows are what the protocol's own inserts make; their per-row triggers (the state machine's
-	// checks, the ref) would only slow the seeding: session_replication_role = replica skips them, for
-	// this statement's transaction only.
-	tx, err := e.pool.Begin(ctx)
-	is.NoErr(err)
-	defer func() { _ = tx.Rollback(ctx) }() // after the commit, a no-op
-	_, err = tx.Exec(ctx, `SET LOCAL session_replication_role = replica`)
-	is.NoErr(err)
-	_, err = tx.Exec(ctx, `
+	_, err := e.pool.Exec(ctx, `
 		WITH n AS (
 			INSERT INTO notification (user_id, event_key, body, expires_at)
 			SELECT 'u1', 'burst-' || g, 'body', now() + interval '1 day' FROM generate_series(1, 4000) AS g
@@ -734,15 +710,7 @@ func TestLeaseQueriesGenericPlansLookUpByKey(t *testing.T) {
 	drainQueueStatistics(t, e)
 	// Then 4,000 held tasks the statistics do not know of, half of their leases run out, each with its
 	// open attempt (the fixture, not the protocol).
-	// The rows are what the protocol's own inserts make; their per-row triggers (the state machine's
-	// checks, the ref) would only slow the seeding: session_replication_role = replica skips them, for
-	// this statement's transaction only.
-	tx, err := e.pool.Begin(ctx)
-	is.NoErr(err)
-	defer func() { _ = tx.Rollback(ctx) }() // after the commit, a no-op
-	_, err = tx.Exec(ctx, `SET LOCAL session_replication_role = replica`)
-	is.NoErr(err)
-	_, err = tx.Exec(ctx, `
+	_, err := e.pool.Exec(ctx, `
 		WITH n AS (
 			INSERT INTO notification (user_id, event_key, body, expires_at)
 			SELECT 'u1', 'held-' || g, 'body', now() + interval '1 day' FROM generate_series(1, 4000) AS g
