@@ -9,8 +9,10 @@ import (
 
 // workObserver is a worker's service.Observer, for its dispatcher and its loop alike: it logs what an
 // operator acts on (pauses, retried finishes, recovered claims) and, with --metrics-addr, counts every
-// event into the metrics (m; nil without). The loop logs CLAIMED, CALLED and RESULT itself.
+// event into the metrics (m; nil without). The loop logs CLAIMED, CALLED and RESULT, and a failed
+// finish, itself.
 type workObserver struct {
+	service.NopObserver
 	log *slog.Logger
 	m   *metrics
 }
@@ -36,9 +38,6 @@ func (o workObserver) Called(e service.CallEvent) {
 		o.m.observeCall(e.Attempt.Channel, e.Action(), e.Observation.Outcome, e.Took)
 	}
 }
-
-// Finished: the loop logs a failed finish, and its results count as Completed.
-func (o workObserver) Finished(service.FinishEvent) {}
 
 func (o workObserver) Completed(r service.Result) {
 	if o.m != nil {
