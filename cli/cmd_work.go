@@ -328,54 +328,10 @@ func work(c *cli.Context, e *env) error {
 	var m *metrics
 	if cfg.metrics != "" {
 		m = newMetrics()
-		for name, r := range cfg.dispatcher.Routes {
-			r.Client = measuredChannel{name: name, next: r.Client, m: m}
-			cfg.dispatcher.Routes[name] = r
-		}
-		cfg.loop.OnResult = m.onResult
-		cfg.loop.Hooks.Claimed = m.onClaim
 		m.serving(slices.Sorted(maps.Keys(cfg.dispatcher.Routes)))
-		cfg.dispatcher.RateLimited = func(channel string) { m.rateLimited.WithLabelValues(channel).Inc() }
 	}
 	log := e.log.With("worker", cfg.dispatcher.Worker)
-	cfg.dispatcher.Paused = func(channel string, pause time.Duration, err error) {
-		if err != nil {
-			log.Error("a 429 could not pause the channel for the other workers", "channel", channel, "error", err)
-			return
-		}
-		log.Info("channel answered 429: paused for every worker", "channel", channel, "pause", pause.String())
-		if m != nil {
-			m.ratePaused.WithLabelValues(channel).Inc()
-		}
-	}
-	cfg.dispatcher.AccountPaused = func(channel, cause string, began bool, backoff time.Duration, err error) {
-		if err != nil {
-			log.Error("an account refusal could not pause the channel for the other workers", "channel", channel, "cause", cause, "error", err)
-			return
-		}
-		if began {
-			log.Warn("channel refused our account: paused for every worker until a probe succeeds (docs/channels.md#account-states)",
-				"channel", channel, "cause", cause, "next_probe_in", backoff.String())
-			return
-		}
-		log.Info("paused channel's probe refused again", "channel", channel, "cause", cause, "next_probe_in", backoff.String())
-	}
-	cfg.dispatcher.AccountResumed = func(channel, cause string, paused time.Duration, err error) {
-		if err != nil {
-			log.Error("a paused channel's successful probe could not end the pause", "channel", channel, "error", err)
-			return
-		}
-		log.Info("paused channel resumed: its probe was not refused", "channel", channel, "cause", cause, "paused_for", paused.String())
-	}
-	cfg.dispatcher.FinishRetried = func(tasks, try int, err error) {
-		if try == 0 { // one line per lost finish, not per retry
-			log.Warn("finish failed; sending it again until the lease would run out (it may have committed: a finish is idempotent)",
-				"tasks", tasks, "error", redact.Error(err))
-		}
-		if m != nil {
-			m.finishRetries.Inc()
-		}
-	}
+	cfg.observe(log, m)
 	pool, err := e.workerPool(int32(cfg.loop.Connections()))
 	if err != nil {
 		return err
@@ -438,12 +394,9 @@ func work(c *cli.Context, e *env) error {
 
 	if cfg.once {
 		log.Debug("worker cycle", "channels", channels, "lease", cfg.dispatcher.Lease.String(), "timeout", cfg.dispatcher.CallTimeout.String())
-		res, err := worker.RunOnce(c.Context, d, log)
+		res, err := worker.RunOnce(c.Context, d, log, cfg.loop.Observer)
 		if err != nil {
 			return err
-		}
-		if m != nil {
-			m.onResult(res)
 		}
 		return e.printJSON(res)
 	}

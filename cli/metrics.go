@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,9 +11,9 @@ import (
 )
 
 // metrics are a worker's Prometheus metrics, on a private registry (no global state, one set per
-// run). Claims, finishes and parks are counted from each cycle's service.Result; calls and their
-// duration are measured around the channel client itself, so a call is counted even when the
-// finish transaction fails afterwards.
+// run), counted by its workObserver. Claims, finishes and parks are counted from each cycle's
+// service.Result; calls and their duration from each call's answer, as the loop timed it, so a call
+// is counted even when the finish transaction fails afterwards.
 type metrics struct {
 	registry     *prometheus.Registry
 	claims       *prometheus.CounterVec
@@ -192,14 +191,6 @@ func setChannelSeries(gauge *prometheus.GaugeVec, seen map[string]bool, values m
 	return now
 }
 
-// onClaim notes a claim that succeeded, whatever it found: a worker whose claims stop is down for the
-// queue even while its metrics are served.
-func (m *metrics) onClaim(_ time.Duration, _ int, err error) {
-	if err == nil {
-		m.lastClaim.SetToCurrentTime()
-	}
-}
-
 // onResult counts one completed cycle.
 func (m *metrics) onResult(r service.Result) {
 	if r.Kind == service.ResultNothing {
@@ -216,34 +207,8 @@ func (m *metrics) onResult(r service.Result) {
 	}
 }
 
+// observeCall counts one call and its duration.
 func (m *metrics) observeCall(channel string, action delivery.Action, outcome delivery.Outcome, d time.Duration) {
 	m.calls.WithLabelValues(channel, string(action), string(outcome)).Inc()
 	m.callDuration.WithLabelValues(channel, string(action)).Observe(d.Seconds())
-}
-
-// measuredChannel wraps a channel client to count and time its calls.
-type measuredChannel struct {
-	name string
-	next delivery.Channel
-	m    *metrics
-}
-
-// Send counts the call under its action: SEND, or TOPIC_RESEND (a Web Push resend that replaces an
-// undelivered copy).
-func (c measuredChannel) Send(ctx context.Context, msg delivery.Message) delivery.Observation {
-	action := msg.Action
-	if action == "" {
-		action = delivery.ActionSend
-	}
-	start := time.Now()
-	obs := c.next.Send(ctx, msg)
-	c.m.observeCall(c.name, action, obs.Outcome, time.Since(start))
-	return obs
-}
-
-func (c measuredChannel) Query(ctx context.Context, ref string) delivery.Observation {
-	start := time.Now()
-	obs := c.next.Query(ctx, ref)
-	c.m.observeCall(c.name, delivery.ActionQuery, obs.Outcome, time.Since(start))
-	return obs
 }

@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -13,29 +15,19 @@ import (
 	"github.com/notifierhq/notifier/service/delivery"
 )
 
-// acceptingChannel accepts every send and finds every query.
-type acceptingChannel struct{}
-
-func (acceptingChannel) Send(context.Context, delivery.Message) delivery.Observation {
-	return delivery.Observation{Outcome: delivery.OutcomeAccepted}
-}
-
-func (acceptingChannel) Query(context.Context, string) delivery.Observation {
-	return delivery.Observation{Outcome: delivery.OutcomeQueryFound}
-}
-
 // TestCallsAreCountedUnderTheirAction: a TOPIC_RESEND is counted as one, not as a SEND (it was, so a
 // dashboard could not tell Web Push resends from first sends); a send without an action is a SEND.
 func TestCallsAreCountedUnderTheirAction(t *testing.T) {
 	is := is.New(t)
 	m := newMetrics()
-	ch := measuredChannel{name: "browser", next: acceptingChannel{}, m: m}
-	ctx := context.Background()
-	ch.Send(ctx, delivery.Message{Action: delivery.ActionSend})
-	ch.Send(ctx, delivery.Message{Action: delivery.ActionTopicResend})
-	ch.Send(ctx, delivery.Message{Action: delivery.ActionTopicResend})
-	ch.Send(ctx, delivery.Message{})
-	ch.Query(ctx, "task-1")
+	o := workObserver{log: slog.New(slog.NewTextHandler(io.Discard, nil)), m: m}
+	accepted := delivery.Observation{Outcome: delivery.OutcomeAccepted}
+	for _, action := range []delivery.Action{delivery.ActionSend, delivery.ActionTopicResend, delivery.ActionTopicResend, ""} {
+		o.Called(service.CallEvent{Attempt: &service.Attempt{Channel: "browser", Action: action}, Observation: accepted,
+			Took: time.Millisecond})
+	}
+	o.Called(service.CallEvent{Attempt: &service.Attempt{Channel: "browser", Action: delivery.ActionQuery},
+		Observation: delivery.Observation{Outcome: delivery.OutcomeQueryFound}, Took: time.Millisecond})
 	calls, durations := map[string]float64{}, map[string]uint64{}
 	families, err := m.registry.Gather()
 	is.NoErr(err)

@@ -102,8 +102,9 @@ func (d *Dispatcher) pauseRefused(ctx context.Context, attempts []*Attempt, obs 
 			if err != nil {
 				err = fmt.Errorf("pause %s for an account state: %w", ch, err)
 			}
-			if d.cfg.AccountPaused != nil && (err != nil || row.Began || ans.probeRefused) {
-				d.cfg.AccountPaused(ch, cause, row.Began, seconds(row.BackoffSeconds), err)
+			if err != nil || row.Began || ans.probeRefused {
+				d.cfg.Observer.AccountPaused(AccountPauseEvent{Channel: ch, Cause: cause, Began: row.Began,
+					Backoff: seconds(row.BackoffSeconds), Err: err})
 			}
 			continue
 		}
@@ -111,12 +112,13 @@ func (d *Dispatcher) pauseRefused(ctx context.Context, attempts []*Attempt, obs 
 		if err != nil {
 			err = fmt.Errorf("end the account pause of %s: %w", ch, err)
 		}
-		if d.cfg.AccountResumed != nil && (err != nil || len(ended) > 0) {
+		if err != nil || len(ended) > 0 {
 			var e dbgen.ChannelPauseEndRow
 			if len(ended) > 0 {
 				e = ended[0]
 			}
-			d.cfg.AccountResumed(ch, e.Cause, seconds(e.PausedSeconds), err)
+			d.cfg.Observer.AccountResumed(AccountResumeEvent{Channel: ch, Cause: e.Cause,
+				Paused: seconds(e.PausedSeconds), Err: err})
 		}
 	}
 }

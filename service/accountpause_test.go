@@ -25,11 +25,11 @@ func accountPauseWorker(t *testing.T, e *env, worker, token string, log *pauseLo
 		route.Client = client
 		cfg.Routes["push"] = route
 		cfg.AccountPauseStart, cfg.AccountPauseMax = 100*time.Millisecond, 400*time.Millisecond
-		cfg.AccountPaused = func(channel, cause string, began bool, _ time.Duration, err error) {
-			log.add(channel+" paused: "+cause, began, err)
-		}
-		cfg.AccountResumed = func(channel, cause string, _ time.Duration, err error) {
-			log.add(channel+" resumed after: "+cause, true, err)
+		cfg.Observer = testObserver{
+			accountPaused: func(p service.AccountPauseEvent) { log.add(p.Channel+" paused: "+p.Cause, p.Began, p.Err) },
+			accountResumed: func(r service.AccountResumeEvent) {
+				log.add(r.Channel+" resumed after: "+r.Cause, true, r.Err)
+			},
 		}
 	}})
 	return d

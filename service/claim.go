@@ -196,9 +196,7 @@ func (d *Dispatcher) recoverClaim(ctx context.Context, c *claimRecovery, claimEr
 	for i, h := range held {
 		attempts[i] = c.attemptOf(h)
 	}
-	if d.cfg.ClaimRecovered != nil {
-		d.cfg.ClaimRecovered(len(attempts), claimErr)
-	}
+	d.cfg.Observer.ClaimRecovered(len(attempts), claimErr)
 	return attempts, nil, nil
 }
 

@@ -72,7 +72,7 @@ func TestLostClaimRecoveryGivesUpAfterThreeRetries(t *testing.T) {
 type lostCommit struct {
 	*ownServer // its own sessions commit locally
 	d          *service.Dispatcher
-	recovered  int // tasks reported by ClaimRecovered
+	recovered  int // tasks reported by Observer.ClaimRecovered
 }
 
 func newLostCommit(t *testing.T) *lostCommit {
@@ -88,7 +88,7 @@ func newLostCommit(t *testing.T) *lostCommit {
 		_, _ = lc.local.Exec(lc.ctx, `SELECT pg_reload_conf()`)
 	})
 	lc.d = lc.dispatcher(t, "claimer", service.DispatcherConfig{Worker: "w1", Lease: 30 * time.Second,
-		DBTimeout: 5 * time.Second, ClaimRecovered: func(n int, _ error) { lc.recovered += n }})
+		DBTimeout: 5 * time.Second, Observer: testObserver{claimRecovered: func(n int, _ error) { lc.recovered += n }}})
 	return lc
 }
 

@@ -20,29 +20,14 @@ type DispatcherConfig struct {
 	CallTimeout time.Duration             // client timeout of one channel call, body included
 	DBTimeout   time.Duration             // bound on one claim or finish transaction
 	Backoff     delivery.Backoff
-	// RateLimited, when set, is told each time a claim of a channel was held back by the channel's rate
-	// limit (no token, or fewer than the calls it could have made). Paused is told when a 429 paused a
-	// channel for every worker (err: the pause could not be written). Both run on the goroutine of the
-	// claim or finish: keep them short.
-	RateLimited func(channel string)
-	Paused      func(channel string, pause time.Duration, err error)
-	// AccountPaused, when set, is told when an ACCOUNT_REFUSED answer paused a channel for every worker
-	// (began: this answer began the pause; else a refused probe, backoff the wait before the next one)
-	// and AccountResumed when a probe's answer ended a pause. err: the pause could not be written or
-	// ended. They run on the finish's goroutine.
-	AccountPaused  func(channel, cause string, began bool, backoff time.Duration, err error)
-	AccountResumed func(channel, cause string, paused time.Duration, err error)
+	// Observer is told what the dispatcher alone sees: a claim held back by a rate limit, a pause, a
+	// retried finish, a recovered claim (nil: NopObserver). Its methods run on the goroutine of the
+	// claim or finish.
+	Observer Observer
 	// AccountPauseStart and AccountPauseMax bound the wait between probes of a paused channel: the first
 	// probe after AccountPauseStart, doubled per refused probe up to AccountPauseMax.
 	AccountPauseStart time.Duration
 	AccountPauseMax   time.Duration
-	// FinishRetried, when set, is told each time a finish of this many attempts is about to be sent again
-	// after err (a broken connection, a failover: FinishBatch); try counts from 0. It runs on the
-	// finish's goroutine.
-	FinishRetried func(attempts, try int, err error)
-	// ClaimRecovered, when set, is told when a claim whose commit's answer was lost (err) turned out to
-	// have committed, and its attempts were recovered by their tokens.
-	ClaimRecovered func(attempts int, err error)
 	// DisableUnregistered switches a user's preference on a channel off when its provider rejected a
 	// message because the address is gone for good (Observation.Unregistered), so later notifications
 	// are suppressed instead of sent to a dead address (Result.PrefDisabled).
@@ -91,6 +76,9 @@ func NewDispatcher(ctx context.Context, pool *pgxpool.Pool, cfg DispatcherConfig
 	setDefault(&d.cfg.Backoff.Max, DefaultMaxBackoff)
 	setDefault(&d.cfg.AccountPauseStart, DefaultAccountPauseStart)
 	setDefault(&d.cfg.AccountPauseMax, DefaultAccountPauseMax)
+	if d.cfg.Observer == nil {
+		d.cfg.Observer = NopObserver{}
+	}
 	var err error
 	if d.buckets, err = d.configureRateLimits(ctx); err != nil {
 		return nil, err
@@ -172,8 +160,6 @@ type Result struct {
 	// PrefDisabled: the provider said the address is unregistered and DisableUnregistered switched the
 	// user's preference on the channel off.
 	PrefDisabled bool `json:"pref_disabled,omitempty"`
-	// CallDuration is how long the channel call took (set by the worker; zero without a call).
-	CallDuration time.Duration `json:"-"`
 }
 
 // Attempt is a claimed task this worker now holds: it must call the channel and then Finish.

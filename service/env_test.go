@@ -54,11 +54,11 @@ type dcfg struct {
 	lease      time.Duration
 	timeout    time.Duration
 	backoff    time.Duration
-	modes      map[string]delivery.Mode      // override a channel's declared mode (negative controls)
-	contracts  map[string]delivery.Contract  // a channel's contract settings
-	rateLimits map[string]delivery.RateLimit // the rate limits this worker sets (written by NewDispatcher)
-	onRate     func(channel string)          // DispatcherConfig.RateLimited
-	onPause    func(channel string, pause time.Duration, err error)
+	modes      map[string]delivery.Mode        // override a channel's declared mode (negative controls)
+	contracts  map[string]delivery.Contract    // a channel's contract settings
+	rateLimits map[string]delivery.RateLimit   // the rate limits this worker sets (written by NewDispatcher)
+	onRate     func(channel string)            // Observer.RateLimited
+	onPause    func(service.RatePauseEvent)    // Observer.RatePaused
 	configure  func(*service.DispatcherConfig) // any other setting, applied last
 }
 
@@ -107,8 +107,8 @@ func (e *env) dispatcher(c dcfg) *dispatcher {
 	}
 	cfg := service.DispatcherConfig{
 		Worker: c.worker, Routes: routes, Lease: c.lease, CallTimeout: c.timeout,
-		Backoff:     delivery.Backoff{Base: c.backoff, Max: 10 * c.backoff},
-		RateLimited: c.onRate, Paused: c.onPause,
+		Backoff:  delivery.Backoff{Base: c.backoff, Max: 10 * c.backoff},
+		Observer: testObserver{rateLimited: c.onRate, ratePaused: c.onPause},
 	}
 	if c.configure != nil {
 		c.configure(&cfg)
@@ -300,4 +300,52 @@ func (e *env) checkSeed(name string, taskID int64, fake *fakes.Channel) {
 		got.LateOutcomes = append(got.LateOutcomes, string(a.LateOutcome))
 	}
 	seedcase.Check(e.t, name, got)
+}
+
+// testObserver hands the dispatcher events a test watches to its funcs (nil: ignored). The funcs run
+// on the goroutine of the claim or finish.
+type testObserver struct {
+	service.NopObserver
+	rateLimited    func(channel string)
+	ratePaused     func(service.RatePauseEvent)
+	accountPaused  func(service.AccountPauseEvent)
+	accountResumed func(service.AccountResumeEvent)
+	finishRetried  func(service.FinishRetryEvent)
+	claimRecovered func(attempts int, err error)
+}
+
+func (o testObserver) RateLimited(channel string) {
+	if o.rateLimited != nil {
+		o.rateLimited(channel)
+	}
+}
+
+func (o testObserver) RatePaused(e service.RatePauseEvent) {
+	if o.ratePaused != nil {
+		o.ratePaused(e)
+	}
+}
+
+func (o testObserver) AccountPaused(e service.AccountPauseEvent) {
+	if o.accountPaused != nil {
+		o.accountPaused(e)
+	}
+}
+
+func (o testObserver) AccountResumed(e service.AccountResumeEvent) {
+	if o.accountResumed != nil {
+		o.accountResumed(e)
+	}
+}
+
+func (o testObserver) FinishRetried(e service.FinishRetryEvent) {
+	if o.finishRetried != nil {
+		o.finishRetried(e)
+	}
+}
+
+func (o testObserver) ClaimRecovered(attempts int, err error) {
+	if o.claimRecovered != nil {
+		o.claimRecovered(attempts, err)
+	}
 }

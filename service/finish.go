@@ -88,9 +88,7 @@ func (d *Dispatcher) finish(ctx context.Context, attempts []*Attempt, params dbg
 		if time.Until(deadline) < wait+minFinishTry {
 			return nil, fmt.Errorf("%w (sent %d times; no time left before the lease runs out)", err, try+1)
 		}
-		if d.cfg.FinishRetried != nil {
-			d.cfg.FinishRetried(len(attempts), try, err)
-		}
+		d.cfg.Observer.FinishRetried(FinishRetryEvent{Attempts: len(attempts), Try: try, Err: err})
 		time.Sleep(wait)
 		rows, err = d.finishTry(ctx, params, deadline)
 	}

@@ -22,7 +22,7 @@ func TestFinishMeetingAReadOnlyServerReconnects(t *testing.T) {
 	ctx, local := s.ctx, s.local
 	var retried int
 	d := s.dispatcher(t, "worker", service.DispatcherConfig{Worker: "w1", Lease: 5 * time.Second,
-		DBTimeout: 2 * time.Second, FinishRetried: func(_, _ int, _ error) { retried++ }})
+		DBTimeout: 2 * time.Second, Observer: testObserver{finishRetried: func(service.FinishRetryEvent) { retried++ }}})
 	attempts, _, err := d.ClaimBatch(ctx, 10)
 	is.NoErr(err)
 	is.Equal(len(attempts), 1)

@@ -101,7 +101,7 @@ func TestFinishRetriesOnlyWhileTheLeaseLeavesTime(t *testing.T) {
 	var retries []int
 	d := e.dispatcher(dcfg{lease: 2 * time.Second, timeout: 500 * time.Millisecond,
 		configure: func(c *service.DispatcherConfig) {
-			c.FinishRetried = func(_, try int, _ error) { retries = append(retries, try) }
+			c.Observer = testObserver{finishRetried: func(r service.FinishRetryEvent) { retries = append(retries, r.Try) }}
 		}})
 	attempts, _, err := d.ClaimBatch(e.ctx, 10)
 	is.NoErr(err)

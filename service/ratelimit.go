@@ -158,9 +158,7 @@ func (d *Dispatcher) rateLimited(channel string, seen *map[string]bool) {
 		*seen = map[string]bool{}
 	}
 	(*seen)[channel] = true
-	if d.cfg.RateLimited != nil {
-		d.cfg.RateLimited(channel)
-	}
+	d.cfg.Observer.RateLimited(channel)
 }
 
 // pauseThrottled pauses, for every worker, each limited channel that answered 429 (THROTTLED) in this
@@ -198,8 +196,6 @@ func (d *Dispatcher) pauseThrottled(ctx context.Context, attempts []*Attempt, ob
 		if err != nil {
 			err = fmt.Errorf("pause the rate limit of %s: %w", ch, err)
 		}
-		if d.cfg.Paused != nil {
-			d.cfg.Paused(ch, pauses[ch], err)
-		}
+		d.cfg.Observer.RatePaused(RatePauseEvent{Channel: ch, Pause: pauses[ch], Err: err})
 	}
 }

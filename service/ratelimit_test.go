@@ -420,10 +420,10 @@ func TestRateLimit429PausesEveryWorker(t *testing.T) {
 	var mu sync.Mutex
 	var pauses []pause
 	limits := map[string]delivery.RateLimit{"push": {PerSecond: 100, Burst: 100}} // sms: no limit
-	a := e.dispatcher(dcfg{worker: "w-a", rateLimits: limits, onPause: func(ch string, d time.Duration, err error) {
+	a := e.dispatcher(dcfg{worker: "w-a", rateLimits: limits, onPause: func(p service.RatePauseEvent) {
 		mu.Lock()
 		defer mu.Unlock()
-		pauses = append(pauses, pause{ch, d, err})
+		pauses = append(pauses, pause{p.Channel, p.Pause, p.Err})
 	}})
 	b := e.dispatcher(dcfg{worker: "w-b", rateLimits: limits})
 
@@ -491,9 +491,9 @@ func TestRateLimitPauseTakesTheLongestRetryAfter(t *testing.T) {
 	e.dueTasks(4)
 	var pauses []time.Duration
 	d := e.dispatcher(dcfg{rateLimits: map[string]delivery.RateLimit{"push": {PerSecond: 100, Burst: 100}},
-		onPause: func(ch string, pause time.Duration, err error) {
-			is.NoErr(err)
-			pauses = append(pauses, pause)
+		onPause: func(p service.RatePauseEvent) {
+			is.NoErr(p.Err)
+			pauses = append(pauses, p.Pause)
 		}})
 	attempts, _, err := d.ClaimBatch(e.ctx, 4)
 	is.NoErr(err)

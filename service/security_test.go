@@ -400,7 +400,7 @@ func TestRateLimitRoles(t *testing.T) {
 	d, err := service.NewDispatcher(e.ctx, worker, service.DispatcherConfig{Worker: "w-rate",
 		Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: client,
 			RateLimit: delivery.RateLimit{PerSecond: delivery.MaxRate, Burst: 2}}},
-		Paused: func(_ string, _ time.Duration, err error) { paused = append(paused, err) }})
+		Observer: testObserver{ratePaused: func(p service.RatePauseEvent) { paused = append(paused, p.Err) }}})
 	is.NoErr(err)                 // NewDispatcher: RateLimitConfigure (insert) and RateLimitList as the worker
 	is.Equal(len(d.Buckets()), 1) // its bucket
 	buckets, err := d.ConfigureRateLimits(e.ctx)

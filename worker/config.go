@@ -33,13 +33,6 @@ const (
 	MaxFinishersLimit = 64
 )
 
-// Hooks let a caller time the loop's database work (the bench does). Each runs on the loop's own
-// goroutine: keep it short.
-type Hooks struct {
-	Claimed  func(took time.Duration, tasks int, err error) // after each claim (tasks: attempts and settled)
-	Finished func(took time.Duration, tasks int, err error) // after each finish (tasks: answers recorded)
-}
-
 // Config of a worker loop. Zero fields take the defaults above.
 type Config struct {
 	// MaxInFlight bounds the calls in flight: the window. Each call has its own lease; answers waiting
@@ -65,8 +58,9 @@ type Config struct {
 	// which after a failover finds the new primary (with target_session_attrs=read-write).
 	ReadOnlyGrace time.Duration
 	Logger        *slog.Logger
-	OnResult      func(service.Result)
-	Hooks         Hooks
+	// Observer is told of each claim, call, finish and result, on the loop's goroutine, one at a time
+	// (nil: service.NopObserver).
+	Observer service.Observer
 }
 
 // WithDefaults returns c with its zero fields set.
@@ -89,6 +83,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Observer == nil {
+		c.Observer = service.NopObserver{}
 	}
 	c.Batch = min(c.Batch, c.MaxInFlight, service.MaxBatch)
 	return c

@@ -54,12 +54,11 @@ func TestStreamingFinishesSurviveTerminatedConnections(t *testing.T) {
 	t.Cleanup(workerPool.Close)
 	client, err := httpchannel.New(none.URL(), httpchannel.Options{})
 	is.NoErr(err)
-	var retried, recovered atomic.Int64
+	counts := &lostCommitCounts{}
 	d, err := service.NewDispatcher(t.Context(), workerPool, service.DispatcherConfig{
 		Worker: "w-under-fire", Routes: map[string]delivery.Route{"none": {Mode: delivery.ModeNone, Client: client}},
 		Lease: 10 * time.Second, CallTimeout: time.Second, Backoff: delivery.Backoff{Base: 50 * time.Millisecond},
-		FinishRetried:  func(int, int, error) { retried.Add(1) },
-		ClaimRecovered: func(int, error) { recovered.Add(1) },
+		Observer: counts,
 	})
 	is.NoErr(err)
 	runCtx, stop := context.WithCancel(ctx)
@@ -129,9 +128,18 @@ func TestStreamingFinishesSurviveTerminatedConnections(t *testing.T) {
 	}
 	is.NoErr(rows.Err())
 	t.Logf("%d connections terminated in %d rounds, %d finishes sent again, %d claims recovered: %d SENT, %d parked (no call made: a claim's commit lost unseen)",
-		terminated.Load(), rounds.Load(), retried.Load(), recovered.Load(), sent, parked)
+		terminated.Load(), rounds.Load(), counts.retried.Load(), counts.recovered.Load(), sent, parked)
 	is.Equal(sent+parked, tasks)
-	is.Equal(parkedCalled, 0)    // no task whose call was answered waits for a human
-	is.True(rounds.Load() >= 5)  // the connections were terminated again and again
-	is.True(retried.Load() >= 1) // and finishes were lost, and sent again
+	is.Equal(parkedCalled, 0)           // no task whose call was answered waits for a human
+	is.True(rounds.Load() >= 5)         // the connections were terminated again and again
+	is.True(counts.retried.Load() >= 1) // and finishes were lost, and sent again
 }
+
+// lostCommitCounts counts the finishes sent again and the claims recovered, from any goroutine.
+type lostCommitCounts struct {
+	service.NopObserver
+	retried, recovered atomic.Int64
+}
+
+func (c *lostCommitCounts) FinishRetried(service.FinishRetryEvent) { c.retried.Add(1) }
+func (c *lostCommitCounts) ClaimRecovered(int, error)              { c.recovered.Add(1) }

@@ -106,6 +106,7 @@ func (s *stream) run(ctx context.Context) error {
 			done = nil // stop claiming; drain what is held
 			w.stopping = true
 		case a := <-s.answers:
+			s.cfg.Observer.Called(service.CallEvent{Attempt: a.attempt, Observation: a.obs, Took: a.took})
 			w.answered(a, time.Now())
 		case c := <-s.claims:
 			finishFailed := false
@@ -117,9 +118,7 @@ func (s *stream) run(ctx context.Context) error {
 					s.stoppingForPooler(c.finish.err)
 				}
 			}
-			if s.cfg.Hooks.Claimed != nil {
-				s.cfg.Hooks.Claimed(c.took, len(c.attempts)+len(c.settled), c.err)
-			}
+			s.cfg.Observer.Claimed(service.ClaimEvent{Took: c.took, Tasks: len(c.attempts) + len(c.settled), Err: c.err})
 			switch w.claimed(len(c.attempts), len(c.settled), c.err, finishFailed, ctx.Err() != nil, time.Now()) {
 			case claimReadOnly:
 				s.health.failed(c.err)
@@ -132,7 +131,7 @@ func (s *stream) run(ctx context.Context) error {
 			case claimOK:
 				s.health.ok()
 				logSettled(s.cfg.Logger, c.settled)
-				s.report(c.settled)
+				report(s.cfg.Observer, c.settled)
 				for _, a := range c.attempts {
 					s.startCall(ctx, a)
 				}
@@ -160,10 +159,7 @@ func (s *stream) stoppingForPooler(err error) {
 func (s *stream) startCall(ctx context.Context, a *service.Attempt) {
 	logClaimed(s.cfg.Logger, a)
 	go func() {
-		started := time.Now()
-		obs := s.d.Call(ctx, a)
-		took := time.Since(started)
-		logCalled(s.cfg.Logger, a, obs, took)
+		obs, took := timedCall(ctx, s.d, a, s.cfg.Logger)
 		s.answers <- answer{attempt: a, obs: obs, took: took}
 	}()
 }
@@ -194,28 +190,14 @@ func (s *stream) finishThenClaim(ctx context.Context, group []answer, limit int)
 
 // recorded logs and reports a finish (one that failed: once, as the database failing).
 func (s *stream) recorded(f finishDone) {
-	if s.cfg.Hooks.Finished != nil {
-		s.cfg.Hooks.Finished(f.took, len(f.answers), f.err)
-	}
+	s.cfg.Observer.Finished(service.FinishEvent{Took: f.took, Tasks: len(f.answers), Err: f.err})
 	if f.err != nil {
 		logFinishFailed(s.cfg.Logger, len(f.answers), f.err)
 		s.health.failed(f.err)
 		return
 	}
-	elapsed := make([]time.Duration, len(f.answers))
-	for i, a := range f.answers {
-		elapsed[i] = a.took
-	}
-	s.report(logFinished(s.cfg.Logger, f.results, elapsed))
-}
-
-func (s *stream) report(results []service.Result) {
-	if s.cfg.OnResult == nil {
-		return
-	}
-	for _, res := range results {
-		s.cfg.OnResult(res)
-	}
+	logFinished(s.cfg.Logger, f.results)
+	report(s.cfg.Observer, f.results)
 }
 
 func split(group []answer) ([]*service.Attempt, []delivery.Observation) {

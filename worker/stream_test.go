@@ -37,6 +37,7 @@ type memDispatcher struct {
 	maxHeld     int
 	calledAfter []bool // per claim: was it made after the stop?
 	stopped     bool
+	settled     []service.Result // what the first claim settles without a call
 }
 
 func newMem(tasks int, answer func(a *service.Attempt) delivery.Observation) *memDispatcher {
@@ -63,7 +64,9 @@ func (m *memDispatcher) ClaimBatch(ctx context.Context, limit int) ([]*service.A
 	m.due = m.due[n:]
 	m.held += n
 	m.maxHeld = max(m.maxHeld, m.held)
-	return out, nil, nil
+	settled := m.settled
+	m.settled = nil
+	return out, settled, nil
 }
 
 func (m *memDispatcher) Call(_ context.Context, a *service.Attempt) delivery.Observation {

@@ -231,13 +231,15 @@ func TestConfigWithDefaults(t *testing.T) {
 	is.Equal(d.MaxBackoff, DefaultMaxBackoff)
 	is.Equal(d.ReadOnlyGrace, DefaultReadOnlyGrace)
 	is.True(d.Logger != nil)
+	is.Equal(d.Observer, service.Observer(service.NopObserver{})) // reports to no one
 
 	n := Config{MaxInFlight: -1, Batch: -1, FinishBatch: -1, Finishers: -1, Poll: -1, FinishDelay: -1, MaxBackoff: -1, ReadOnlyGrace: -1}.WithDefaults()
 	is.Equal(n, Config{MaxInFlight: DefaultMaxInFlight, Batch: DefaultBatch, FinishBatch: DefaultFinishBatch, Finishers: DefaultFinishers,
-		Poll: DefaultPoll, FinishDelay: DefaultFinishDelay, MaxBackoff: DefaultMaxBackoff, ReadOnlyGrace: DefaultReadOnlyGrace, Logger: n.Logger})
+		Poll: DefaultPoll, FinishDelay: DefaultFinishDelay, MaxBackoff: DefaultMaxBackoff, ReadOnlyGrace: DefaultReadOnlyGrace, Logger: n.Logger,
+		Observer: service.NopObserver{}})
 
 	set := Config{MaxInFlight: 10, Batch: 4, FinishBatch: 3, Finishers: 2, Poll: time.Nanosecond, FinishDelay: time.Nanosecond,
-		MaxBackoff: time.Nanosecond, ReadOnlyGrace: time.Nanosecond, Logger: quiet}
+		MaxBackoff: time.Nanosecond, ReadOnlyGrace: time.Nanosecond, Logger: quiet, Observer: newRecorder()}
 	is.Equal(set.WithDefaults(), set) // the smallest settings are kept, not taken for unset
 
 	is.Equal(Config{MaxInFlight: 3, Batch: 64}.WithDefaults().Batch, 3)                           // a claim never exceeds the window

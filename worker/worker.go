@@ -14,11 +14,15 @@ import (
 	"github.com/notifierhq/notifier/service/delivery"
 )
 
-// RunOnce performs one cycle on one task and logs its events: CLAIMED, CALLED and RESULT. It claims
-// one task in one transaction, calls its channel, and records the answer in one finish transaction.
-func RunOnce(ctx context.Context, d Dispatcher, log *slog.Logger) (service.Result, error) {
+// RunOnce performs one cycle on one task, logs its events (CLAIMED, CALLED and RESULT) and reports its
+// call and result to obs (nil: none). It claims one task in one transaction, calls its channel, and
+// records the answer in one finish transaction.
+func RunOnce(ctx context.Context, d Dispatcher, log *slog.Logger, obs service.Observer) (service.Result, error) {
 	if log == nil {
 		log = slog.Default()
+	}
+	if obs == nil {
+		obs = service.NopObserver{}
 	}
 	attempts, settled, err := d.ClaimBatch(ctx, 1)
 	if err != nil {
@@ -27,23 +31,23 @@ func RunOnce(ctx context.Context, d Dispatcher, log *slog.Logger) (service.Resul
 	logSettled(log, settled)
 	results := settled
 	if len(attempts) > 0 { // a claim of one: one attempt, called here
-		obs := make([]delivery.Observation, len(attempts))
-		elapsed := make([]time.Duration, len(attempts))
+		answers := make([]delivery.Observation, len(attempts))
 		for i, a := range attempts {
 			logClaimed(log, a)
-			started := time.Now()
-			obs[i] = d.Call(ctx, a)
-			elapsed[i] = time.Since(started)
-			logCalled(log, a, obs[i], elapsed[i])
+			var took time.Duration
+			answers[i], took = timedCall(ctx, d, a, log)
+			obs.Called(service.CallEvent{Attempt: a, Observation: answers[i], Took: took})
 		}
-		finished, ferr := d.FinishBatch(ctx, attempts, obs)
+		finished, ferr := d.FinishBatch(ctx, attempts, answers)
 		if ferr != nil {
 			logFinishFailed(log, len(attempts), ferr)
 			err = ferr
 		} else {
-			results = append(settled, logFinished(log, finished, elapsed)...)
+			logFinished(log, finished)
+			results = append(settled, finished...)
 		}
 	}
+	report(obs, results)
 	if len(results) == 0 {
 		return service.Result{Kind: service.ResultNothing}, err
 	}
@@ -54,6 +58,27 @@ func RunOnce(ctx context.Context, d Dispatcher, log *slog.Logger) (service.Resul
 		err = fmt.Errorf("claim: task %d set aside until the longest backoff has passed: %w", results[0].TaskID, results[0].Err)
 	}
 	return results[0], err
+}
+
+// timedCall calls the attempt's channel and logs CALLED: the one place a call is timed, for the log
+// and the Observer.
+func timedCall(ctx context.Context, d Dispatcher, a *service.Attempt, log *slog.Logger) (delivery.Observation, time.Duration) {
+	started := time.Now()
+	answer := d.Call(ctx, a)
+	took := time.Since(started)
+	logCalled(log, a, answer, took)
+	return answer, took
+}
+
+// report hands each result to obs: a set-aside task as SetAside, any other as Completed.
+func report(obs service.Observer, results []service.Result) {
+	for _, res := range results {
+		if res.Kind == service.ResultSetAside {
+			obs.SetAside(res)
+			continue
+		}
+		obs.Completed(res)
+	}
 }
 
 // logClaimed logs CLAIMED for an attempt, before its call.
@@ -80,11 +105,9 @@ func logSettled(log *slog.Logger, settled []service.Result) {
 	}
 }
 
-// logFinished logs RESULT per finished task and sets the results' call durations.
-func logFinished(log *slog.Logger, results []service.Result, elapsed []time.Duration) []service.Result {
-	for i, res := range results {
-		res.CallDuration = elapsed[i]
-		results[i] = res
+// logFinished logs RESULT per finished task.
+func logFinished(log *slog.Logger, results []service.Result) {
+	for _, res := range results {
 		if res.Kind == service.ResultUnrecorded {
 			log.Error("finish failed for this task; it will be recovered after its lease", "task", res.TaskID,
 				"attempt", res.Attempt, "outcome", res.Outcome, "token", prefix(res.Token), "error", res.Detail)
@@ -98,7 +121,6 @@ func logFinished(log *slog.Logger, results []service.Result, elapsed []time.Dura
 		log.Info("RESULT", "result", res.Kind, "task", res.TaskID, "attempt", res.Attempt, "action", res.Action,
 			"outcome", res.Outcome, "token", prefix(res.Token))
 	}
-	return results
 }
 
 func logFinishFailed(log *slog.Logger, tasks int, err error) {

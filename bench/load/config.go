@@ -1,8 +1,8 @@
 // Package load is the end-to-end load bench: it creates events through service.Notifier and delivers
 // them with the product's own worker loop (worker.Run), one or more loops, each with its own
 // dispatcher, channel clients and connection pool, against the in-process fake channels answering by
-// a latency model (bench/latency); it times the loop through worker.Hooks and counts its results
-// through worker.Config.OnResult, compares the per-task cycle with pgbench (bench/pgbench), measures
+// a latency model (bench/latency); it times the loop and counts its results through the loop's
+// service.Observer (worker.Config.Observer), compares the per-task cycle with pgbench (bench/pgbench), measures
 // the claim against a large finished history, and checks that every event was delivered exactly once.
 //
 // It writes load data: run it on a throwaway database.
@@ -53,7 +53,7 @@ const (
 	maxFinishers = worker.MaxFinishersLimit
 )
 
-// loop is the worker.Config of each loop (Logger, OnResult and Hooks are set per phase).
+// loop is the worker.Config of each loop (Logger and Observer are set per phase).
 func (c Config) loop() worker.Config {
 	return worker.Config{MaxInFlight: c.MaxInFlight, Batch: c.Batch, Finishers: c.Finishers, FinishDelay: c.FinishDelay}.WithDefaults()
 }

@@ -14,8 +14,8 @@ import (
 	"github.com/notifierhq/notifier/worker"
 )
 
-// loopStats is what one worker loop did in a phase. Its hooks and OnResult run on the loop's own
-// goroutine, one at a time, so it needs no lock; it is read after the loop returned.
+// loopStats is what one worker loop did in a phase. Its loopObserver runs on the loop's own
+// goroutine, one event at a time, so it needs no lock; it is read after the loop returned.
 type loopStats struct {
 	sent        int
 	other       map[string]int // results other than SENT: retries (PENDING), UNKNOWN, STALE, ...
@@ -26,7 +26,7 @@ type loopStats struct {
 	answers     int             // answers the finishes recorded
 	claimLat    []time.Duration // claims that brought tasks, alone or behind a finish (each timed alone)
 	finishLat   []time.Duration
-	callLat     []time.Duration // each recorded call, from the worker's own timing (Result.CallDuration)
+	callLat     []time.Duration // each call, as the worker timed it (service.CallEvent)
 }
 
 // deliverStats is what a deliver phase did, all loops together.
@@ -83,33 +83,12 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 		per[i] = st
 		cfg := shape
 		cfg.Logger = b.log.With("worker", l.name)
-		cfg.OnResult = func(r service.Result) {
-			st.result(r)
-			if terminal(r.Kind) {
-				bar.Add(1)
-				if settled.Add(1) == int64(target) {
-					reachOnce.Do(func() { close(reached) })
-				}
+		cfg.Observer = loopObserver{st: st, name: l.name, fail: fail, settled: func() {
+			bar.Add(1)
+			if settled.Add(1) == int64(target) {
+				reachOnce.Do(func() { close(reached) })
 			}
-		}
-		cfg.Hooks = worker.Hooks{
-			Claimed: func(took time.Duration, tasks int, err error) {
-				if err != nil {
-					fail(fmt.Errorf("%s: claim: %w", l.name, err))
-					return
-				}
-				st.claimed(took, tasks)
-			},
-			Finished: func(took time.Duration, tasks int, err error) {
-				if err != nil {
-					fail(fmt.Errorf("%s: finish: %w", l.name, err))
-					return
-				}
-				st.finishes++
-				st.answers += tasks
-				st.finishLat = append(st.finishLat, took)
-			},
-		}
+		}}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -139,25 +118,59 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 	return st, nil
 }
 
+// loopObserver is one loop's service.Observer in a phase: it times the loop's claims, calls and
+// finishes into st, counts its results, calls settled for each task settled for good, and fails the
+// phase with a claim's or finish's error.
+type loopObserver struct {
+	service.NopObserver
+	st      *loopStats
+	name    string
+	fail    func(error)
+	settled func()
+}
+
+func (o loopObserver) Claimed(e service.ClaimEvent) {
+	if e.Err != nil {
+		o.fail(fmt.Errorf("%s: claim: %w", o.name, e.Err))
+		return
+	}
+	if e.Tasks == 0 {
+		o.st.emptyClaims++
+		return
+	}
+	o.st.claims++
+	o.st.claimTasks += e.Tasks
+	o.st.claimLat = append(o.st.claimLat, e.Took)
+}
+
+func (o loopObserver) Called(e service.CallEvent) { o.st.callLat = append(o.st.callLat, e.Took) }
+
+func (o loopObserver) Finished(e service.FinishEvent) {
+	if e.Err != nil {
+		o.fail(fmt.Errorf("%s: finish: %w", o.name, e.Err))
+		return
+	}
+	o.st.finishes++
+	o.st.answers += e.Tasks
+	o.st.finishLat = append(o.st.finishLat, e.Took)
+}
+
+func (o loopObserver) Completed(r service.Result) {
+	o.st.result(r)
+	if terminal(r.Kind) {
+		o.settled()
+	}
+}
+
+// SetAside counts the task among the other results; it is not settled.
+func (o loopObserver) SetAside(r service.Result) { o.st.result(r) }
+
 func (st *loopStats) result(r service.Result) {
 	if r.Kind == service.ResultSent {
 		st.sent++
 	} else {
 		st.other[string(r.Kind)]++
 	}
-	if r.CallDuration > 0 {
-		st.callLat = append(st.callLat, r.CallDuration)
-	}
-}
-
-func (st *loopStats) claimed(took time.Duration, tasks int) {
-	if tasks == 0 {
-		st.emptyClaims++
-		return
-	}
-	st.claims++
-	st.claimTasks += tasks
-	st.claimLat = append(st.claimLat, took)
 }
 
 func (st *loopStats) add(o *loopStats) {
