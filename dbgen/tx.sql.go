@@ -14,7 +14,7 @@ const TxBegin = `-- name: TxBegin :exec
 BEGIN ISOLATION LEVEL READ COMMITTED
 `
 
-// Transaction control of the claim transaction (service/claim.go). The worker never spends a round
+// Transaction control of the claim transaction (service/pipelinetx.go). The worker never spends a round
 // trip on BEGIN or COMMIT alone: BEGIN travels in one pipeline with TaskClaim, COMMIT in one pipeline with
 // TaskStartAttempts (or alone when nothing was started). In a pipeline the server skips every message
 // after a failed one up to the pipeline's end, so a COMMIT queued behind a failed statement never runs:

@@ -23,7 +23,7 @@ func TestClaimTxWritesNothingWhenTheStatementBeforeCommitFails(t *testing.T) {
 	is := is.New(t)
 	ctx, n, pool, tasks := twoTasks(t)
 
-	err := inClaimTx(ctx, pool, func(q *dbgen.Queries, tx *claimTx) error {
+	err := inPipelineTx(ctx, pool, func(q *dbgen.Queries, tx *pipelineTx) error {
 		rows, err := claimChannels(ctx, q, 2, "push", "sms")
 		is.NoErr(err)          // claim
 		is.Equal(len(rows), 2) // both tasks are locked
@@ -52,7 +52,7 @@ func TestClaimTxWritesNothingWhenTheStatementBeforeCommitFails(t *testing.T) {
 	}
 
 	// The locks went with the transaction: the next claim (on whatever connection) takes the task.
-	err = inClaimTx(ctx, pool, func(q *dbgen.Queries, tx *claimTx) error {
+	err = inPipelineTx(ctx, pool, func(q *dbgen.Queries, tx *pipelineTx) error {
 		rows, err := claimChannels(ctx, q, 2, "push", "sms")
 		is.NoErr(err)          // claim again
 		is.Equal(len(rows), 2) // both tasks are free
@@ -105,7 +105,7 @@ func TestSettleGuardsOnTheRowsState(t *testing.T) {
 		{Kind: delivery.ClaimPark, Uncertain: true, Reason: "parked by mistake"},
 		{Kind: delivery.ClaimSettle, State: delivery.StateSuppressed, Outcome: delivery.OutcomePrefDisabled, Reason: "suppressed by mistake"},
 	} {
-		err = inClaimTx(ctx, pool, func(q *dbgen.Queries, tx *claimTx) error {
+		err = inPipelineTx(ctx, pool, func(q *dbgen.Queries, tx *pipelineTx) error {
 			_, err := d.settle(ctx, q, dbgen.TaskClaimRow{ID: held.TaskID, Channel: "push"}, dec)
 			return err
 		})

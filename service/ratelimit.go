@@ -110,10 +110,10 @@ func (d *Dispatcher) peekTokens(ctx context.Context, q *dbgen.Queries) (map[stri
 // none: the claim leaves those tasks as they are, due again at once. Rows settled or parked at claim
 // time need no token.
 func (d *Dispatcher) takeTokens(ctx context.Context, q *dbgen.Queries, rows []dbgen.TaskClaimRow,
-	decisions map[int64]delivery.ClaimDecision, allowance map[string]int, throttled *map[string]bool) ([]dbgen.TaskClaimRow, error) {
+	decisions map[int64]delivery.ClaimDecision, run *claimRun) ([]dbgen.TaskClaimRow, error) {
 	calls := map[string]int32{}
 	for _, row := range rows {
-		if _, limited := allowance[row.Channel]; limited && decisions[row.ID].Kind == delivery.ClaimCall {
+		if _, limited := run.allowance[row.Channel]; limited && decisions[row.ID].Kind == delivery.ClaimCall {
 			calls[row.Channel]++
 		}
 	}
@@ -138,7 +138,7 @@ func (d *Dispatcher) takeTokens(ctx context.Context, q *dbgen.Queries, rows []db
 		n, limited := left[row.Channel] // a bucket deleted since the peek: no limit
 		if limited && decisions[row.ID].Kind == delivery.ClaimCall {
 			if n == 0 {
-				d.rateLimited(row.Channel, throttled)
+				d.rateLimited(run, row.Channel)
 				continue
 			}
 			left[row.Channel] = n - 1
@@ -146,19 +146,6 @@ func (d *Dispatcher) takeTokens(ctx context.Context, q *dbgen.Queries, rows []db
 		kept = append(kept, row)
 	}
 	return kept, nil
-}
-
-// rateLimited reports, once per claim and channel, that the channel's bucket held the claim back. It
-// makes *seen on first use: most claims are held back by no bucket.
-func (d *Dispatcher) rateLimited(channel string, seen *map[string]bool) {
-	if (*seen)[channel] {
-		return
-	}
-	if *seen == nil {
-		*seen = map[string]bool{}
-	}
-	(*seen)[channel] = true
-	d.cfg.Observer.RateLimited(channel)
 }
 
 // pauseThrottled pauses, for every worker, each limited channel that answered 429 (THROTTLED) in this
