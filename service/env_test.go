@@ -4,6 +4,8 @@ import (
 	"context"
 	"os"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,6 +34,7 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
+	runParallel(t)
 	e := &env{t: t, ctx: context.Background(), pool: pgtest.NewDB(t)}
 	cfg, err := pgxpool.ParseConfig(e.pool.Config().ConnString())
 	if err != nil {
@@ -347,5 +350,23 @@ func (o testObserver) FinishRetried(e service.FinishRetryEvent) {
 func (o testObserver) ClaimRecovered(attempts int, err error) {
 	if o.claimRecovered != nil {
 		o.claimRecovered(attempts, err)
+	}
+}
+
+// parallel remembers the tests runParallel made parallel: a test that builds a second env must not
+// call t.Parallel again.
+var parallel sync.Map
+
+// runParallel lets a top-level test that owns its database (every env has its own, from pgtest) run
+// beside the others: most of the package's time is tests waiting on leases, timeouts and fakes, not
+// the CPU. A subtest stays in its parent's order (its parent may clean up after it with defer), and
+// NOTIFIER_TEST_SERIAL=1 runs the tests one at a time, to tell a parallel-only failure apart.
+func runParallel(t testing.TB) {
+	tt, ok := t.(*testing.T)
+	if !ok || strings.Contains(tt.Name(), "/") || os.Getenv("NOTIFIER_TEST_SERIAL") == "1" {
+		return
+	}
+	if _, again := parallel.LoadOrStore(tt, true); !again {
+		tt.Parallel()
 	}
 }
