@@ -14,7 +14,7 @@ pgtmp := tools / "bin/pgtmp"
 default:
     @"{{ just_executable() }}" --justfile "{{ justfile() }}" --list --unsorted
 
-# Run the Go tests with the race detector (DB tests start their own throwaway PostgreSQL unless TEST_DATABASE_URL is set; the PgBouncer tests need Debian's pgbouncer and the console's browser tests Debian's chromium, installed here when root or sudo -n can, else skipped); the soak and the batched re-run are in test-long; args go to `go test`, e.g. `just test -run N1 ./service/`
+# Run the Go tests with the race detector (DB tests start their own throwaway PostgreSQL unless TEST_DATABASE_URL is set; the PgBouncer tests need Debian's pgbouncer and the console's browser tests Debian's chromium, installed here when root or sudo -n can, else skipped); the soak, the batched re-run and the failover harness's cluster tests are in test-long; args go to `go test`, e.g. `just test -run N1 ./service/`
 test *args:
     @sh internal/tools/install-debs pgbouncer || echo "just test: pgbouncer could not be installed: the tests through PgBouncer will skip" >&2
     @sh internal/tools/install-debs chromium || echo "just test: chromium could not be installed: the console's browser tests will skip" >&2
@@ -23,10 +23,11 @@ test *args:
     echo "go test -race -count=1 $*" >&2; \
     go test -race -count=1 "$@"
 
-# Run the long tests, which CI runs after test (docs/testing.md#how-the-tests-run): the protocol tests of service/ again with claims and finishes batched (NOTIFIER_TEST_BATCH=8), then the soak (40s of faults, -soak); args go to the soak's `go test`, e.g. `just test-long -soak.duration 5m -timeout 20m`
+# Run the long tests, which CI runs after test (docs/testing.md#how-the-tests-run): the protocol tests of service/ again with claims and finishes batched (NOTIFIER_TEST_BATCH=8), then the failover harness's cluster tests (internal/pgha, -pgha), then the soak (40s of faults, -soak); args go to the soak's `go test`, e.g. `just test-long -soak.duration 5m -timeout 20m`
 test-long *args:
     @echo "NOTIFIER_TEST_BATCH=8 go test -race -count=1 ./service/  (the protocol tests again, claims and finishes batched)" >&2
     NOTIFIER_TEST_BATCH=8 go test -race -count=1 ./service/
+    go test -race -count=1 ./internal/pgha/ -pgha
     go test -race -count=1 -run '^TestSoak$' ./cli/ -soak "$@"
 
 # Build the notifier binary into bin/notifier (go install ./cli/notifier puts it in GOBIN as notifier)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net/url"
 	"os"
@@ -20,10 +21,23 @@ import (
 	"github.com/notifierhq/notifier/internal/primary"
 )
 
+// harness runs the tests that start clusters: each takes 20-45 s, for the failover soak's harness,
+// not the product, so they run with the soak in just test-long (which passes -pgha), not in just test.
+var harness = flag.Bool("pgha", false, "run the tests that start pg_auto_failover clusters (just test-long does)")
+
+// needHarness skips t unless -pgha was given.
+func needHarness(t *testing.T) {
+	t.Helper()
+	if !*harness {
+		t.Skip("pgha: the cluster tests run with -pgha (sh internal/tools/just test-long)")
+	}
+}
+
 // start starts a cluster for t, closed at cleanup. Without pg_auto_failover installed the test is
 // skipped, unless PGHA_REQUIRE is set (CI installs it, and sets it so that a skip cannot hide).
 func start(t *testing.T, opts Options) *Cluster {
 	t.Helper()
+	needHarness(t)
 	opts.Logf = t.Logf
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -187,6 +201,7 @@ func TestParentDeathStopsCluster(t *testing.T) {
 	if os.Getenv("PGHA_HELPER") != "" {
 		return
 	}
+	needHarness(t)
 	if _, err := exec.LookPath("pg_autoctl"); err != nil && os.Getenv("PGHA_REQUIRE") == "" {
 		t.Skip(ErrNotInstalled)
 	}
