@@ -112,7 +112,7 @@ func TestFinishWaitingOnTakeoverRecordsLate(t *testing.T) {
 		}
 		finished <- res
 	}()
-	e.waitDB(`EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '-- name: TaskFinish %')`)
+	e.waitDB(`EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '-- name: TaskFinish %')`)
 	is.NoErr(tx.Commit(e.ctx)) // the takeover commits while the finish waits for the row
 
 	res := <-finished

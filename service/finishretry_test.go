@@ -152,9 +152,9 @@ func (e *env) finishWhileTerminated(d *dispatcher, attempts []*service.Attempt, 
 		}
 	}()
 	var pid int32
-	e.waitDB(`EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%recorded_before%')`)
+	e.waitDB(`EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%recorded_before%')`)
 	err = e.pool.QueryRow(e.ctx, `SELECT pid FROM pg_stat_activity
-		WHERE wait_event_type = 'Lock' AND query LIKE '%recorded_before%'`).Scan(&pid)
+		WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%recorded_before%'`).Scan(&pid)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -71,8 +71,8 @@ func (s *ownServer) dispatcher(t *testing.T, app string, cfg service.DispatcherC
 	return d
 }
 
-// terminateEachWaiting terminates, every 5 ms, the sessions that wait for a lock and match where (a
-// condition on pg_stat_activity), as a failover or a restart breaks connections, until stop is called;
+// terminateEachWaiting terminates, every 5 ms, the sessions of pool's database that wait for a lock
+// and match where (a condition on pg_stat_activity), as a failover or a restart breaks connections, until stop is called;
 // stop returns how many sessions it terminated. A session is counted once: pg_terminate_backend only
 // signals it, and on a loaded machine it may still wait there at the next look.
 func terminateEachWaiting(ctx context.Context, pool *pgxpool.Pool, where string) (stop func() int) {
@@ -91,8 +91,9 @@ func terminateEachWaiting(ctx context.Context, pool *pgxpool.Pool, where string)
 			}
 			var pid int32
 			var signalled bool
+			// Only this test's database: the package's tests run in parallel on one server.
 			err := pool.QueryRow(ctx, `SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND `+where).Scan(&pid, &signalled)
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND `+where).Scan(&pid, &signalled)
 			if err == nil && signalled {
 				terminated[pid] = true
 			}
