@@ -23,10 +23,10 @@ test *args:
     echo "go test -race -count=1 $*" >&2; \
     go test -race -count=1 "$@"
 
-# Run the long tests, which CI runs after test (docs/testing.md#how-the-tests-run): the protocol tests of service/ again with claims and finishes batched (NOTIFIER_TEST_BATCH=8), then the failover harness's cluster tests (internal/pgha, -pgha), then the soak (40s of faults, -soak); args go to the soak's `go test`, e.g. `just test-long -soak.duration 5m -timeout 20m`
+# Run the long tests, which CI runs after test (docs/testing.md#how-the-tests-run): the protocol tests of service/ again with claims and finishes batched (NOTIFIER_TEST_BATCH=8, and a million scheduled tasks ahead of the claim), then the failover harness's cluster tests (internal/pgha, -pgha), then the soak (40s of faults, -soak); args go to the soak's `go test`, e.g. `just test-long -soak.duration 5m -timeout 20m`
 test-long *args:
     @echo "NOTIFIER_TEST_BATCH=8 go test -race -count=1 ./service/  (the protocol tests again, claims and finishes batched)" >&2
-    NOTIFIER_TEST_BATCH=8 go test -race -count=1 ./service/
+    NOTIFIER_TEST_BATCH=8 go test -race -count=1 ./service/ -scheduled.tasks 1000000
     go test -race -count=1 ./internal/pgha/ -pgha
     go test -race -count=1 -run '^TestSoak$' ./cli/ -soak "$@"
 

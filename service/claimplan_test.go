@@ -8,6 +8,7 @@ package service_test
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -209,10 +210,12 @@ func TestClaimIgnoresOtherChannels(t *testing.T) {
 	}
 }
 
-// scheduledTasks is how many tasks wait for their send time in TestClaimPlanSkipsScheduledTasks.
-const scheduledTasks = 1_000_000
+// scheduledTasks is how many tasks wait for their send time in TestClaimPlanSkipsScheduledTasks:
+// 100,000 in just test, a million in just test-long (-scheduled.tasks 1000000), where seeding them
+// takes half a minute.
+var scheduledTasks = flag.Int("scheduled.tasks", 100_000, "tasks scheduled ahead in TestClaimPlanSkipsScheduledTasks")
 
-// A million tasks scheduled for later (create --send-at, schema/028) sit in delivery_task_ready_idx
+// A million tasks (100,000 in just test) scheduled for later (create --send-at, schema/028) sit in delivery_task_ready_idx
 // like any waiting task, on the claim's own channel and ahead of nothing: ordered by next_attempt_at,
 // they come after every due task, and the claim's range (next_attempt_at <= now()) stops before them.
 // The claim reads the few due tasks only, on the plan a worker runs (prepared, generic) and on a custom
@@ -239,7 +242,7 @@ func TestClaimPlanSkipsScheduledTasks(t *testing.T) {
 			RETURNING id, send_at
 		)
 		INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at)
-		SELECT n.id, 'push', 3, n.send_at FROM n`, scheduledTasks)
+		SELECT n.id, 'push', 3, n.send_at FROM n`, *scheduledTasks)
 	is.NoErr(err) // a million push tasks, due in an hour to a day
 	is.NoErr(tx.Commit(ctx))
 	for i := range 5 {
@@ -247,13 +250,13 @@ func TestClaimPlanSkipsScheduledTasks(t *testing.T) {
 	}
 	_, err = e.pool.Exec(ctx, `ANALYZE`)
 	is.NoErr(err)
-	t.Logf("seeded %d scheduled tasks in %s", scheduledTasks, time.Since(start).Round(time.Millisecond))
-	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE next_attempt_at > now()`), int64(scheduledTasks))
+	t.Logf("seeded %d scheduled tasks in %s", *scheduledTasks, time.Since(start).Round(time.Millisecond))
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task WHERE next_attempt_at > now()`), int64(*scheduledTasks))
 	start = time.Now()
 	st, err := e.n.Status(ctx)
 	is.NoErr(err)
-	is.Equal(st.Scheduled, int64(scheduledTasks)) // status counts them apart
-	t.Logf("status with %d scheduled tasks: %s", scheduledTasks, time.Since(start).Round(time.Millisecond))
+	is.Equal(st.Scheduled, int64(*scheduledTasks)) // status counts them apart
+	t.Logf("status with %d scheduled tasks: %s", *scheduledTasks, time.Since(start).Round(time.Millisecond))
 	sql, args := claimNamedQuery(t, filepath.Join("..", "queries", "delivery_task.sql"), "TaskClaim", claimArgs)
 	is.Equal(args, []any{"push", int64(10)}) // $1 the channel, $2 the limit
 
