@@ -241,27 +241,31 @@ func work(c *cli.Context, e *env) error {
 	})
 	n := service.NewNotifier(pool)
 	var (
-		standing service.ServerStanding
-		d        *service.Dispatcher
+		standing    service.ServerStanding
+		planWarning string
+		d           *service.Dispatcher
 	)
-	ctx, cancel := e.dbContext(c.Context)
-	if err == nil { // a standby would refuse every claim with SQLSTATE 25006, forever
-		standing, err = n.RequireWritable(ctx, "work")
-	}
-	if err == nil { // a role that may not claim would see no task under row-level security, forever
-		err = n.RequireRole(ctx, "work", service.RoleWorker)
-	}
-	var planWarning string
-	if err == nil { // behind a pooler the startup parameter may be dropped
-		planWarning, err = service.PlanCacheModeWarning(ctx, pool)
-	}
 	if err == nil {
-		err = service.CheckPoolShare(ctx, pool)
+		ctx, cancel := e.dbContext(c.Context)
+		err = runPreflight(ctx, []preflightCheck{
+			// A standby would refuse every claim with SQLSTATE 25006, forever.
+			{"writable server", func(ctx context.Context) (err error) { standing, err = n.RequireWritable(ctx, "work"); return err }},
+			// A role that may not claim would see no task under row-level security, forever.
+			{"worker role", func(ctx context.Context) error { return n.RequireRole(ctx, "work", service.RoleWorker) }},
+			// Behind a pooler the startup parameter may be dropped: a warning, not a refusal.
+			{"plan cache mode", func(ctx context.Context) (err error) {
+				planWarning, err = service.PlanCacheModeWarning(ctx, pool)
+				return err
+			}},
+			{"pool share", func(ctx context.Context) error { return service.CheckPoolShare(ctx, pool) }},
+			// Writes this worker's rate limits into their buckets.
+			{"rate limits", func(ctx context.Context) (err error) {
+				d, err = service.NewDispatcher(ctx, pool, cfg.dispatcher)
+				return err
+			}},
+		})
+		cancel()
 	}
-	if err == nil { // writes this worker's rate limits into their buckets
-		d, err = service.NewDispatcher(ctx, pool, cfg.dispatcher)
-	}
-	cancel()
 	if err != nil {
 		if c.Context.Err() != nil {
 			return nil // stopped before starting
@@ -311,6 +315,24 @@ func work(c *cli.Context, e *env) error {
 		return err
 	}
 	log.Info("worker stopped")
+	return nil
+}
+
+// preflightCheck is one thing work makes sure of, or sets up, before its first claim; name says which
+// in the error when it fails.
+type preflightCheck struct {
+	name string
+	run  func(ctx context.Context) error
+}
+
+// runPreflight runs checks in order, all bounded by ctx, and stops at the first that fails: its error,
+// which says what it found and how to fix it, after the check's name ("preflight worker role: ...").
+func runPreflight(ctx context.Context, checks []preflightCheck) error {
+	for _, c := range checks {
+		if err := c.run(ctx); err != nil {
+			return fmt.Errorf("preflight %s: %w", c.name, err)
+		}
+	}
 	return nil
 }
 
