@@ -19,29 +19,6 @@ import (
 	"github.com/notifierhq/notifier/service/httpkit"
 )
 
-const consoleDescription = `Serves a small web page for operators (docs/operations.md#web-console): the tasks a human must
-look at (notifier review) with their attempts and bodies, filtered by channel and state; a task page
-with Resolve SENT / Resolve FAILED and a required note, recorded under the signed-in operator's name
-through notifier_resolve() as notifier resolve does; and notifier status as a page. Needs the
-notifier_operator role.
-
-Sign-in, exactly one of:
-  --users-file FILE        bcrypt users, one "name:$2y$..." line each (htpasswd -B, or
-                           notifier console --hash-password < password)
-  --trust-header NAME      the user an authenticating proxy puts in header NAME (e.g. X-Forwarded-User),
-                           believed only from --trusted-proxy CIDRs (required with it); others get 403
-
-Without --tls-cert/--tls-key it serves plain HTTP on a loopback address only (a proxy on the same
-host terminates TLS), unless --insecure-listen. Cookies are Secure unless --insecure-listen without TLS.
-Runs until SIGTERM or SIGINT. One log line per resolve on stderr. With --metrics-addr it serves
-notifier_console_resolves_total{state,result}, notifier_console_sign_ins_total{result} and
-notifier_console_refused_total{reason} at http://ADDR/metrics.
-
-With --hash-password it reads a password from the first line of stdin, prints its bcrypt hash for the
-users file and exits (no database).
-
-` + exitCodesHelp
-
 func consoleCommand(e *env) *cli.Command {
 	return &cli.Command{
 		Name:  "console",
@@ -49,7 +26,7 @@ func consoleCommand(e *env) *cli.Command {
 		UsageText: "notifier console [--listen 127.0.0.1:8080] {--users-file FILE | --trust-header NAME --trusted-proxy CIDR...}\n" +
 			"   [--tls-cert FILE --tls-key FILE] [--insecure-listen] [--session-ttl 8h] [--metrics-addr ADDR]\n" +
 			"   notifier console --hash-password < password",
-		Description: consoleDescription,
+		Description: helpText("console"),
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8080", Usage: "address to serve on"},
 			&cli.StringFlag{Name: "users-file", Usage: "htpasswd-style file of bcrypt users (name:$2y$...)"},

@@ -22,49 +22,7 @@ func createCommand(e *env) *cli.Command {
 		UsageText: "notifier create --user U --event-key K --body B|- [--ttl 24h] [--max-attempts 3] [--channels push,sms | --fallback push,sms,email]\n" +
 			"     [--send-at 2026-12-24T09:00:00Z | --delay 90m]\n" +
 			"   notifier create --jsonl FILE|- [--batch-size 1000] [--ttl 24h] [--max-attempts 3]",
-		Description: `Submits one event for a user. The first submission of (user, event key) creates the
-notification and one delivery task per enabled channel preference; every later or concurrent
-submission returns the same notification, writes nothing and reports created=false. The first body
-wins. --body - reads the body from stdin (at most 64 KiB). An empty or blank body is refused
-(exit 2, nothing written): it is almost always a producer that failed upstream. --channels
-push,sms makes tasks only on those of the user's enabled channels (a name that is not a channel
-name: exit 2, nothing written); the output then names the channels that got no task because the
-user has no enabled preference there: "channels_without_preference":["sms"].
-
---send-at T (RFC 3339) or --delay D (a duration from now on the database clock, like --ttl) schedules
-the event: its tasks wait until then, and notifier status counts them as scheduled, not overdue. A
-send time already past is due at once. One or the other, not both; a send time at or after the
-expiry (--ttl from now) is refused (exit 2, nothing written). A duplicate submission changes
-nothing, whatever send time it carries; notifier show prints the send time.
-
---fallback push,sms,email is an ordered chain: a task on each of those channels the user has
-enabled, but only the first is called; the next is released only when the one before ends
-certainly not sent (FAILED or SUPPRESSED, or resolved FAILED by an operator). While one is SENDING,
-UNKNOWN or parked, nothing further is called; once one is SENT (or resolved SENT), the rest end
-SUPPRESSED with a SKIP attempt FALLBACK_NOT_NEEDED. The database releases the next task in the
-transaction that makes the one before final (docs/protocol.md#fallback). A channel named twice, or
---fallback with --channels: exit 2, nothing written.
-
-Prints one JSON object on stdout:
-  {"notification_id":1,"created":true,"tasks":[{"task_id":1,"channel":"push","ref":"..."}]}
-Exit code 0 both when the notification was created and when it already existed. ref is the task's
-reference as the channel sees it (random, never reused; the idempotency key is ntf-<ref>).
-
---jsonl FILE (or - for stdin) submits many events, one JSON object per line:
-  {"user":"u1","event_key":"order-1001-shipped","body":"Shipped","ttl":"36h","max_attempts":5,"channels":["push"]}
-ttl ("36h", or seconds), max_attempts, channels, fallback (a chain, as --fallback:
-"fallback":["push","sms"]) and send_at ("2026-12-24T09:00:00Z") are optional (default --ttl,
---max-attempts, every enabled channel, no chain, at once). Events
-go in batched transactions of --batch-size; one result line per input line, in input order, once its
-batch has committed: create's output plus "line":N, or {"line":N,"error":"..."} for a line refused
-(malformed JSON, a field missing or invalid, an unknown field, a line over 1 MiB). Blank lines are
-skipped. Dedupe holds within the file, across runs and against concurrent creates: exactly one
-submission of a (user, event key) reports created=true. A refused line costs only itself: the others
-go on, and the exit code is then 2. On a database failure it stops with exit 1, the results of the
-batches that committed printed; running the same file again is safe (created=false for those). It
-streams: memory stays bounded for any file size. Progress goes to stderr when stderr is a terminal.
-
-` + exitCodesHelp,
+		Description: helpText("create"),
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "user", Usage: "user id (required without --jsonl)"},
 			&cli.StringFlag{Name: "event-key", Usage: "the event's key, unique per user, e.g. order-1001-shipped (required without --jsonl)"},

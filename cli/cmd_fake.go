@@ -25,29 +25,10 @@ type fakeOutput struct {
 
 func fakeCommand(e *env) *cli.Command {
 	return &cli.Command{
-		Name:      "fake",
-		Usage:     "serve the fake push, sms and none channels for local runs and tests",
-		UsageText: "notifier fake [--listen 127.0.0.1:0] [--resend 127.0.0.1:17025] [--postmark 127.0.0.1:17026]",
-		Description: `Starts the three fake channels (push: idempotent, sms: queryable, none: neither), each on
-127.0.0.1 with a free port, and their control API on --listen:
-  POST /control/{push|sms|none}/script  {"ref":"task-1","target":"send"|"query","steps":[{"delay_ms":1200}]}
-  GET  /control/{push|sms|none}/counts, GET /control/counts
-A step is {"status":N,"retry_after":"S"} (answered before acceptance), or, after acceptance is
-recorded, any of "delay_ms", "hang", "malformed", "slow_body_ms", or "drop": true (close the
-connection without an answer).
-With --resend ADDR it also serves a fake of Resend's email API on ADDR (POST /emails, as
-docs/channels.md#resend describes), accepting the API key in the environment variable named by
---resend-key-env (RESEND_API_KEY): a channels file of kind "resend" with base_url "http://ADDR" runs
-against it. Likewise --postmark ADDR serves a fake of Postmark's API (POST /email, GET
-/messages/outbound, docs/channels.md#postmark), accepting the server token in the variable named by
---postmark-token-env (POSTMARK_SERVER_TOKEN).
-Needs no database.
-
-Prints one JSON line on stdout once everything listens, then serves until SIGTERM or SIGINT
-(exit 0):
-  {"push":"http://127.0.0.1:...","sms":"http://...","none":"http://...","control":"http://...","resend":"http://..."}
-
-` + exitCodesHelp,
+		Name:        "fake",
+		Usage:       "serve the fake push, sms and none channels for local runs and tests",
+		UsageText:   "notifier fake [--listen 127.0.0.1:0] [--resend 127.0.0.1:17025] [--postmark 127.0.0.1:17026]",
+		Description: helpText("fake"),
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:0", Usage: "address of the control API (port 0: a free port)"},
 			&cli.StringFlag{Name: "resend", Usage: "also serve the Resend fake on this address (host:port)"},

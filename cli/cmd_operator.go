@@ -160,28 +160,10 @@ Page with --after set to the last task_id printed.
 
 func statusCommand(e *env) *cli.Command {
 	return &cli.Command{
-		Name:      "status",
-		Usage:     "count tasks by channel and state; parked tasks; age of the oldest due task; paused channels; rate limits",
-		UsageText: "notifier status [--json]",
-		Description: `Prints a snapshot for operators: the number of tasks per channel and state (parked UNKNOWN
-tasks separately), the number of parked tasks, the number of FAILED or SUPPRESSED tasks that a late
-answer says were accepted (see notifier review, LATE_ACCEPTED), and how long the oldest due task has
-waited since it became due (a growing age means workers are missing or failing), how many tasks
-wait for their send time (scheduled: create --send-at or --delay; not due, so never overdue), every channel paused for an account
-state (the provider refused our credential or account; nothing on it is delivered until a probe
-succeeds): its cause, since when, the wait between probes and until the next one, and each channel's
-rate limit: its rate, burst, the calls it would let out now (tokens) and how much longer a 429 pauses
-it.
-
-Without --json: an aligned table for people. With --json: one JSON object for scripts:
-  {"counts":[{"channel":"push","state":"SENT","parked":false,"tasks":12}],"parked":0,
-   "late_accepted":0,"oldest_ready_seconds":0,"scheduled":0,
-   "receipts":[{"kind":"DELIVERED","effect":"SETTLED","receipts":3}],
-   "rate_limits":[{"channel":"push","rate_per_second":50,"burst":50,"tokens":12.5,"paused_seconds":0}],
-   "channel_pauses":[{"channel":"sms","cause":"401 code 20003: Authenticate","since":"2026-12-05T17:00:00Z",
-     "paused_seconds":600,"backoff_seconds":300,"next_probe_seconds":42.5}]}
-
-` + exitCodesHelp,
+		Name:        "status",
+		Usage:       "count tasks by channel and state; parked tasks; age of the oldest due task; paused channels; rate limits",
+		UsageText:   "notifier status [--json]",
+		Description: helpText("status"),
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print JSON instead of a table"},
 		},

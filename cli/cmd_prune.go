@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -17,32 +18,10 @@ type pruneOutput struct {
 
 func pruneCommand(e *env) *cli.Command {
 	return &cli.Command{
-		Name:      "prune",
-		Usage:     "delete finished history older than a retention period, in small batches",
-		UsageText: "notifier prune --older-than 720h [--batch 1000] [--pause 0s] [--dry-run]",
-		Description: fmt.Sprintf(`Deletes tasks in a final state (SENT, FAILED, SUPPRESSED) whose last change is older than
---older-than, all their attempts, and every notification older than that with no task left
-(including one that never had a task because the user had no channel enabled). Works in batches of
-at most --batch rows per table, each its own short transaction, pausing --pause between them, until
-nothing is left; workers keep claiming and finishing meanwhile. Safe to interrupt (the batches done
-stay done) and to run again.
-
-Never deleted: a PENDING, SENDING or UNKNOWN task (parked for review or not), any attempt of one,
-and a notification that still has any task. The database refuses it too (trigger
-delivery_attempt_retention_only).
-
-Once a notification is gone, the same (user, event key) submitted again creates a new notification
-and is delivered again: --older-than is also the shortest dedupe window. It must be at least %s.
-
-Runs as the tables' owner (the migration user): the roles notifier_creator, notifier_worker,
-notifier_operator and notifier_receiver may not DELETE.
-
-Prints one JSON object on stdout:
-  {"tasks":120000,"attempts":131000,"receipts":90000,"notifications":60000,"batches":181}
-batches counts the transactions that deleted something. With --dry-run nothing is deleted and the
-object says what would go ("dry_run":true; batches: how many batches the tasks would take).
-
-`, service.MinRetention) + exitCodesHelp,
+		Name:        "prune",
+		Usage:       "delete finished history older than a retention period, in small batches",
+		UsageText:   "notifier prune --older-than 720h [--batch 1000] [--pause 0s] [--dry-run]",
+		Description: strings.ReplaceAll(helpText("prune"), "{{min_retention}}", service.MinRetention.String()),
 		Flags: []cli.Flag{
 			&cli.DurationFlag{Name: "older-than", Usage: fmt.Sprintf("retention period, at least %s, e.g. 720h (required)", service.MinRetention)},
 			&cli.IntFlag{Name: "batch", Value: 1000, Usage: fmt.Sprintf("rows per table per transaction (1-%d)", service.MaxPruneBatch)},

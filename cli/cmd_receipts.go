@@ -21,60 +21,6 @@ import (
 	"github.com/notifierhq/notifier/service/webhook"
 )
 
-const receiptsDescription = `Receives providers' delivery callbacks and records them as receipts. A receipt is evidence that
-the provider had the message: a task whose outcome was unknown (parked or not), or that waits for a
-retry, becomes SENT with the receipt as its evidence (a RECEIPT attempt), and is never sent again. A
-task held by a worker is noted and settled as soon as its holder is done (by the next claim, or by this
-command's sweep every --sweep). A final state never moves: a receipt for a FAILED or SUPPRESSED task is
-kept and shown by notifier review (LATE_ACCEPTED). Every receipt is recorded once per provider event.
-
-Endpoints, each served only when its secret is given:
-  POST /receipts/standard-webhooks  Standard Webhooks: webhook-id, webhook-timestamp (within
-                                    --tolerance), webhook-signature v1 (HMAC-SHA256); body
-                                    {"type":"message.delivered","data":{"ref":"ntf-<ref>"}}, types
-                                    message.accepted, .sent, .delivered, .bounced (data.bounce hard or
-                                    soft), .complained, .undelivered; or data.provider_msg_id.
-                                    Also Resend's webhooks (Svix: svix-id, svix-timestamp,
-                                    svix-signature, the endpoint's whsec_ secret): email.sent,
-                                    .delivery_delayed, .delivered, .bounced (hard), .complained,
-                                    .failed, matched by the tag notifier_ref or data.email_id
-  POST /receipts/twilio             Twilio status callbacks (X-Twilio-Signature, computed over
-                                    --public-url + the path and query Twilio called); set the callback
-                                    URL to <public-url>/receipts/twilio?ref=ntf-<ref>, or match by
-                                    MessageSid (the provider message id the task stored)
-  POST /receipts/postmark           Postmark's Delivery, Bounce and SpamComplaint webhooks. Postmark signs
-                                    nothing: put basic-auth credentials into the webhook URL
-                                    (https://USER:PASSWORD@host/receipts/postmark; --postmark-user,
-                                    --postmark-password-env/-file) and/or give the webhook a secret header
-                                    (--postmark-header NAME, --postmark-header-value-env/-file); every one
-                                    configured must match. Matched by Metadata.notifier_ref or MessageID
-  POST /receipts/ses                Amazon SES events through an Amazon SNS topic's HTTPS subscription
-                                    (raw message delivery off), served with --ses-topic-arn (repeatable):
-                                    SNS's signature (SignatureVersion 1 or 2) by the certificate at
-                                    SigningCertURL, fetched only from https://sns.<region>.amazonaws.com
-                                    (within --sns-fetch-timeout, cached); a message of any other topic is
-                                    refused (403); a SubscriptionConfirmation of a configured topic is
-                                    confirmed by GETting its SubscribeURL. Send, DeliveryDelay: accepted;
-                                    Delivery; Bounce (bounceType Permanent: hard, Transient: soft);
-                                    Complaint; Reject. Matched by mail.tags.notifier_ref (service/ses
-                                    sets it) or mail.messageId
-  GET  /metrics                     notifier_receipts_total{source,result}, notifier_receipts_swept_total
-
-Answers: 200 {"result":"settled|noted|unchanged|contradicts|duplicate","task_id":N,"state":...}
-(SNS's confirmations: {"result":"subscription_confirmed|unsubscribed"});
-401 bad signature, stale timestamp or a SigningCertURL off SNS; 403 an SNS topic not configured;
-413 body over 64 KiB (1 MiB for SNS); 400 malformed body or unknown type; 503 SNS's certificate or
-confirmation could not be fetched (SNS retries); 404 no task matches; 409 a message id of two
-tasks; 500 the database failed (the provider retries).
-A refused callback writes nothing.
-
-Secrets come only from the environment or files (--webhook-secret-env/-file: "whsec_" + base64,
-several for a rotation; --twilio-token-env/-file; --postmark-password-env/-file,
---postmark-header-value-env/-file); SNS needs none (its signature is checked against Amazon's
-certificate). Runs until SIGTERM or SIGINT. Needs the notifier_receiver role.
-
-` + exitCodesHelp
-
 func receiptsCommand(e *env) *cli.Command {
 	return &cli.Command{
 		Name:  "receipts",
@@ -84,7 +30,7 @@ func receiptsCommand(e *env) *cli.Command {
 			"   --postmark-user U --postmark-password-env NAME | --postmark-header H --postmark-header-value-env NAME |\n" +
 			"   --ses-topic-arn ARN ...}\n" +
 			"   [--disable-on-bounce] [--sweep 5s] [--tolerance 5m]",
-		Description: receiptsDescription,
+		Description: helpText("receipts"),
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "listen", Usage: "address to serve on, e.g. 127.0.0.1:8088 (required)"},
 			&cli.StringSliceFlag{Name: "webhook-secret-env", Usage: "environment variable holding a Standard Webhooks secret (repeatable)"},

@@ -36,109 +36,6 @@ func leaseMargin(timeout time.Duration) time.Duration {
 	return max(2*time.Second, timeout/2)
 }
 
-const workDescription = `Runs delivery: claims due tasks of the given channels, calls each channel over HTTP outside any
-transaction, and records the outcome (SENT, retry later, or parked for a human when the outcome is
-unknown and the channel cannot be asked).
-
---channel NAME=MODE,URL, once per channel served (e.g. push=idempotent,http://127.0.0.1:8081).
-MODE says what the channel's contract allows after a call without an answer:
-  idempotent  resend with the same Idempotency-Key; the channel dedupes
-  queryable   ask GET URL/messages?ref= first, resend only if not found
-  none        neither: park the task for notifier review / notifier resolve
-
---channels-file FILE reads channels from a TOML file instead of (or as well as) --channel: real
-channel kinds (http, webhook = Standard Webhooks, webpush = Web Push with VAPID, smtp = email,
-and the providers fcm, apns, twilio, ses, postmark, resend)
-and their contract (idempotency_window, query_settle, max_in_flight_age,
-server_errors_uncertain, resend_with_topic), and a rate limit per channel (rate_limit, burst).
-Example:
-  [channels.push]
-  kind = "http"
-  mode = "idempotent"
-  url = "https://push.internal.example"
-  idempotency_window = "24h"
-  rate_limit = "50/s"   # shared by every worker; a 429 pauses the channel for all of them
-  [channels.email]
-  kind = "smtp"
-  addr = "smtp.example:587"
-  starttls = "required"
-  username = "notifier"
-  password_env = "SMTP_PASSWORD"
-  from = "noreply@example.com"
-Secrets come only from the environment or files (password_env/password_file,
-secret_env/secret_file, vapid_private_key_env/vapid_private_key_file). The whole file is checked
-at start: an unknown key, a mode the kind cannot honour (smtp with mode idempotent, ...), an
-inline secret or a channel defined both in the file and by --channel exits 2 with one line naming
-the channel and the key. --ca-file applies to --channel only; the file has ca_file per channel.
-See docs/channels.md#real-channels.
-
-rate_limit = "N/s" (or "/min", "/h") with an optional burst (whole calls at once; default one
-second's worth) limits a channel's calls for all workers together: a token bucket row per channel
-in the database, taken in the claim's transaction, so a task whose channel has no token left is
-not claimed yet. At start the worker writes its limits (the last worker to start wins) and then
-also honours the buckets other workers set on its channels. A 429 on a limited channel pauses it
-for every worker until its Retry-After has passed (1s without one). The burst must hold at least
-one --poll's worth of calls (rate x poll), or an idle worker would claim too seldom to use the
-limit. See docs/operations.md#rate-limits.
-
---disable-on-unregistered: when a provider rejects a message because the address is gone for good
-(FCM UNREGISTERED, APNs 410, a Twilio or Postmark recipient that unsubscribed or is inactive), also
-switch the user's preference on that channel off, so later notifications are suppressed rather than
-sent to a dead address (the result and the RESULT log line say pref_disabled). Off by default: the
-task is FAILED either way.
-
---lease must be longer than --timeout plus a margin of max(2s, timeout/2) (claim commit, timer
-slack and the finish transaction), or two workers could call the channel for one task at once;
---allow-lease-overlap accepts a shorter lease (for tests of that failure).
-
-Without --once: runs until SIGTERM or SIGINT, streaming. Up to --max-in-flight calls are in flight
-at once, each with its own lease; claims refill the window as calls complete (at most --batch tasks
-per claim), and answers are recorded as they come, grouped: whatever arrived while the previous finish
-ran is recorded by the next one, by up to --finishers finishes at once. No database connection is held
-during a call: the worker needs 1 + --finishers connections, whatever the window, and refuses to start
-when that is more than a quarter of the server's max_connections. On the signal it stops claiming,
-lets calls in flight finish (each bounded by --timeout) and record their outcome, then exits 0.
-Events CLAIMED, CALLED and RESULT are logged on stderr. With --metrics-addr it serves Prometheus
-metrics at /metrics (port 0 picks a free port; the address is logged as "serving metrics"), among them
-fleet-wide gauges it reads every 15s (parked tasks, the oldest due task, late acceptances, rate-limit
-pauses) for the alert rules in deploy/prometheus (see docs/operations.md#alerts-and-dashboard).
-
-When to tune (the defaults suit channels answering in 50-500 ms and channels answering at once):
-  --max-in-flight  calls in flight needed ~ deliveries/s x mean call latency: 1024 allows ~7,400/s at
-                   a 100 ms median with a long tail (mean 138 ms). Raise it for slower channels or
-                   higher rates; lower it to bound how
-                   many tasks a crash leaves uncertain (each is resent with its key, queried, or parked)
-                   or how many connections a worker opens to a provider over HTTP/1.1 (one per call).
-  --batch          tasks per claim; rarely worth changing.
-  --finishers      finish statements at once; raise it only when the database has cores to spare.
-
-Its database connections start with plan_cache_mode=force_generic_plan (its statements are prepared
-once and planned once), unless the database URL or PGOPTIONS sets plan_cache_mode; it warns at start
-when the session runs with another (a pooler dropped the parameter). When answers are waiting and the
-window has room, the finish travels with the next claim in one round trip, committed on its own before
-the claim begins. Behind PgBouncer (ignore_startup_parameters, the login role's plan_cache_mode, and in
-transaction mode default_query_exec_mode=exec in the URL) see
-docs/operations.md#pgbouncer-and-prepared-statements.
-
-On a cluster with standbys, give every host and ask for the primary: DATABASE_URL=postgres://u@db1,db2/
-notifier?target_session_attrs=read-write. work refuses a read-only server at start (a standby: exit 1,
-saying so); at start it waits up to --wait-for-database for a server that accepts a connection (a
-failover in progress). Running, it rides out a failover: connections to a demoted primary are
-dropped and the pool reconnects; a finish lost to a broken connection is sent again until the lease
-would run out (a finish is idempotent); a server still read-only after a minute stops it (exit 1). It
-logs at start whether commits wait for a standby, and warns when standbys replicate asynchronously:
-a failover may then lose creates and attempt rows (see docs/operations.md#high-availability).
-
-With --once: runs one claim-call-finish cycle and prints one JSON object on stdout:
-  {"result":"NOTHING"}
-  {"result":"SENT","task_id":1,"channel":"push","attempt":1,"action":"SEND","outcome":"ACCEPTED","token":"..."}
-result is one of NOTHING, SENT, PENDING, UNKNOWN, PARKED, FAILED, SUPPRESSED, STALE; exit code 0
-whatever the result. Exit 1 when the finish could not be recorded (UNRECORDED: the task stays SENDING
-and is recovered after its lease, as uncertain) or when the database refused to claim the task for
-what its own rows hold (SET_ASIDE: it is due again after the longest backoff; last_error says why).
-
-` + exitCodesHelp
-
 func workCommand(e *env) *cli.Command {
 	return &cli.Command{
 		Name:  "work",
@@ -147,7 +44,7 @@ func workCommand(e *env) *cli.Command {
 			"   [--max-in-flight 1024] [--batch 256] [--finishers 2] [--lease 30s] [--timeout 10s] [--backoff 2s] [--poll 200ms]\n" +
 			"   [--allow-lease-overlap] [--disable-on-unregistered] [--metrics-addr 127.0.0.1:9464] [--ca-file F]\n" +
 			"   [--wait-for-database 1m]",
-		Description: workDescription,
+		Description: helpText("work"),
 		Flags: []cli.Flag{
 			&cli.StringSliceFlag{Name: "channel", Usage: "NAME=MODE,URL with MODE idempotent|queryable|none (repeatable; this or --channels-file is required)"},
 			&cli.StringFlag{Name: "channels-file", Usage: "TOML `FILE` of channels (kind = one of " + strings.Join(channelconfig.Kinds(), ", ") + "; see the description)"},
@@ -344,27 +241,31 @@ func work(c *cli.Context, e *env) error {
 	})
 	n := service.NewNotifier(pool)
 	var (
-		standing service.ServerStanding
-		d        *service.Dispatcher
+		standing    service.ServerStanding
+		planWarning string
+		d           *service.Dispatcher
 	)
-	ctx, cancel := e.dbContext(c.Context)
-	if err == nil { // a standby would refuse every claim with SQLSTATE 25006, forever
-		standing, err = n.RequireWritable(ctx, "work")
-	}
-	if err == nil { // a role that may not claim would see no task under row-level security, forever
-		err = n.RequireRole(ctx, "work", service.RoleWorker)
-	}
-	var planWarning string
-	if err == nil { // behind a pooler the startup parameter may be dropped
-		planWarning, err = service.PlanCacheModeWarning(ctx, pool)
-	}
 	if err == nil {
-		err = service.CheckPoolShare(ctx, pool)
+		ctx, cancel := e.dbContext(c.Context)
+		err = runPreflight(ctx, []preflightCheck{
+			// A standby would refuse every claim with SQLSTATE 25006, forever.
+			{"writable server", func(ctx context.Context) (err error) { standing, err = n.RequireWritable(ctx, "work"); return err }},
+			// A role that may not claim would see no task under row-level security, forever.
+			{"worker role", func(ctx context.Context) error { return n.RequireRole(ctx, "work", service.RoleWorker) }},
+			// Behind a pooler the startup parameter may be dropped: a warning, not a refusal.
+			{"plan cache mode", func(ctx context.Context) (err error) {
+				planWarning, err = service.PlanCacheModeWarning(ctx, pool)
+				return err
+			}},
+			{"pool share", func(ctx context.Context) error { return service.CheckPoolShare(ctx, pool) }},
+			// Writes this worker's rate limits into their buckets.
+			{"rate limits", func(ctx context.Context) (err error) {
+				d, err = service.NewDispatcher(ctx, pool, cfg.dispatcher)
+				return err
+			}},
+		})
+		cancel()
 	}
-	if err == nil { // writes this worker's rate limits into their buckets
-		d, err = service.NewDispatcher(ctx, pool, cfg.dispatcher)
-	}
-	cancel()
 	if err != nil {
 		if c.Context.Err() != nil {
 			return nil // stopped before starting
@@ -414,6 +315,24 @@ func work(c *cli.Context, e *env) error {
 		return err
 	}
 	log.Info("worker stopped")
+	return nil
+}
+
+// preflightCheck is one thing work makes sure of, or sets up, before its first claim; name says which
+// in the error when it fails.
+type preflightCheck struct {
+	name string
+	run  func(ctx context.Context) error
+}
+
+// runPreflight runs checks in order, all bounded by ctx, and stops at the first that fails: its error,
+// which says what it found and how to fix it, after the check's name ("preflight worker role: ...").
+func runPreflight(ctx context.Context, checks []preflightCheck) error {
+	for _, c := range checks {
+		if err := c.run(ctx); err != nil {
+			return fmt.Errorf("preflight %s: %w", c.name, err)
+		}
+	}
 	return nil
 }
 

@@ -157,6 +157,7 @@ func TestWorkNeedsTheWorkerRole(t *testing.T) {
 				r := c.in(t).loginAs(pool, group).run("", args...)
 				is.Equal(r.code, 1) // refused at start, not NOTHING forever
 				oneErrorLine(t, r)
+				is.True(strings.Contains(r.stderr, "notifier: preflight worker role: "))      // the start-up check that failed
 				is.True(strings.Contains(r.stderr, "work needs the notifier_worker role"))    // the role to grant
 				is.True(strings.Contains(r.stderr, "GRANT notifier_worker TO notifier_cli_")) // and how
 				is.Equal(r.stdout, "")

@@ -463,3 +463,50 @@ func TestSucceedingFinishesDoNotBackOff(t *testing.T) {
 		}
 	})
 }
+
+// firstFinishFails is a busyClock whose first finish fails, as a database dropping the connection
+// would; later finishes succeed.
+type firstFinishFails struct {
+	*busyClock
+	failedOnce bool
+}
+
+func (f *firstFinishFails) FinishBatch(ctx context.Context, attempts []*service.Attempt, obs []delivery.Observation) ([]service.Result, error) {
+	results, err := f.memDispatcher.FinishBatch(ctx, attempts, obs)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.failedOnce {
+		f.failedOnce = true
+		return nil, errors.New("connection reset by peer")
+	}
+	return results, err
+}
+
+// A finish that carries a claim counts by its own result: after a failed one the next claim waits a
+// backoff, after a successful one it does not. With a window of one, every answer's finish carries the
+// next claim; calls take 1 ms on the bubble's clock and Poll is 50 ms, so a backoff shows. The first
+// finish fails: the claim it carries goes out at once (it was sent before the failure was known), the
+// claim after that waits Poll (spread), and the next finish succeeds and slows nothing. A loop that
+// takes the carried finish's success for a failure, and its failure for a success, waits one claim
+// later instead.
+func TestFinishCarryingAClaimBacksOffOnlyWhenItFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		is := is.New(t)
+		m := &firstFinishFails{busyClock: &busyClock{memDispatcher: newMem(4, func(*service.Attempt) delivery.Observation {
+			time.Sleep(time.Millisecond)
+			return delivery.Observation{Outcome: delivery.OutcomeAccepted}
+		})}}
+		poll := 50 * time.Millisecond
+		runUntil(t, m, Config{MaxInFlight: 1, Batch: 1, Logger: quiet, Poll: poll, MaxBackoff: time.Second},
+			func() bool { return len(m.finishedIDs()) == 4 })
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		is.Equal(len(m.at), 4) // one claim per task
+		gaps := []time.Duration{m.at[1].Sub(m.at[0]), m.at[2].Sub(m.at[1]), m.at[3].Sub(m.at[2])}
+		is.Equal(gaps[0], time.Millisecond) // claim 2 rode behind the failing finish: the call's time only
+		if !spreadOf(gaps[1], poll) {
+			t.Fatalf("claim 3, after the finish that failed: waited %v, want Poll %v spread (up to %v)", gaps[1], poll, poll+poll/4)
+		}
+		is.Equal(gaps[2], time.Millisecond) // claim 4 rode behind a finish that succeeded: no wait
+	})
+}
