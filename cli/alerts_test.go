@@ -21,6 +21,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 )
 
@@ -131,7 +132,7 @@ func startMeasuredWorker(t *testing.T, c notifierCLI, pool *pgxpool.Pool) string
 	t.Cleanup(func() { p.stop(syscall.SIGTERM) })
 	addr := metricsAddr(t, p)
 	var body string
-	waitFor(t, 30*time.Second, "the push task delivered and a claim after it", func() bool {
+	testworld.Eventually(t, 30*time.Second, "the push task delivered and a claim after it", func() bool {
 		body = scrape(t, "http://"+addr+"/metrics")
 		return metricValue(body, `notifier_calls_total{action="SEND",channel="push",outcome="ACCEPTED"}`) == 1 &&
 			metricValue(body, "notifier_worker_last_claim_timestamp_seconds") > 0

@@ -29,6 +29,7 @@ import (
 	"github.com/matryer/is"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 )
 
@@ -119,7 +120,7 @@ func selfSigned(t *testing.T) (certFile, keyFile string) {
 func consoleURL(t *testing.T, p *process) string {
 	t.Helper()
 	var u string
-	waitFor(t, 20*time.Second, "the console's URL in the log", func() bool {
+	testworld.Eventually(t, 20*time.Second, "the console's URL in the log", func() bool {
 		sc := bufio.NewScanner(strings.NewReader(p.stderr.String()))
 		for sc.Scan() {
 			var line struct {

@@ -15,6 +15,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
 )
@@ -60,7 +61,7 @@ func TestDocsResendExample(t *testing.T) {
 		ran = append(ran, args[0])
 		if args[len(args)-1] == "&" {
 			fake = c.startWithEnv(extraEnv, args[:len(args)-1]...)
-			waitFor(t, 20*time.Second, "the fake's line", func() bool { return strings.HasSuffix(fake.stdout.String(), "\n") })
+			testworld.Eventually(t, 20*time.Second, "the fake's line", func() bool { return strings.HasSuffix(fake.stdout.String(), "\n") })
 			var out fakeOutput
 			is.NoErr(json.Unmarshal([]byte(fake.stdout.String()), &out))
 			is.Equal(out.Resend, "http://"+addr) // the Resend fake listens where the channels file points
@@ -170,7 +171,7 @@ func TestFakeProviders(t *testing.T) {
 		oneErrorLine(t, r)
 	}
 	p := c.startWithEnv([]string{"PM_FAKE_TOKEN=pm-fake-token"}, "fake", "--postmark", "127.0.0.1:0", "--postmark-token-env", "PM_FAKE_TOKEN")
-	waitFor(t, 20*time.Second, "the fake's line", func() bool { return strings.HasSuffix(p.stdout.String(), "\n") })
+	testworld.Eventually(t, 20*time.Second, "the fake's line", func() bool { return strings.HasSuffix(p.stdout.String(), "\n") })
 	var out fakeOutput
 	is.NoErr(json.Unmarshal([]byte(p.stdout.String()), &out))
 	is.True(strings.HasPrefix(out.Postmark, "http://127.0.0.1:")) // the Postmark fake listens

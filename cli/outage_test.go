@@ -11,6 +11,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
 )
@@ -38,7 +39,7 @@ func TestDatabaseOutage(t *testing.T) {
 	defer cancel()
 	is.NoErr(push.WaitOutbound(waitCtx, ref, 1)) // the call is in flight
 	is.NoErr(pgtest.Cluster().Stop())            // the database goes away
-	waitFor(t, 20*time.Second, "the finish to fail while the database is down", func() bool {
+	testworld.Eventually(t, 20*time.Second, "the finish to fail while the database is down", func() bool {
 		return strings.Contains(w.stderr.String(), "finish failed; sending it again")
 	})
 	select {
@@ -48,11 +49,11 @@ func TestDatabaseOutage(t *testing.T) {
 	}
 	is.NoErr(pgtest.Cluster().Start(ctx)) // the database comes back
 
-	waitFor(t, 60*time.Second, "the task to be delivered after the outage", func() bool {
+	testworld.Eventually(t, 60*time.Second, "the task to be delivered after the outage", func() bool {
 		task, err := n.Task(ctx, taskID)
 		return err == nil && task.State == delivery.StateSent
 	})
-	waitFor(t, 30*time.Second, "the claims to recover", func() bool {
+	testworld.Eventually(t, 30*time.Second, "the claims to recover", func() bool {
 		return strings.Contains(w.stderr.String(), "cycles recovered")
 	})
 	is.Equal(w.stop(syscall.SIGTERM), 0) // still a healthy worker

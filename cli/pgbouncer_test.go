@@ -18,6 +18,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
 )
@@ -272,7 +273,7 @@ func TestThroughPgBouncerTransactionMode(t *testing.T) {
 		workers = append(workers, asWorker.start(slices.Concat(workArgs, []string{"--worker-id", "w-" + strconv.Itoa(i)})...))
 	}
 	const tasks = 1 + 2 + 10*2 + 3*2 + 2 + 1
-	waitFor(t, 60*time.Second, "every task delivered or parked", func() bool {
+	testworld.Eventually(t, 60*time.Second, "every task delivered or parked", func() bool {
 		var settled int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM delivery_task WHERE state = 'SENT' OR (state = 'UNKNOWN' AND needs_review)`).Scan(&settled); err != nil {
 			t.Fatal(err)
@@ -280,7 +281,7 @@ func TestThroughPgBouncerTransactionMode(t *testing.T) {
 		return settled == tasks
 	})
 	for _, w := range workers {
-		waitFor(t, 20*time.Second, "the worker's start", func() bool { return strings.Contains(w.stderr.String(), "worker started") })
+		testworld.Eventually(t, 20*time.Second, "the worker's start", func() bool { return strings.Contains(w.stderr.String(), "worker started") })
 	}
 	var serverSide int
 	is.NoErr(pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE usename = $1`, worker.name).Scan(&serverSide))
@@ -387,7 +388,7 @@ func TestThroughPgBouncerSessionMode(t *testing.T) {
 		workers = append(workers, c.through(b, worker).start("work", "--worker-id", "w-"+strconv.Itoa(i), "--channel", "push=idempotent,"+push.URL(),
 			"--batch", "1", "--max-in-flight", "1", "--poll", "50ms"))
 	}
-	waitFor(t, 60*time.Second, "every task delivered", func() bool {
+	testworld.Eventually(t, 60*time.Second, "every task delivered", func() bool {
 		var sent int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM delivery_task WHERE state = 'SENT'`).Scan(&sent); err != nil {
 			t.Fatal(err)
@@ -476,7 +477,7 @@ func TestThroughPgBouncerRefusals(t *testing.T) {
 		is := is.New(t)
 		// Served channel sms has no task: the worker only claims, every --poll.
 		w := c.through(b, worker).start("work", "--channel", "sms=queryable,"+push.URL(), "--poll", "50ms")
-		waitFor(t, 20*time.Second, "the worker's start", func() bool { return strings.Contains(w.stderr.String(), "worker started") })
+		testworld.Eventually(t, 20*time.Second, "the worker's start", func() bool { return strings.Contains(w.stderr.String(), "worker started") })
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		conn, err := pgx.Connect(ctx, b.URL(worker.name, worker.password, execMode))

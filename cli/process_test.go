@@ -12,6 +12,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/seedcase"
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
 )
@@ -33,7 +34,7 @@ func oneTask(t *testing.T, pool *pgxpool.Pool, channel string) int64 {
 // waitLeaseExpired waits, on the database clock, until the task's lease has run out.
 func waitLeaseExpired(t *testing.T, pool *pgxpool.Pool, taskID int64) {
 	t.Helper()
-	waitFor(t, 30*time.Second, "the lease to expire", func() bool {
+	testworld.Eventually(t, 30*time.Second, "the lease to expire", func() bool {
 		var expired bool
 		err := pool.QueryRow(context.Background(),
 			`SELECT lease_until < now() FROM delivery_task WHERE id = $1`, taskID).Scan(&expired)
@@ -167,7 +168,7 @@ func TestP2StaleFinishWhileNewHolderCalls(t *testing.T) {
 
 	a := stoppedHolder(t, c, pool, push, channel, taskID)
 	b := c.start("work", "--once", "--worker-id", "B", "--channel", channel, "--timeout", "20s", "--lease", "60s")
-	waitFor(t, 20*time.Second, "B's resend to reach the channel", func() bool { return push.Sends(ref) == 2 })
+	testworld.Eventually(t, 20*time.Second, "B's resend to reach the channel", func() bool { return push.Sends(ref) == 2 })
 	task, err := n.Task(ctx, taskID)
 	is.NoErr(err)
 	is.Equal(task.LeaseOwner, "B") // B holds the task and is calling

@@ -11,6 +11,7 @@ import (
 
 	"github.com/matryer/is"
 
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 )
 
@@ -59,7 +60,7 @@ burst = `+strconv.Itoa(burst)+`
 	for i, p := range workers {
 		addrs[i] = metricsAddr(t, p)
 	}
-	waitFor(t, 90*time.Second, "every task delivered or given up", func() bool {
+	testworld.Eventually(t, 90*time.Second, "every task delivered or given up", func() bool {
 		var open int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM delivery_task WHERE state IN ('PENDING', 'SENDING')`).Scan(&open); err != nil {
 			t.Fatal(err)

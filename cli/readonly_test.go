@@ -18,6 +18,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
 )
@@ -104,13 +105,13 @@ func TestWorkWaitsForTheDatabaseAtStart(t *testing.T) {
 	is.True(strings.Count(r.stderr, "database not reachable yet; retrying") >= 2)   // after retrying
 
 	w := late.start("work", "--wait-for-database", "30s", "--channel", "push=idempotent,"+push.URL(), "--poll", "50ms")
-	waitFor(t, 10*time.Second, "the worker to retry", func() bool {
+	testworld.Eventually(t, 10*time.Second, "the worker to retry", func() bool {
 		return strings.Contains(w.stderr.String(), "database not reachable yet; retrying")
 	})
 	stop := forward(t, addr, real) // the server comes up
 	defer stop()
 	n := service.NewNotifier(pool)
-	waitFor(t, 30*time.Second, "the task to be delivered", func() bool {
+	testworld.Eventually(t, 30*time.Second, "the task to be delivered", func() bool {
 		task, err := n.Task(context.Background(), taskID)
 		return err == nil && task.State == delivery.StateSent
 	})

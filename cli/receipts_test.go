@@ -15,6 +15,7 @@ import (
 
 	"github.com/matryer/is"
 
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service/receipts"
 	"github.com/notifierhq/notifier/service/webhook"
 )
@@ -32,7 +33,7 @@ func init() {
 func receiptsAddr(t *testing.T, p *process) string {
 	t.Helper()
 	var addr string
-	waitFor(t, 20*time.Second, "the receipts address in the log", func() bool {
+	testworld.Eventually(t, 20*time.Second, "the receipts address in the log", func() bool {
 		sc := bufio.NewScanner(strings.NewReader(p.stderr.String()))
 		for sc.Scan() {
 			var line struct {

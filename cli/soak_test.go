@@ -22,6 +22,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/receipts"
 	"github.com/notifierhq/notifier/service/webhook"
@@ -186,7 +187,7 @@ func TestSoak(t *testing.T) {
 		ch.SetFallback(nil, nil)
 	}
 	s.continueAll()
-	waitFor(t, 3*time.Minute, "the tasks to drain", func() bool {
+	testworld.Eventually(t, 3*time.Minute, "the tasks to drain", func() bool {
 		if _, err := n.SweepReceipts(ctx, 1000); err != nil {
 			return false // receipts noted while their task was held are settled once it is not
 		}

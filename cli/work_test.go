@@ -18,6 +18,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
 )
@@ -94,18 +95,6 @@ func (p *process) stop(sig syscall.Signal) int {
 	return p.cmd.ProcessState.ExitCode()
 }
 
-// waitFor polls until ok or fails the test after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestSIGTERMFinishesInFlightCall: SIGTERM during a call lets the call end and its outcome be
 // recorded; the worker exits 0 and the task is SENT, not left SENDING.
 func TestSIGTERMFinishesInFlightCall(t *testing.T) {
@@ -158,7 +147,7 @@ func TestMetrics(t *testing.T) {
 		"--metrics-addr", "127.0.0.1:0", "--poll", "50ms")
 	addr := metricsAddr(t, p)
 	var body string
-	waitFor(t, 20*time.Second, "the delivery in the metrics", func() bool {
+	testworld.Eventually(t, 20*time.Second, "the delivery in the metrics", func() bool {
 		body = scrape(t, "http://"+addr+"/metrics")
 		return strings.Contains(body, `notifier_finish_total{result="SENT"} 1`)
 	})
@@ -177,7 +166,7 @@ func TestMetrics(t *testing.T) {
 func metricsAddr(t *testing.T, p *process) string {
 	t.Helper()
 	var addr string
-	waitFor(t, 20*time.Second, "the metrics address in the log", func() bool {
+	testworld.Eventually(t, 20*time.Second, "the metrics address in the log", func() bool {
 		sc := bufio.NewScanner(strings.NewReader(p.stderr.String()))
 		for sc.Scan() {
 			var line struct {
@@ -228,7 +217,7 @@ func TestBadRowDoesNotStopTheQueue(t *testing.T) {
 	p := c.start("--log-format", "json", "work", "--channel", "push=idempotent,"+push.URL(), "--batch", "4",
 		"--poll", "50ms", "--metrics-addr", "127.0.0.1:0")
 	addr := metricsAddr(t, p)
-	waitFor(t, 60*time.Second, "every other task to be delivered", func() bool {
+	testworld.Eventually(t, 60*time.Second, "every other task to be delivered", func() bool {
 		var sent int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM delivery_task WHERE state = 'SENT'`).Scan(&sent); err != nil {
 			t.Fatal(err)
@@ -291,7 +280,7 @@ func TestFake(t *testing.T) {
 	c := notifierCLI{t: t}
 	p := c.start("fake")
 	var urls fakeOutput
-	waitFor(t, 20*time.Second, "the fake's URLs", func() bool {
+	testworld.Eventually(t, 20*time.Second, "the fake's URLs", func() bool {
 		line, ok := strings.CutSuffix(p.stdout.String(), "\n")
 		return ok && json.Unmarshal([]byte(line), &urls) == nil
 	})

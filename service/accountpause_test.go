@@ -8,6 +8,7 @@ import (
 
 	"github.com/matryer/is"
 
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/httpchannel"
 )
@@ -70,7 +71,7 @@ func TestAccountRefusedPausesChannelUntilCredentialWorks(t *testing.T) {
 	sent := func() int64 { return e.scalar(`SELECT count(*) FROM delivery_task WHERE state = 'SENT'`) }
 
 	for sent() < 10 { // one task per cycle, whatever NOTIFIER_TEST_BATCH says, so that exactly 10 go first
-		res, err := w1.RunBatch(e.ctx, 1)
+		res, err := runBatch(e.ctx, w1, 1)
 		is.NoErr(err)
 		is.Equal(len(res), 1)
 		is.Equal(res[0].Kind, service.ResultSent) // the credential works
@@ -81,13 +82,13 @@ func TestAccountRefusedPausesChannelUntilCredentialWorks(t *testing.T) {
 	// one probe at a time goes out, further apart each time.
 	cycle := func() {
 		for _, w := range []*dispatcher{w1, w2} {
-			if _, err := w.RunBatch(e.ctx, 5); err != nil {
+			if _, err := runBatch(e.ctx, w, 5); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	probes := func() int { log.mu.Lock(); defer log.mu.Unlock(); return log.probes }
-	waitFor(t, func() bool { cycle(); return probes() >= 3 })
+	testworld.Eventually(t, 10*time.Second, "three probes while paused", func() bool { cycle(); return probes() >= 3 })
 	is.True(e.push.RefusedCredential() <= 5+3+2) // the first batch, then one probe at a time (a probe may be in flight at both)
 	pauses, err := e.n.ChannelPauses(e.ctx)
 	is.NoErr(err)
@@ -105,7 +106,7 @@ func TestAccountRefusedPausesChannelUntilCredentialWorks(t *testing.T) {
 	is.Equal(e.scalar(`SELECT sum(account_refusals) FROM delivery_task`), int64(e.push.RefusedCredential())) // each refunded
 
 	e.push.SetCredential("key-1") // the operator fixes the credential: the endpoint accepts ours again
-	waitFor(t, func() bool { cycle(); return sent() == 50 })
+	testworld.Eventually(t, 10*time.Second, "every task sent after the fix", func() bool { cycle(); return sent() == 50 })
 	pauses, err = e.n.ChannelPauses(e.ctx)
 	is.NoErr(err)
 	is.Equal(len(pauses), 0)                // resumed by itself, on a probe
@@ -127,7 +128,7 @@ func TestAccountRefusedPausesChannelUntilCredentialWorks(t *testing.T) {
 func TestAccountPauseSettlesExpiredTasksWithoutHoldingTheProbe(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	// Three tasks whose notification expired, due first; one live task behind them.
 	_, err := e.pool.Exec(e.ctx, `WITH n AS (
 		INSERT INTO notification (user_id, event_key, body, created_at, expires_at)
@@ -145,7 +146,7 @@ func TestAccountPauseSettlesExpiredTasksWithoutHoldingTheProbe(t *testing.T) {
 	w := accountPauseWorker(t, e, "w-1", "key-1", &pauseLog{})
 
 	for range 4 { // one task per claim while paused
-		_, err := w.RunBatch(e.ctx, 5)
+		_, err := runBatch(e.ctx, w, 5)
 		is.NoErr(err)
 	}
 	is.Equal(e.scalar(`SELECT count(*) FROM delivery_attempt WHERE outcome = 'TTL_EXPIRED'`), int64(3)) // the expired ones ended, uncalled

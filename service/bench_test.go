@@ -26,7 +26,7 @@ import (
 // dueTasks inserts n due PENDING push tasks for user u1 (push enabled) in bulk, outside the timer.
 func (e *env) dueTasks(n int) {
 	e.t.Helper()
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	if _, err := e.pool.Exec(e.ctx, `
 		INSERT INTO notification (user_id, event_key, body, expires_at)
 		SELECT 'u1', 'bench-' || g, 'body ' || g, now() + interval '1 hour' FROM generate_series(1, $1::int) AS g`, n); err != nil {
@@ -97,7 +97,7 @@ func BenchmarkFinish(b *testing.B) {
 	cpu := cputime.Process()
 	b.ResetTimer()
 	for i := range b.N {
-		res, err := d.Finish(ctx, attempts[i], delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: "m-1"})
+		res, err := finishOne(ctx, d, attempts[i], delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: "m-1"})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -115,7 +115,7 @@ func BenchmarkFinish(b *testing.B) {
 // BenchmarkCreate: one create (notification and a push and an sms task, one transaction) per iteration.
 func BenchmarkCreate(b *testing.B) {
 	e := newEnv(b)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	ctx := context.Background()
 	b.ResetTimer()
 	for i := range b.N {
@@ -146,7 +146,7 @@ func BenchmarkDeliverBatch8(b *testing.B) {
 		if len(attempts) != batch {
 			b.Fatalf("claimed %d tasks, want %d", len(attempts), batch)
 		}
-		results, err := d.FinishBatch(ctx, attempts, d.CallAll(ctx, attempts))
+		results, err := d.FinishBatch(ctx, attempts, callAll(ctx, d, attempts))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -181,7 +181,7 @@ func BenchmarkDeliver(b *testing.B) {
 		if len(attempts) != 1 {
 			b.Fatalf("delivery %d: claimed %d tasks, want 1", i, len(attempts))
 		}
-		obs := d.CallAll(ctx, attempts)
+		obs := callAll(ctx, d, attempts)
 		var results []service.Result
 		if results, err = d.FinishBatch(ctx, attempts, obs); err == nil && i < b.N-1 {
 			attempts, _, err = d.ClaimBatch(ctx, 1)
@@ -220,7 +220,7 @@ func BenchmarkCreateBatch1000(b *testing.B) {
 	for _, name := range []string{"CreateBatch", "CreateBatchTx"} {
 		b.Run(name, func(b *testing.B) {
 			e := newEnv(b)
-			e.user("u1", "push", "sms")
+			e.w.User("u1", "push", "sms")
 			b.ResetTimer()
 			for i := range b.N {
 				reqs := make([]service.CreateRequest, batch)

@@ -34,7 +34,7 @@ func (e *env) cancel(user, key, note string) service.Cancellation {
 func TestCancelWaitingTasksAreSuppressed(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	tasks := e.create("u1", "order-1-shipped", time.Hour, 3)
 	byChannel := map[string]int64{}
 	for _, task := range tasks {
@@ -94,7 +94,7 @@ func TestCancelWaitingTasksAreSuppressed(t *testing.T) {
 func TestCancelUnknownEventChangesNothing(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	e.create("u1", "k1", time.Hour, 3)
 	c := e.cancel("u1", "no-such-event", "")
 	is.True(!c.Changed)
@@ -122,7 +122,7 @@ func TestCancelUncertainTaskParks(t *testing.T) {
 		t.Run(c.channel, func(t *testing.T) {
 			is := is.New(t)
 			e := newEnv(t)
-			e.user("u1", c.channel)
+			e.w.User("u1", c.channel)
 			id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 			fake := c.fake(e)
 			fake.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
@@ -174,11 +174,11 @@ func TestCancelWhileSending(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			is := is.New(t)
 			e := newEnv(t)
-			e.user("u1", "push")
+			e.w.User("u1", "push")
 			id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 			e.push.ScriptSend(e.ref(id), c.step)
 			d := e.dispatcher(dcfg{timeout: clientTimeout})
-			a, _, err := d.Claim(e.ctx)
+			a, _, err := claimOne(e.ctx, d)
 			is.NoErr(err)
 			is.True(a != nil) // held: SENDING under a live lease
 
@@ -189,7 +189,7 @@ func TestCancelWhileSending(t *testing.T) {
 			is.True(!e.cancel("u1", "e1", "").Changed)               // recorded once
 
 			obs := d.Call(e.ctx, a) // the call was already on its way
-			res, err := d.Finish(e.ctx, a, obs)
+			res, err := finishOne(e.ctx, d, a, obs)
 			is.NoErr(err)
 			is.Equal(res.Kind, c.finished) // the finish proceeds as without a cancel
 			calls := e.push.Sends(e.ref(id))
@@ -212,7 +212,7 @@ func TestCancelWhileSending(t *testing.T) {
 // *PermissionError naming the creator role, and nothing changes.
 func TestCancelNeedsTheCreatorRole(t *testing.T) {
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	for _, role := range []string{service.RoleWorker, service.RoleOperator, service.RoleReceiver} {
 		t.Run(role, func(t *testing.T) {
@@ -238,10 +238,10 @@ func TestCancelNeedsTheCreatorRole(t *testing.T) {
 func TestCancelOfAHolderThatDied(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	d := e.dispatcher(dcfg{lease: 300 * time.Millisecond, timeout: 200 * time.Millisecond})
-	a, _, err := d.Claim(e.ctx)
+	a, _, err := claimOne(e.ctx, d)
 	is.NoErr(err)
 	is.True(a != nil) // held, and never called nor finished: the holder is gone
 	is.Equal(e.cancel("u1", "e1", "").Tasks[0].Effect, service.CancelAtNextClaim)

@@ -116,7 +116,7 @@ func TestBadRowOnLeaseTakeoverIsSetAside(t *testing.T) {
 	e := newEnv(t)
 	e.dueTasks(3)
 	holder := e.dispatcher(dcfg{worker: "w-old", lease: 200 * time.Millisecond, backoff: time.Minute})
-	a, _, err := holder.Claim(e.ctx)
+	a, _, err := claimOne(e.ctx, holder)
 	is.NoErr(err)
 	is.True(a != nil) // a holder that will vanish
 	e.waitDB("lease_until < now() FROM delivery_task WHERE id = $1", a.TaskID)
@@ -133,7 +133,7 @@ func TestBadRowOnLeaseTakeoverIsSetAside(t *testing.T) {
 	is.Equal(task.State, delivery.StateSending) // still the old holder's
 	is.Equal(task.LeaseOwner, "w-old")          // with its token: its finish below still counts
 	is.Equal(e.scalar(`SELECT (lease_until > now() + interval '9 minutes')::int FROM delivery_task WHERE id = $1`, a.TaskID), int64(1))
-	res, err := holder.Finish(e.ctx, a, delivery.Observation{Outcome: delivery.OutcomeAccepted})
+	res, err := finishOne(e.ctx, holder, a, delivery.Observation{Outcome: delivery.OutcomeAccepted})
 	is.NoErr(err)
 	is.Equal(res.Kind, service.ResultSent) // the holder's late finish is still the valid one
 }

@@ -31,7 +31,7 @@ func TestClaimIgnoresHistory(t *testing.T) {
 	e := newEnv(t)
 	ctx := e.ctx
 	is := is.New(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 
 	// History: one notification and one finished task per row, in a single statement each. Every fourth
 	// task is parked (UNKNOWN, needs_review): parked tasks are history for the claim too.
@@ -162,7 +162,7 @@ func TestClaimIgnoresOtherChannels(t *testing.T) {
 	e := newEnv(t)
 	ctx := e.ctx
 	is := is.New(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	_, err := e.pool.Exec(ctx, `
 		WITH n AS (
 			INSERT INTO notification (user_id, event_key, body, expires_at)
@@ -224,7 +224,7 @@ func TestClaimPlanSkipsScheduledTasks(t *testing.T) {
 	e := newEnv(t)
 	ctx := e.ctx
 	is := is.New(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	start := time.Now()
 	// The rows are what the protocol's own inserts make; their per-row triggers (the state machine's
 	// checks, the ref) would only slow the seeding: session_replication_role = replica skips them, for
@@ -487,13 +487,13 @@ func claimIndentJSON(raw []byte) string {
 func TestClaimLocksOnlyWhatItReturns(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	for i := range 10 {
 		e.create("u1", fmt.Sprintf("e%d", i), time.Hour, 3)
 	}
 	holder := e.dispatcher(dcfg{worker: "w-lost", lease: 300 * time.Millisecond})
 	for range 2 {
-		a, _, err := holder.Claim(e.ctx)
+		a, _, err := claimOne(e.ctx, holder)
 		is.NoErr(err)
 		is.True(a != nil) // a holder that will never finish
 	}
@@ -523,7 +523,7 @@ func TestClaimGenericPlanLooksUpByKey(t *testing.T) {
 	e := newEnv(t)
 	ctx := e.ctx
 	is := is.New(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	_, err := e.pool.Exec(ctx, `
 		WITH n AS (
 			INSERT INTO notification (user_id, event_key, body, expires_at)
@@ -589,7 +589,7 @@ func TestStartAttemptsGenericPlanLooksUpByKey(t *testing.T) {
 	e := newEnv(t)
 	ctx := e.ctx
 	is := is.New(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	drainQueueStatistics(t, e)
 	// Then a burst: 4,000 due tasks the statistics do not know of.
 	_, err := e.pool.Exec(ctx, `
@@ -652,7 +652,7 @@ func TestStartAttemptsStartsOnlyClaimableTasks(t *testing.T) {
 	e := newEnv(t)
 	ctx := e.ctx
 	is := is.New(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	// One task per case, written directly (the fixture, not the protocol).
 	cases := []struct {
 		name      string
@@ -709,7 +709,7 @@ func TestLeaseQueriesGenericPlansLookUpByKey(t *testing.T) {
 	e := newEnv(t)
 	ctx := e.ctx
 	is := is.New(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	drainQueueStatistics(t, e)
 	// Then 4,000 held tasks the statistics do not know of, half of their leases run out, each with its
 	// open attempt (the fixture, not the protocol).
@@ -776,7 +776,7 @@ func TestLeaseQueriesHonourTheLease(t *testing.T) {
 	e := newEnv(t)
 	ctx := e.ctx
 	is := is.New(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	token := map[bool]string{} // by whether the lease ran out
 	for _, ranOut := range []bool{false, true} {
 		lease := "now() + interval '1 hour'"

@@ -7,6 +7,7 @@ import (
 
 	"github.com/matryer/is"
 
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 )
 
@@ -25,7 +26,7 @@ func TestClaimWhoseCommitAnswerWasLostIsRecovered(t *testing.T) {
 	is.NoErr(claimErr)         // the claim is recovered...
 	is.Equal(len(attempts), 3) // ...with all its tasks
 	is.Equal(lc.recovered, 3)
-	results, err := lc.d.FinishBatch(lc.ctx, attempts, lc.d.CallAll(lc.ctx, attempts))
+	results, err := lc.d.FinishBatch(lc.ctx, attempts, callAll(lc.ctx, lc.d, attempts))
 	is.NoErr(err)
 	for _, r := range results {
 		is.Equal(r.Kind, service.ResultSent) // called and recorded as the claim would have been
@@ -106,13 +107,9 @@ func (lc *lostCommit) claim(t *testing.T, beforeLoss func()) ([]*service.Attempt
 		attempts, _, claimErr = lc.d.ClaimBatch(lc.ctx, 10)
 	}()
 	var pid int32
-	deadline := time.Now().Add(30 * time.Second)
-	for lc.local.QueryRow(lc.ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = 'claimer' AND wait_event = 'SyncRep'`).Scan(&pid) != nil {
-		if time.Now().After(deadline) {
-			t.Fatal("the claim's commit never waited for the standby")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testworld.Eventually(t, 30*time.Second, "the claim's commit waits for the standby", func() bool {
+		return lc.local.QueryRow(lc.ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = 'claimer' AND wait_event = 'SyncRep'`).Scan(&pid) == nil
+	})
 	beforeLoss()
 	// The claim is written locally and waits; terminated, it stays committed, and its answer is lost.
 	_, err := lc.local.Exec(lc.ctx, `SELECT pg_terminate_backend($1)`, pid)
@@ -150,13 +147,13 @@ func lockAttemptsBehindClaim(t *testing.T, lc *lostCommit) (release func()) {
 		_, err := tx.Exec(lc.ctx, `LOCK TABLE delivery_attempt IN ACCESS EXCLUSIVE MODE`)
 		locked <- err
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for queued := false; !queued; {
-		if err := lc.local.QueryRow(lc.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND NOT granted)`, pid).Scan(&queued); err != nil || time.Now().After(deadline) {
+	testworld.Eventually(t, 30*time.Second, "the lock queued behind the claim", func() bool {
+		var queued bool
+		if err := lc.local.QueryRow(lc.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND NOT granted)`, pid).Scan(&queued); err != nil {
 			t.Fatalf("the lock was never queued behind the claim: %v", err)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return queued
+	})
 	return func() {
 		if err := <-locked; err != nil {
 			t.Errorf("lock delivery_attempt: %v", err)

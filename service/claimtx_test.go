@@ -98,9 +98,10 @@ func TestSettleGuardsOnTheRowsState(t *testing.T) {
 	ctx, n, pool, _ := twoTasks(t)
 	d, err := NewDispatcher(t.Context(), pool, DispatcherConfig{Worker: "w-test", Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: nilChannel{}}}})
 	is.NoErr(err)
-	held, _, err := d.Claim(ctx)
+	claimed, _, err := d.ClaimBatch(ctx, 1)
 	is.NoErr(err)
-	is.True(held != nil) // the push task is held under a live lease
+	is.Equal(len(claimed), 1) // the push task is held under a live lease
+	held := claimed[0]
 	for _, dec := range []delivery.ClaimDecision{
 		{Kind: delivery.ClaimPark, Uncertain: true, Reason: "parked by mistake"},
 		{Kind: delivery.ClaimSettle, State: delivery.StateSuppressed, Outcome: delivery.OutcomePrefDisabled, Reason: "suppressed by mistake"},

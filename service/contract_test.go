@@ -18,7 +18,7 @@ import (
 func TestContractIdempotencyWindowParks(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	ref := e.ref(id)
 	e.push.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
@@ -37,7 +37,7 @@ func TestContractIdempotencyWindowParks(t *testing.T) {
 func TestContractIdempotencyWindowResendsInside(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.push.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout,
@@ -53,7 +53,7 @@ func TestContractIdempotencyWindowResendsInside(t *testing.T) {
 func TestContractQuerySettleCountsTheQueryAtFinish(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "sms")
+	e.w.User("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 4)[0].TaskID
 	ref := e.ref(id)
 	e.sms.ScriptSend(ref, fakes.Step{Status: 409}) // outcome unknown, nothing accepted
@@ -75,7 +75,7 @@ func TestContractQuerySettleCountsTheQueryAtFinish(t *testing.T) {
 func TestContractQuerySettleKeepsUncertainty(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "sms")
+	e.w.User("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 4)[0].TaskID
 	ref := e.ref(id)
 	// A 409 leaves the outcome unknown without an acceptance, so the fake's query answers found=0: the
@@ -111,7 +111,7 @@ func TestContractQuerySettleKeepsUncertainty(t *testing.T) {
 func TestContractServerErrorsUncertain(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "sms")
+	e.w.User("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.sms.ScriptSend(e.ref(id), fakes.Step{Status: 503})
 	d := e.dispatcher(dcfg{contracts: map[string]delivery.Contract{"sms": {ServerErrorsUncertain: true}}})
@@ -126,7 +126,7 @@ func TestContractServerErrorsUncertain(t *testing.T) {
 func TestContractMaxInFlightAgeParks(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 10)[0].TaskID
 	ref := e.ref(id)
 	e.push.ScriptSend(ref, fakes.Step{Status: 409}, fakes.Step{Status: 409}, fakes.Step{Status: 409}, fakes.Step{Status: 409})
@@ -145,7 +145,7 @@ func TestContractMaxInFlightAgeParks(t *testing.T) {
 func TestContractTopicResend(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "none")
+	e.w.User("u1", "none")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.none.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout,

@@ -17,7 +17,7 @@ import (
 
 func TestCreateRejectsBadInput(t *testing.T) {
 	e := newEnv(t)
-	e.user("u1", "push", "sms") // a valid submission for u1 would write a notification and two tasks
+	e.w.User("u1", "push", "sms") // a valid submission for u1 would write a notification and two tasks
 	const day = 24 * time.Hour
 	cases := []struct {
 		name        string
@@ -140,7 +140,7 @@ func TestSetPreferenceIncrementsVersion(t *testing.T) {
 func TestCreateReturnsExistingTasksToDuplicate(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	id, created, tasks, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "ord-1", Body: "first body", TTL: time.Hour, MaxAttempts: 3})
 	is.NoErr(err)           // the first submission succeeds
 	is.True(created)        // and creates the notification
@@ -148,7 +148,7 @@ func TestCreateReturnsExistingTasksToDuplicate(t *testing.T) {
 	expiresBefore := e.scalar("SELECT (extract(epoch FROM expires_at) * 1e6)::bigint FROM notification WHERE id = $1", id)
 
 	// Preferences change after the first submission: the duplicate still gets the original tasks only.
-	e.user("u1", "none")
+	e.w.User("u1", "none")
 	if _, err := e.n.SetPreference(e.ctx, "u1", "push", "u1@push", false); err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func TestCreateReturnsExistingTasksToDuplicate(t *testing.T) {
 func TestCreateWithNoEnabledChannel(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u2", "push") // another user's channel must not count
+	e.w.User("u2", "push") // another user's channel must not count
 	if _, err := e.n.SetPreference(e.ctx, "u1", "push", "u1@push", false); err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func (e *env) createTxCount(user, key string) (notifications, tasks int64) {
 func TestCreateTxCommitRollbackAndSavepoints(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	creator := secRolePool(t, e, "notifier_creator")
 	n := service.NewNotifier(creator)
 
@@ -120,7 +120,7 @@ func TestCreateTxCommitRollbackAndSavepoints(t *testing.T) {
 func TestCreateTxSavepointTaskPolicy(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	creator := secRolePool(t, e, "notifier_creator")
 	old := e.create("u1", "old", time.Hour, 3)
 	oldID := e.scalar(`SELECT notification_id FROM delivery_task WHERE id = $1`, old[0].TaskID)
@@ -154,7 +154,7 @@ func TestCreateTxSavepointTaskPolicy(t *testing.T) {
 func TestCreateTxConcurrentOneCreated(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	creator := secRolePool(t, e, "notifier_creator")
 	cfg := creator.Config()
 	cfg.MaxConns = 10
@@ -211,7 +211,7 @@ func TestCreateTxConcurrentOneCreated(t *testing.T) {
 func TestCreateTxWaiterCreatesAfterRollback(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	creator := secRolePool(t, e, "notifier_creator")
 	n := service.NewNotifier(creator)
 
@@ -250,7 +250,7 @@ func TestCreateTxWaiterCreatesAfterRollback(t *testing.T) {
 // serialization failure that names the isolation level; never no row or a wrong created.
 func TestCreateTxRepeatableRead(t *testing.T) {
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	creator := secRolePool(t, e, "notifier_creator")
 	n := service.NewNotifier(creator)
 	before := e.create("u1", "before", time.Hour, 3)
@@ -291,7 +291,7 @@ func TestCreateTxRepeatableRead(t *testing.T) {
 func TestCreateTxRoles(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	worker := secRolePool(t, e, "notifier_worker")
 	tx := beginTx(t, worker, pgx.TxOptions{})
 	_, err := service.NewNotifier(worker).CreateTx(e.ctx, tx, ctxReq("u1", "by-worker"))
@@ -315,7 +315,7 @@ func TestCreateTxRoles(t *testing.T) {
 func TestNotifierCreateSQL(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	creator := secRolePool(t, e, "notifier_creator")
 	var id int64
 	var created bool
@@ -366,7 +366,7 @@ func TestNotifierCreateSQL(t *testing.T) {
 // transaction) and CreateTx (the caller's), and through a batch with and without names.
 func TestCreateChannels(t *testing.T) {
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	_, err := e.n.SetPreference(e.ctx, "u1", "email", "u1@email", false) // present but disabled
 	if err != nil {
 		t.Fatal(err)
@@ -432,8 +432,8 @@ func TestCreateChannels(t *testing.T) {
 func TestCreateBatchTxManyKeys(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
-	e.user("u2", "sms")
+	e.w.User("u1", "push")
+	e.w.User("u2", "sms")
 	var reqs []service.CreateRequest
 	for i := range 20 {
 		reqs = append(reqs, ctxReq([]string{"u2", "u1"}[i%2], fmt.Sprintf("k%d", (20-i)%7)))

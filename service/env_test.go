@@ -2,6 +2,8 @@ package service_test
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -15,17 +17,20 @@ import (
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/internal/seedcase"
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
-	"github.com/notifierhq/notifier/service/httpchannel"
+	"github.com/notifierhq/notifier/worker"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
-// env is one test's world: a fresh database and the three fake channels.
+// env is one test's world (testworld.World: a fresh database and the three fake channels), with the
+// service's own helpers around it. The short names alias the world's fields.
 type env struct {
 	t               testing.TB
 	ctx             context.Context
+	w               *testworld.World
 	pool            *pgxpool.Pool
 	workerPool      *pgxpool.Pool // the same database, connections set up as a worker's (dispatchers use it)
 	n               *service.Notifier
@@ -35,28 +40,17 @@ type env struct {
 func newEnv(t testing.TB) *env {
 	t.Helper()
 	runParallel(t)
-	e := &env{t: t, ctx: context.Background(), pool: pgtest.NewDB(t)}
-	cfg, err := pgxpool.ParseConfig(e.pool.Config().ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	service.ConfigureWorkerConn(cfg.ConnConfig)
-	if e.workerPool, err = pgxpool.NewWithConfig(e.ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.workerPool.Close)
-	e.n = service.NewNotifier(e.pool)
-	e.push, e.sms, e.none = fakes.Start(fakes.Push), fakes.Start(fakes.SMS), fakes.Start(fakes.None)
-	t.Cleanup(func() { e.push.Close(); e.sms.Close(); e.none.Close() })
-	return e
+	w := testworld.New(t)
+	return &env{t: t, ctx: context.Background(), w: w, pool: w.Pool, workerPool: w.WorkerPool, n: w.Notifier,
+		push: w.Push, sms: w.SMS, none: w.None}
 }
 
-// dcfg are the knobs tests turn; zero fields get short test defaults.
+// dcfg are the knobs tests turn; zero fields get the world's short test defaults.
 type dcfg struct {
 	worker     string
 	lease      time.Duration
 	timeout    time.Duration
-	backoff    time.Duration
+	backoff    time.Duration                   // the first retry; the longest is ten times it
 	modes      map[string]delivery.Mode        // override a channel's declared mode (negative controls)
 	contracts  map[string]delivery.Contract    // a channel's contract settings
 	rateLimits map[string]delivery.RateLimit   // the rate limits this worker sets (written by NewDispatcher)
@@ -82,55 +76,23 @@ type dispatcher struct {
 	pending []service.Result
 }
 
+// dispatcher is a dispatcher on the worker pool; secDispatcher puts one on another pool.
 func (e *env) dispatcher(c dcfg) *dispatcher {
 	e.t.Helper()
-	if c.worker == "" {
-		c.worker = "w-test"
-	}
-	if c.lease == 0 {
-		c.lease = 10 * time.Second
-	}
-	if c.timeout == 0 {
-		c.timeout = 2 * time.Second
-	}
-	if c.backoff == 0 {
-		c.backoff = 50 * time.Millisecond
-	}
-	routes := map[string]delivery.Route{}
-	for name, ch := range map[string]*fakes.Channel{"push": e.push, "sms": e.sms, "none": e.none} {
-		client, err := httpchannel.New(ch.URL(), httpchannel.Options{})
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		mode := map[string]delivery.Mode{"push": delivery.ModeIdempotent, "sms": delivery.ModeQueryable, "none": delivery.ModeNone}[name]
-		if m, ok := c.modes[name]; ok {
-			mode = m
-		}
-		routes[name] = delivery.Route{Mode: mode, Contract: c.contracts[name], Client: client, RateLimit: c.rateLimits[name]}
-	}
+	return e.dispatcherOn(e.workerPool, c)
+}
+
+func (e *env) dispatcherOn(pool *pgxpool.Pool, c dcfg) *dispatcher {
+	e.t.Helper()
 	cfg := service.DispatcherConfig{
-		Worker: c.worker, Routes: routes, Lease: c.lease, CallTimeout: c.timeout,
+		Worker: c.worker, Routes: e.w.Routes(c.modes, c.contracts, c.rateLimits), Lease: c.lease, CallTimeout: c.timeout,
 		Backoff:  delivery.Backoff{Base: c.backoff, Max: 10 * c.backoff},
 		Observer: testObserver{rateLimited: c.onRate, ratePaused: c.onPause},
 	}
 	if c.configure != nil {
 		c.configure(&cfg)
 	}
-	d, err := service.NewDispatcher(e.ctx, e.workerPool, cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return &dispatcher{Dispatcher: d}
-}
-
-// user enables the given channels for user (and nothing else).
-func (e *env) user(user string, channels ...string) {
-	e.t.Helper()
-	for _, c := range channels {
-		if _, err := e.n.SetPreference(e.ctx, user, c, user+"@"+c, true); err != nil {
-			e.t.Fatal(err)
-		}
-	}
+	return &dispatcher{Dispatcher: e.w.DispatcherOn(pool, cfg)}
 }
 
 // create submits an event and returns its single task id on channel.
@@ -183,18 +145,84 @@ func (e *env) scalar(sql string, args ...any) int64 {
 	return n
 }
 
+// quiet is the log of the cycles tests run: their results are what the tests read.
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// runCycle is the production one-task cycle (worker.RunOnce, as `notifier work --once` runs it). A
+// failed finish (UNRECORDED) and a task set aside come back as their result, not as an error: the
+// worker returns them as errors for the command's exit code, the tests read the result.
+func runCycle(ctx context.Context, d worker.Dispatcher) (service.Result, error) {
+	res, err := worker.RunOnce(ctx, d, quiet, nil)
+	if err != nil && (res.Kind == service.ResultUnrecorded || res.Kind == service.ResultSetAside) {
+		return res, nil
+	}
+	return res, err
+}
+
+// runBatch claims up to batch due tasks in one transaction, calls their channels concurrently outside
+// any transaction, and records all observations in one transaction. It returns the results of
+// claim-time decisions and of calls; none when nothing was due. worker.RunOnce claims one task, and
+// the streaming loop (worker.Run) runs until stopped, so a batch a test counts on goes through
+// ClaimBatch, callAll and FinishBatch here.
+func runBatch(ctx context.Context, d worker.Dispatcher, batch int) ([]service.Result, error) {
+	attempts, settled, err := d.ClaimBatch(ctx, batch)
+	if err != nil || len(attempts) == 0 {
+		return settled, err
+	}
+	finished, err := d.FinishBatch(ctx, attempts, callAll(ctx, d, attempts))
+	return append(settled, finished...), err
+}
+
+// callAll calls the channels of a batch concurrently; the observations are in the order of attempts.
+func callAll(ctx context.Context, d worker.Dispatcher, attempts []*service.Attempt) []delivery.Observation {
+	obs := make([]delivery.Observation, len(attempts))
+	var wg sync.WaitGroup
+	for i, a := range attempts {
+		wg.Go(func() { obs[i] = d.Call(ctx, a) })
+	}
+	wg.Wait()
+	return obs
+}
+
+// claimOne claims one task (ClaimBatch with a batch of one), for a test that acts between the claim
+// and the finish. Without an Attempt, the Result says what was decided without a call (NOTHING,
+// SUPPRESSED, FAILED, PARKED).
+func claimOne(ctx context.Context, d worker.Dispatcher) (*service.Attempt, service.Result, error) {
+	attempts, settled, err := d.ClaimBatch(ctx, 1)
+	switch {
+	case err != nil:
+		return nil, service.Result{}, err
+	case len(attempts) == 1:
+		a := attempts[0]
+		return a, service.Result{Kind: service.ResultKind(delivery.StateSending), TaskID: a.TaskID, Channel: a.Channel,
+			Attempt: a.No, Action: a.Action, Token: a.Token}, nil
+	case len(settled) == 1:
+		return nil, settled[0], nil
+	}
+	return nil, service.Result{Kind: service.ResultNothing}, nil
+}
+
+// finishOne records one observation: FinishBatch with a batch of one.
+func finishOne(ctx context.Context, d worker.Dispatcher, a *service.Attempt, obs delivery.Observation) (service.Result, error) {
+	results, err := d.FinishBatch(ctx, []*service.Attempt{a}, []delivery.Observation{obs})
+	if err != nil {
+		return service.Result{}, err
+	}
+	return results[0], nil
+}
+
 // runOnce runs one cycle (or hands out the next result of a batched one) and fails the test on error.
 func runOnce(t testing.TB, d *dispatcher) service.Result {
 	t.Helper()
 	if testBatch == 1 {
-		res, err := d.RunOnce(context.Background())
+		res, err := runCycle(context.Background(), d)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return res
 	}
 	if len(d.pending) == 0 {
-		results, err := d.RunBatch(context.Background(), testBatch)
+		results, err := runBatch(context.Background(), d, testBatch)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,40 +236,28 @@ func runOnce(t testing.TB, d *dispatcher) service.Result {
 	return res
 }
 
-// runNext runs cycles until one finds a task (its backoff has passed on the database clock), for at most
-// 30 s: a wait for a condition, not a fixed sleep.
+// runNext runs cycles until one finds a task (its backoff has passed on the database clock), for at
+// most 30 s.
 func runNext(t testing.TB, d *dispatcher) service.Result {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		res := runOnce(t, d)
-		if res.Kind != service.ResultNothing {
-			return res
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no task became due within 30s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var res service.Result
+	testworld.Eventually(t, 30*time.Second, "a task due", func() bool {
+		res = runOnce(t, d)
+		return res.Kind != service.ResultNothing
+	})
+	return res
 }
 
 // waitDB waits until the SQL condition holds on the database clock (at most 30 s).
 func (e *env) waitDB(cond string, args ...any) {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testworld.Eventually(e.t, 30*time.Second, "the database condition "+cond, func() bool {
 		var ok bool
 		if err := e.pool.QueryRow(e.ctx, "SELECT "+cond, args...).Scan(&ok); err != nil {
 			e.t.Fatal(err)
 		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("condition %q not reached within 30s", cond)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return ok
+	})
 }
 
 func outcomes(o ...delivery.Outcome) []delivery.Outcome { return o }

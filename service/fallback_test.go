@@ -47,7 +47,7 @@ func (e *env) calls(fake *fakes.Channel, id int64) int {
 func TestFallbackCreatesOnlyTheFirstDue(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	_, _, tasks, err := e.n.Create(e.ctx, service.CreateRequest{UserID: "u1", EventKey: "e1", Body: "b", TTL: time.Hour,
 		MaxAttempts: 3, Fallback: []string{"sms", "email", "push"}})
 	is.NoErr(err)
@@ -72,7 +72,7 @@ func TestFallbackCreatesOnlyTheFirstDue(t *testing.T) {
 func TestFallbackFirstSentRestNotCalled(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms", "none")
+	e.w.User("u1", "push", "sms", "none")
 	tasks := e.createChain("u1", "e1", "push", "sms", "none")
 	d := e.dispatcher(dcfg{})
 	is.Equal(runOnce(t, d).Kind, service.ResultSent)
@@ -90,7 +90,7 @@ func TestFallbackFirstSentRestNotCalled(t *testing.T) {
 func TestFallbackFirstRejectedNextSentOnce(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms", "none")
+	e.w.User("u1", "push", "sms", "none")
 	tasks := e.createChain("u1", "e1", "push", "sms", "none")
 	e.push.ScriptSend(e.ref(tasks["push"]), fakes.Step{Status: 400})
 	d := e.dispatcher(dcfg{})
@@ -115,7 +115,7 @@ func TestFallbackParkedHeadHoldsTheChain(t *testing.T) {
 		t.Run(string(c.resolved), func(t *testing.T) {
 			is := is.New(t)
 			e := newEnv(t)
-			e.user("u1", "none", "push")
+			e.w.User("u1", "none", "push")
 			tasks := e.createChain("u1", "e1", "none", "push")
 			e.none.ScriptSend(e.ref(tasks["none"]), fakes.Step{Delay: fakeDelay})
 			d := e.dispatcher(dcfg{timeout: clientTimeout})
@@ -147,7 +147,7 @@ func TestFallbackParkedHeadHoldsTheChain(t *testing.T) {
 func TestFallbackUncertainHeadHoldsTheChain(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	tasks := e.createChain("u1", "e1", "push", "sms")
 	e.push.ScriptSend(e.ref(tasks["push"]), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
@@ -165,7 +165,7 @@ func TestFallbackCancel(t *testing.T) {
 	t.Run("waiting", func(t *testing.T) {
 		is := is.New(t)
 		e := newEnv(t)
-		e.user("u1", "push", "sms")
+		e.w.User("u1", "push", "sms")
 		tasks := e.createChain("u1", "e1", "push", "sms")
 		e.cancel("u1", "e1", "")
 		for _, ch := range []string{"push", "sms"} {
@@ -178,15 +178,15 @@ func TestFallbackCancel(t *testing.T) {
 	t.Run("head sending, then rejected", func(t *testing.T) {
 		is := is.New(t)
 		e := newEnv(t)
-		e.user("u1", "push", "sms")
+		e.w.User("u1", "push", "sms")
 		tasks := e.createChain("u1", "e1", "push", "sms")
 		e.push.ScriptSend(e.ref(tasks["push"]), fakes.Step{Status: 400})
 		d := e.dispatcher(dcfg{})
-		a, _, err := d.Claim(e.ctx)
+		a, _, err := claimOne(e.ctx, d)
 		is.NoErr(err)
 		e.cancel("u1", "e1", "")
 		is.Equal(e.task(tasks["sms"]).State, delivery.StateSuppressed) // suppressed by the cancel at once
-		res, err := d.Finish(e.ctx, a, d.Call(e.ctx, a))
+		res, err := finishOne(e.ctx, d, a, d.Call(e.ctx, a))
 		is.NoErr(err)
 		is.Equal(res.Kind, service.ResultFailed)
 		is.Equal(runOnce(t, d).Kind, service.ResultNothing)
@@ -200,7 +200,7 @@ func TestFallbackCancel(t *testing.T) {
 func TestFallbackDisabledHeadReleasesTheNext(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	tasks := e.createChain("u1", "e1", "push", "sms")
 	_, err := e.n.SetPreference(e.ctx, "u1", "push", "u1@push", false)
 	is.NoErr(err)
@@ -218,10 +218,10 @@ func TestFallbackDisabledHeadReleasesTheNext(t *testing.T) {
 func TestFallbackReleaseIsTheDatabases(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	tasks := e.createChain("u1", "e1", "push", "sms")
 	d := e.dispatcher(dcfg{})
-	a, _, err := d.Claim(e.ctx)
+	a, _, err := claimOne(e.ctx, d)
 	is.NoErr(err)
 	is.True(a != nil)
 	finishFailed := `WITH f AS (
@@ -263,7 +263,7 @@ func TestFallbackReleaseIsTheDatabases(t *testing.T) {
 func TestFallbackCreateTx(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	creator := secRolePool(t, e, "notifier_creator")
 	n := service.NewNotifier(creator)
 	tx, err := creator.Begin(e.ctx)
@@ -296,7 +296,7 @@ func TestFallbackCreateTx(t *testing.T) {
 func TestFallbackScheduledChain(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	creatorPool := secRolePool(t, e, "notifier_creator")
 	out, err := service.NewNotifier(creatorPool).CreateBatch(e.ctx, []service.CreateRequest{{UserID: "u1", EventKey: "go",
 		Body: "b", TTL: time.Hour, MaxAttempts: 3, Delay: 30 * time.Minute, Fallback: []string{"push", "sms"}}})

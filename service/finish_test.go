@@ -32,14 +32,14 @@ func (a answering) Query(context.Context, string) delivery.Observation {
 func TestFinishStoresAnyAnswer(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	hostile := answering{Outcome: delivery.OutcomeAccepted, ProviderMsgID: "id\x00with\xffbytes" + strings.Repeat("x", 600),
 		Detail: "detail\x00\xfe" + strings.Repeat("é", 3000)}
 	d, err := service.NewDispatcher(e.ctx, e.pool, service.DispatcherConfig{Worker: "w",
 		Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: hostile}}})
 	is.NoErr(err)
-	res, err := d.RunOnce(e.ctx)
+	res, err := runCycle(e.ctx, d)
 	is.NoErr(err)                          // the finish does not fail
 	is.Equal(res.Kind, service.ResultSent) // and records the acceptance
 	task := e.task(id)
@@ -56,13 +56,13 @@ func TestFinishWritesLastErrorWithItsDetail(t *testing.T) {
 		t.Run(c.want, func(t *testing.T) {
 			is := is.New(t)
 			e := newEnv(t)
-			e.user("u1", "push")
+			e.w.User("u1", "push")
 			id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 			d, err := service.NewDispatcher(e.ctx, e.pool, service.DispatcherConfig{Worker: "w",
 				Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent,
 					Client: answering{Outcome: delivery.OutcomeRejected, Detail: c.detail}}}})
 			is.NoErr(err)
-			res, err := d.RunOnce(e.ctx)
+			res, err := runCycle(e.ctx, d)
 			is.NoErr(err)
 			is.Equal(res.Kind, service.ResultFailed)
 			is.Equal(e.task(id).LastError, c.want)
@@ -77,10 +77,10 @@ func TestFinishWritesLastErrorWithItsDetail(t *testing.T) {
 func TestFinishWaitingOnTakeoverRecordsLate(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	holder := e.dispatcher(dcfg{worker: "w-old", lease: 300 * time.Millisecond})
-	a, _, err := holder.Claim(e.ctx)
+	a, _, err := claimOne(e.ctx, holder)
 	is.NoErr(err)
 	is.True(a != nil)            // the first holder claimed the task
 	obs := holder.Call(e.ctx, a) // and its call was accepted
@@ -106,7 +106,7 @@ func TestFinishWaitingOnTakeoverRecordsLate(t *testing.T) {
 
 	finished := make(chan service.Result, 1)
 	go func() {
-		res, err := holder.Finish(context.Background(), a, obs)
+		res, err := finishOne(context.Background(), holder, a, obs)
 		if err != nil {
 			t.Error(err)
 		}
@@ -147,7 +147,7 @@ func refusingBatch(t *testing.T, errcode string) (*env, *dispatcher, []*service.
 			WHEN (OLD.id = `+strconv.FormatInt(attempts[1].TaskID, 10)+` AND NEW.state <> 'SENDING')
 			EXECUTE FUNCTION refuse_row()`)
 	is.NoErr(err) // trigger installed
-	obs := d.CallAll(e.ctx, attempts)
+	obs := callAll(e.ctx, d, attempts)
 	for _, o := range obs {
 		is.Equal(o.Outcome, delivery.OutcomeAccepted) // every call accepted
 	}
@@ -208,7 +208,7 @@ func TestServerTroubleFailsTheWholeFinish(t *testing.T) {
 func lateAcceptedFailedTask(t *testing.T, e *env) int64 {
 	is := is.New(t)
 	is.Helper()
-	e.user("u1", "sms")
+	e.w.User("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 2)[0].TaskID
 	route := func(answer delivery.Outcome) map[string]delivery.Route {
 		return map[string]delivery.Route{"sms": {Mode: delivery.ModeQueryable, Client: answering{Outcome: answer}}}
@@ -216,18 +216,18 @@ func lateAcceptedFailedTask(t *testing.T, e *env) int64 {
 	holder, err := service.NewDispatcher(e.ctx, e.workerPool, service.DispatcherConfig{Worker: "w-a",
 		Routes: route(delivery.OutcomeAccepted), Lease: 200 * time.Millisecond})
 	is.NoErr(err)
-	a, _, err := holder.Claim(e.ctx)
+	a, _, err := claimOne(e.ctx, holder)
 	is.NoErr(err)
 	is.True(a != nil) // A holds the task; its call is accepted, its answer late
 	e.waitDB("lease_until < now() FROM delivery_task WHERE id = $1", id)
 	taker, err := service.NewDispatcher(e.ctx, e.workerPool, service.DispatcherConfig{Worker: "w-b",
 		Routes: route(delivery.OutcomeQueryNotFound)})
 	is.NoErr(err)
-	res, err := taker.RunOnce(e.ctx)
+	res, err := runCycle(e.ctx, taker)
 	is.NoErr(err)
 	is.Equal(res.Action, delivery.ActionQuery) // the taker asks first
 	is.Equal(res.Kind, service.ResultFailed)   // the lagging search says not found; no attempt left
-	res, err = holder.Finish(e.ctx, a, delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: "sms-1"})
+	res, err = finishOne(e.ctx, holder, a, delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: "sms-1"})
 	is.NoErr(err)
 	is.Equal(res.Kind, service.ResultStale) // A's answer comes too late to change the task
 	return id

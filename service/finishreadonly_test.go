@@ -6,6 +6,7 @@ import (
 
 	"github.com/matryer/is"
 
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 )
 
@@ -26,7 +27,7 @@ func TestFinishMeetingAReadOnlyServerReconnects(t *testing.T) {
 	attempts, _, err := d.ClaimBatch(ctx, 10)
 	is.NoErr(err)
 	is.Equal(len(attempts), 1)
-	obs := d.CallAll(ctx, attempts)
+	obs := callAll(ctx, d, attempts)
 
 	open, err := local.Acquire(ctx) // a session opened before the change: it sees what the worker's sees
 	is.NoErr(err)
@@ -39,17 +40,11 @@ func TestFinishMeetingAReadOnlyServerReconnects(t *testing.T) {
 	is.NoErr(err)
 	_, err = local.Exec(ctx, `SELECT pg_reload_conf()`)
 	is.NoErr(err)
-	for deadline := time.Now().Add(30 * time.Second); ; { // open sessions have read the new configuration
+	testworld.Eventually(t, 30*time.Second, "the reloaded configuration reaches an open session", func() bool {
 		var ro string
 		is.NoErr(open.QueryRow(ctx, `SHOW default_transaction_read_only`).Scan(&ro))
-		if ro == "on" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the reloaded configuration never reached an open session")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return ro == "on"
+	})
 
 	results, err := d.FinishBatch(ctx, attempts, obs)
 	is.NoErr(err) // recorded on a new connection

@@ -22,13 +22,13 @@ import (
 func TestFinishIsIdempotent(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "none")
+	e.w.User("u1", "push", "none")
 	e.create("u1", "e1", time.Hour, 3)
 	d := e.dispatcher(dcfg{})
 	attempts, _, err := d.ClaimBatch(e.ctx, 10)
 	is.NoErr(err)
 	is.Equal(len(attempts), 2)
-	obs := d.CallAll(e.ctx, attempts)
+	obs := callAll(e.ctx, d, attempts)
 	first, err := d.FinishBatch(e.ctx, attempts, obs)
 	is.NoErr(err)
 	before := e.attempts(attempts[0].TaskID)
@@ -53,14 +53,14 @@ func TestFinishSurvivesATerminatedConnection(t *testing.T) {
 			is := is.New(t)
 			e := newEnv(t)
 			for _, u := range []string{"u1", "u2", "u3"} {
-				e.user(u, "none")
+				e.w.User(u, "none")
 				e.create(u, "e1", time.Hour, 3)
 			}
 			d := e.dispatcher(dcfg{lease: 20 * time.Second, timeout: 500 * time.Millisecond})
 			attempts, _, err := d.ClaimBatch(e.ctx, 10)
 			is.NoErr(err)
 			is.Equal(len(attempts), 3)
-			obs := d.CallAll(e.ctx, attempts)
+			obs := callAll(e.ctx, d, attempts)
 			for _, o := range obs {
 				is.Equal(o.Outcome, delivery.OutcomeAccepted) // every call was accepted
 			}
@@ -96,7 +96,7 @@ func TestFinishSurvivesATerminatedConnection(t *testing.T) {
 func TestFinishRetriesOnlyWhileTheLeaseLeavesTime(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "none")
+	e.w.User("u1", "none")
 	e.create("u1", "e1", time.Hour, 3)
 	var retries []int
 	d := e.dispatcher(dcfg{lease: 2 * time.Second, timeout: 500 * time.Millisecond,
@@ -106,7 +106,7 @@ func TestFinishRetriesOnlyWhileTheLeaseLeavesTime(t *testing.T) {
 	attempts, _, err := d.ClaimBatch(e.ctx, 10)
 	is.NoErr(err)
 	is.Equal(len(attempts), 1)
-	obs := d.CallAll(e.ctx, attempts)
+	obs := callAll(e.ctx, d, attempts)
 
 	blocker, err := e.pool.Begin(e.ctx)
 	is.NoErr(err)

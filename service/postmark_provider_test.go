@@ -42,7 +42,7 @@ func TestPostmarkProviderAccepted(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	f := startPostmark(t)
-	e.user("u1", "email")
+	e.w.User("u1", "email")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	ref := e.ref(id)
 	is.Equal(runOnce(t, e.postmarkDispatcher(f)).Outcome, delivery.OutcomeAccepted)
@@ -60,7 +60,7 @@ func TestPostmarkProviderLostAnswerIsQueried(t *testing.T) {
 			is := is.New(t)
 			e := newEnv(t)
 			f := startPostmark(t)
-			e.user("u1", "email")
+			e.w.User("u1", "email")
 			id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 			ref := e.ref(id)
 			f.ScriptSend(ref, step)
@@ -84,7 +84,7 @@ func TestPostmarkProviderServerErrorQueriesThenResends(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	f := startPostmark(t)
-	e.user("u1", "email")
+	e.w.User("u1", "email")
 	id := e.create("u1", "e1", time.Hour, 6)[0].TaskID
 	ref := e.ref(id)
 	f.ScriptSend(ref, fakes.Step{Status: 500})
@@ -109,7 +109,7 @@ func TestPostmarkProviderInactiveRecipient(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	f := startPostmark(t)
-	e.user("u1", "email") // address u1@email
+	e.w.User("u1", "email") // address u1@email
 	f.SetInactive("u1@email")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	d := e.postmarkDispatcher(f, func(c *service.DispatcherConfig) { c.DisableUnregistered = true })
@@ -139,7 +139,7 @@ func (e *env) makeDue(id int64) {
 // clock's start, and returns the task and its ref.
 func postmarkLostAnswer(t *testing.T, e *env, f *fakes.Postmark, d *dispatcher) (int64, string) {
 	is := is.New(t)
-	e.user("u1", "email")
+	e.w.User("u1", "email")
 	id := e.create("u1", "e1", 30*24*time.Hour, 6)[0].TaskID
 	ref := e.ref(id)
 	f.ScriptSend(ref, fakes.Step{Delay: time.Second}) // accepted, answered after the 300 ms client timeout

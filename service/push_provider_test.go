@@ -111,7 +111,7 @@ func TestFCMProviderOfflineDeviceGetsEveryTask(t *testing.T) {
 	f := fakes.StartFCM("demo-project")
 	t.Cleanup(f.Close)
 	r := fcmRoute(t, f, "")
-	e.user("u1", "fcm")
+	e.w.User("u1", "fcm")
 	for i := range 6 {
 		e.create("u1", fmt.Sprintf("e%d", i), time.Hour, 3)
 	}
@@ -134,7 +134,7 @@ func TestPushProviderServerErrorParks(t *testing.T) {
 			f := fakes.StartFCM("demo-project")
 			t.Cleanup(f.Close)
 			r := fcmRoute(t, f, "")
-			e.user("u1", "fcm")
+			e.w.User("u1", "fcm")
 			id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 			f.ScriptSend(e.ref(id), fakes.Step{Status: status})
 			d := e.providerDispatcher("fcm", r.Client, r.Contract)
@@ -172,7 +172,7 @@ func TestPushProviderThrottled(t *testing.T) {
 		f := fakes.StartFCM("demo-project")
 		t.Cleanup(f.Close)
 		r := fcmRoute(t, f, "")
-		e.user("u1", "fcm")
+		e.w.User("u1", "fcm")
 		id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 		f.ScriptSend(e.ref(id), fakes.Step{Status: 429})
 		d := e.providerDispatcher("fcm", r.Client, r.Contract)
@@ -200,7 +200,7 @@ func TestFCMProviderAccepted(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	f, c := startFCM(t)
-	e.user("u1", "fcm")
+	e.w.User("u1", "fcm")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	d := e.providerDispatcher("fcm", c, delivery.Contract{})
 	is.Equal(runOnce(t, d).Kind, service.ResultSent)
@@ -218,7 +218,7 @@ func TestFCMProviderLostAnswerParks(t *testing.T) {
 			is := is.New(t)
 			e := newEnv(t)
 			f, c := startFCM(t)
-			e.user("u1", "fcm")
+			e.w.User("u1", "fcm")
 			id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 			f.ScriptSend(e.ref(id), step)
 			d := e.providerDispatcher("fcm", c, delivery.Contract{})
@@ -241,7 +241,7 @@ func TestFCMProviderCollapseResend(t *testing.T) {
 	f := fakes.StartFCM("demo-project")
 	t.Cleanup(f.Close)
 	r := fcmRoute(t, f, "resend_with_collapse = true\n")
-	e.user("u1", "fcm")
+	e.w.User("u1", "fcm")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	ref := e.ref(id)
 	f.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
@@ -261,7 +261,7 @@ func TestFCMProviderUnregistered(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	f, c := startFCM(t)
-	e.user("u1", "fcm")
+	e.w.User("u1", "fcm")
 	f.Unregister("u1@fcm")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	d := e.providerDispatcher("fcm", c, delivery.Contract{}, func(cfg *service.DispatcherConfig) { cfg.DisableUnregistered = true })

@@ -21,6 +21,7 @@ import (
 
 	"github.com/notifierhq/notifier/dbgen"
 	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
 )
@@ -29,7 +30,7 @@ import (
 // in key order; it returns nothing: claims find them by age.
 func (e *env) backlog(user, channel, prefix string, n int) {
 	e.t.Helper()
-	e.user(user, channel)
+	e.w.User(user, channel)
 	if _, err := e.pool.Exec(e.ctx, `
 		WITH n AS (
 			INSERT INTO notification (user_id, event_key, body, expires_at)
@@ -81,7 +82,7 @@ func TestRateLimitTakesOneTokenPerCall(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	// Two tasks whose user turns push off (settled SUPPRESSED at claim, no call), then eight to call.
-	e.user("u0", "push")
+	e.w.User("u0", "push")
 	for i := range 2 {
 		e.create("u0", fmt.Sprintf("off-%d", i), time.Hour, 3)
 	}
@@ -397,7 +398,7 @@ func (l *statementLog) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchE
 func TestRateLimit429PausesEveryWorker(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	first := e.create("u1", "first", time.Hour, 3) // a push and an sms task, oldest
 	for i := range 3 {
 		e.create("u1", fmt.Sprintf("next-%d", i), time.Hour, 3)
@@ -439,7 +440,7 @@ func TestRateLimit429PausesEveryWorker(t *testing.T) {
 	is.True(attempts[0].Channel != attempts[1].Channel)                  // one of each
 	is.True(attempts[0].TaskID == pushID || attempts[0].TaskID == smsID) // the oldest
 	is.True(attempts[1].TaskID == pushID || attempts[1].TaskID == smsID)
-	results, err := a.FinishBatch(e.ctx, attempts, a.CallAll(e.ctx, attempts))
+	results, err := a.FinishBatch(e.ctx, attempts, callAll(e.ctx, a, attempts))
 	is.NoErr(err)
 	for _, r := range results {
 		is.Equal(r.Outcome, delivery.OutcomeThrottled) // both throttled
@@ -466,8 +467,7 @@ func TestRateLimit429PausesEveryWorker(t *testing.T) {
 
 	e.waitDB(`(SELECT paused_until <= now() FROM channel_rate_limit WHERE channel = 'push')`)
 	pushed := 0
-	deadline := time.Now().Add(30 * time.Second)
-	for pushed < 3 && time.Now().Before(deadline) { // refilling from empty at 100/s
+	testworld.Eventually(t, 30*time.Second, "B claims the push tasks", func() bool { // refilling from empty at 100/s
 		attempts, _, err = b.ClaimBatch(e.ctx, 10)
 		is.NoErr(err)
 		for _, at := range attempts {
@@ -475,8 +475,8 @@ func TestRateLimit429PausesEveryWorker(t *testing.T) {
 				pushed++
 			}
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return pushed >= 3
+	})
 	is.True(pushed >= 3) // after the pause B claims the push tasks
 	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task t JOIN notification n ON n.id = t.notification_id
 		WHERE t.channel = 'push' AND n.event_key LIKE 'next-%' AND t.state = 'SENDING'`), int64(3)) // all three
@@ -514,7 +514,7 @@ func TestRateLimitPauseTakesTheLongestRetryAfter(t *testing.T) {
 func TestRateLimitPauseWithoutRetryAfter(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.push.ScriptSend(e.ref(id), fakes.Step{Status: 429})
 	d := e.dispatcher(dcfg{rateLimits: map[string]delivery.RateLimit{"push": {PerSecond: 100, Burst: 100}}})

@@ -48,16 +48,16 @@ func actions(history []service.AttemptRecord) []delivery.Action {
 func TestReceiptWhileTheHolderCalls(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	d := e.dispatcher(dcfg{})
-	a, _, err := d.Claim(e.ctx)
+	a, _, err := claimOne(e.ctx, d)
 	is.NoErr(err)
 	is.True(a != nil) // the holder claimed; its call is under way
 	res := e.record(e.delivered(id, "evt-1"))
 	is.Equal(res.Effect, delivery.ReceiptNoted) // noted: the holder decides
 	is.Equal(e.task(id).State, delivery.StateSending)
-	fin, err := d.Finish(e.ctx, a, d.Call(e.ctx, a))
+	fin, err := finishOne(e.ctx, d, a, d.Call(e.ctx, a))
 	is.NoErr(err)
 	is.Equal(fin.Kind, service.ResultSent) // the holder's acceptance
 	settled, err := e.n.SweepReceipts(e.ctx, 10)
@@ -71,7 +71,7 @@ func TestReceiptWhileTheHolderCalls(t *testing.T) {
 func TestReceiptAfterTheTimeoutSettles(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.push.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
@@ -85,7 +85,7 @@ func TestReceiptAfterTheTimeoutSettles(t *testing.T) {
 	history := e.attempts(id)
 	is.Equal(actions(history), []delivery.Action{delivery.ActionSend, delivery.ActionReceipt})
 	is.Equal(history[1].Outcome, delivery.OutcomeReceiptAccepted)
-	held, none, err := d.Claim(e.ctx)
+	held, none, err := claimOne(e.ctx, d)
 	is.NoErr(err)
 	is.True(held == nil) // no resend
 	is.Equal(none.Kind, service.ResultNothing)
@@ -169,7 +169,7 @@ func TestReceiptForAnUnknownTask(t *testing.T) {
 func TestNotedReceiptSettlesAfterTheHolder(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "none")
+	e.w.User("u1", "push", "none")
 	tasks := e.create("u1", "e1", time.Hour, 3)
 	byChannel := map[string]int64{}
 	for _, tr := range tasks {
@@ -187,7 +187,7 @@ func TestNotedReceiptSettlesAfterTheHolder(t *testing.T) {
 	for _, tr := range tasks {
 		is.Equal(e.record(e.delivered(tr.TaskID, "evt-"+tr.Channel)).Effect, delivery.ReceiptNoted)
 	}
-	results, err := d.FinishBatch(e.ctx, attempts, d.CallAll(e.ctx, attempts))
+	results, err := d.FinishBatch(e.ctx, attempts, callAll(e.ctx, d, attempts))
 	is.NoErr(err)
 	for _, r := range results {
 		is.Equal(r.Outcome, delivery.OutcomeTimeout) // both answers lost
@@ -226,9 +226,9 @@ func TestPruneTakesReceiptsWithTheirTask(t *testing.T) {
 	e := newEnv(t)
 	settled := secParked(t, e, "u1", "e1")
 	e.record(e.delivered(settled, "evt-settled"))
-	e.user("u2", "push")
+	e.w.User("u2", "push")
 	held := e.create("u2", "e2", time.Hour, 3)[0].TaskID
-	a, _, err := e.dispatcher(dcfg{}).Claim(e.ctx)
+	a, _, err := claimOne(e.ctx, e.dispatcher(dcfg{}))
 	is.NoErr(err)
 	is.Equal(a.TaskID, held)
 	e.record(e.delivered(held, "evt-held")) // noted: the task is still SENDING

@@ -33,7 +33,7 @@ var uuidRef = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{
 func TestTaskRefIsRandomAndSentAsTheKey(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	tasks := e.create("u1", "e1", time.Hour, 3)
 	is.Equal(len(tasks), 2)
 	is.True(uuidRef.MatchString(tasks[0].Ref)) // a UUID
@@ -70,7 +70,7 @@ func TestRestoreFromBackupSendsNewMessages(t *testing.T) {
 			if legacy {
 				e.refsFromIDs()
 			}
-			e.user("u1", "push", "sms")
+			e.w.User("u1", "push", "sms")
 			dump := e.dump()
 
 			lost := e.deliverThree("before the restore")
@@ -95,7 +95,7 @@ func TestSequenceRewindSendsNewMessages(t *testing.T) {
 			if legacy {
 				e.refsFromIDs()
 			}
-			e.user("u1", "push", "sms")
+			e.w.User("u1", "push", "sms")
 			lost := e.deliverThree("before the failover")
 			e.forget(lost)
 			fresh := e.deliverThree("after the failover")
@@ -311,7 +311,7 @@ func TestUpgradeKeepsTheRefTasksWereSentWith(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	e.rollbackTo("015") // references derived from ids
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	var id int64
 	is.NoErr(e.pool.QueryRow(e.ctx, `WITH n AS (
 		INSERT INTO notification (user_id, event_key, body, expires_at) VALUES ('u1', 'ev-1', 'shipped', now() + interval '1 hour')

@@ -11,6 +11,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/resend"
@@ -35,7 +36,7 @@ func TestResendProviderAccepted(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	f := startResend(t)
-	e.user("u1", "email")
+	e.w.User("u1", "email")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	ref := e.ref(id)
 	res := runOnce(t, e.resendDispatcher(f, resendTestKey))
@@ -53,14 +54,14 @@ func TestResendProviderLostAnswersResendWithTheKey(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	f := startResend(t)
-	e.user("u1", "email")
+	e.w.User("u1", "email")
 	id := e.create("u1", "e1", time.Hour, 5)[0].TaskID
 	ref := e.ref(id)
 	f.ScriptSend(ref, fakes.Step{Delay: 3 * time.Second}, fakes.Step{Drop: true})
 	d := e.resendDispatcher(f, resendTestKey)
 	is.Equal(runOnce(t, d).Outcome, delivery.OutcomeTimeout) // accepted, answered too late
 	is.True(e.task(id).OutcomeUncertain)
-	waitFor(t, func() bool { return !f.Busy() }) // Resend finished the first request (else: 409 in progress)
+	testworld.Eventually(t, 10*time.Second, "Resend done with the first request", func() bool { return !f.Busy() }) // Resend finished the first request (else: 409 in progress)
 	second := runNext(t, d)
 	is.Equal(second.Action, delivery.ActionSend)      // resent, not parked
 	is.Equal(second.Outcome, delivery.OutcomeIOError) // the replay's connection dropped
@@ -78,7 +79,7 @@ func TestResendProviderServerErrorsPark(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	f := startResend(t)
-	e.user("u1", "email")
+	e.w.User("u1", "email")
 	id := e.create("u1", "e1", time.Hour, 2)[0].TaskID
 	ref := e.ref(id)
 	f.ScriptSend(ref, fakes.Step{Status: 500}, fakes.Step{Status: 500})
@@ -89,18 +90,6 @@ func TestResendProviderServerErrorsPark(t *testing.T) {
 	is.Equal(task.State, delivery.StateUnknown) // not FAILED
 	is.True(task.NeedsReview)                   // parked
 	is.Equal(f.Requests(), len(e.attempts(id)))
-}
-
-// waitFor polls a fact for at most 10 s: a wait, not a timed assertion.
-func waitFor(t *testing.T, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 10 s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // testClock is a provider fake's clock that a test moves by hand.
@@ -144,12 +133,12 @@ func resendUncertainAged(t *testing.T, e *env, f *fakes.Resend, d *dispatcher, a
 	clock := newTestClock()
 	f.SetClock(clock.Now)
 	first := clock.Now()
-	e.user("u1", "email")
+	e.w.User("u1", "email")
 	id := e.create("u1", "e1", 48*time.Hour, 5)[0].TaskID
 	ref := e.ref(id)
 	f.ScriptSend(ref, fakes.Step{Delay: time.Second}) // accepted, answered after the 300 ms client timeout
 	is.Equal(runOnce(t, d).Outcome, delivery.OutcomeTimeout)
-	waitFor(t, func() bool { return !f.Busy() })
+	testworld.Eventually(t, 10*time.Second, "Resend done with its requests", func() bool { return !f.Busy() })
 	e.ageUncertainty(id, age)
 	clock.Set(first.Add(age + resend.CallReachAllowance + resend.ClockSkewAllowance))
 	return id, ref

@@ -67,7 +67,7 @@ func pruneWhileDelivering(b *testing.B, history int) {
 	b.StopTimer()
 	e := newEnv(b)
 	ctx := e.ctx
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	d := e.dispatcher(dcfg{})
 	exec := func(sql string, args ...any) {
 		b.Helper()
@@ -113,7 +113,7 @@ func pruneWhileDelivering(b *testing.B, history int) {
 				for {
 					during := pruning != nil && pruning.Load()
 					t0 := time.Now()
-					a, res, err := d.Claim(ctx)
+					a, res, err := claimOne(ctx, d)
 					claim := time.Since(t0)
 					if err != nil {
 						b.Error(err)
@@ -127,7 +127,7 @@ func pruneWhileDelivering(b *testing.B, history int) {
 					}
 					obs := d.Call(ctx, a)
 					t1 := time.Now()
-					res, err = d.Finish(ctx, a, obs)
+					res, err = finishOne(ctx, d, a, obs)
 					finish := time.Since(t1)
 					if err != nil || res.Kind != service.ResultSent {
 						b.Errorf("finish: %+v %v", res, err)

@@ -70,10 +70,10 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 	is.Equal(len(tasks), 0) // without any task
 	e.backdateNotification(emptyOld)
 
-	e.user("two", "push", "sms")
-	e.user("p", "push")
-	e.user("n", "none")
-	e.user("mixed", "push", "none")
+	e.w.User("two", "push", "sms")
+	e.w.User("p", "push")
+	e.w.User("n", "none")
+	e.w.User("mixed", "push", "none")
 	sentA := e.create("two", "sent-a", time.Hour, 3) // push + sms, both SENT
 	sentB := e.create("two", "sent-b", time.Hour, 3)
 	failed := e.create("p", "failed", time.Hour, 3)[0]
@@ -89,7 +89,7 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 	e.none.ScriptSend(e.ref(mixed[1].TaskID), fakes.Step{Status: 409})
 	drain(t, d)
 
-	e.user("s", "push")
+	e.w.User("s", "push")
 	suppressed := e.create("s", "suppressed", time.Hour, 3)[0]
 	_, err = e.n.SetPreference(e.ctx, "s", "push", "s@push", false)
 	is.NoErr(err) // disabled before the claim
@@ -101,9 +101,9 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 	is.Equal(e.task(recent.TaskID).State, delivery.StateSent) // finished just now
 
 	sending := e.create("p", "sending", time.Hour, 3)[0]
-	a, _, err := d.Claim(e.ctx) // claimed and never finished: SENDING under a lease
-	is.NoErr(err)               // claimed
-	is.True(a != nil)           // a task was claimed
+	a, _, err := claimOne(e.ctx, d) // claimed and never finished: SENDING under a lease
+	is.NoErr(err)                   // claimed
+	is.True(a != nil)               // a task was claimed
 	is.Equal(a.TaskID, sending.TaskID)
 	pending := e.create("p", "pending", time.Hour, 3)[0] // never claimed
 
@@ -183,7 +183,7 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 	changed, err := e.n.ResolveManually(e.ctx, parked.TaskID, delivery.StateFailed, "checked with the channel", "op")
 	is.NoErr(err)    // resolved
 	is.True(changed) // once
-	res, err := d.Finish(e.ctx, a, delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: "m-1"})
+	res, err := finishOne(e.ctx, d, a, delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: "m-1"})
 	is.NoErr(err)                          // the holder records its call
 	is.Equal(res.Kind, service.ResultSent) // its token is still valid
 
@@ -197,7 +197,7 @@ func TestPruneDeletesOnlyOldFinishedHistory(t *testing.T) {
 func TestPruneConcurrentRunsDeleteEverythingOnce(t *testing.T) {
 	e := newEnv(t)
 	is := is.New(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	const notifications = 40
 	// Finished history made directly (test-only SQL): each notification with two SENT tasks and one
 	// attempt per task, two days old.

@@ -75,7 +75,7 @@ func TestDeliveryRoundTrips(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			is := is.New(t)
 			e := newEnv(t)
-			e.user("u1", "push")
+			e.w.User("u1", "push")
 			d, trips := countedDispatcher(t, e, mode)
 			counted := func(f func()) int64 {
 				start := trips.n.Load()
@@ -94,7 +94,7 @@ func TestDeliveryRoundTrips(t *testing.T) {
 					is.Equal(len(settled), 0)  // nothing settled without a call
 					is.Equal(len(attempts), 1) // one task claimed
 				})
-				obs := d.CallAll(e.ctx, attempts)
+				obs := callAll(e.ctx, d, attempts)
 				finish = counted(func() {
 					results, err := d.FinishBatch(e.ctx, attempts, obs)
 					is.NoErr(err)                                 // finish
@@ -125,7 +125,7 @@ func TestDeliveryRoundTrips(t *testing.T) {
 func TestReviewRoundTripsDoNotGrowWithThePage(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	const tasks = 6
 	for i := range tasks {
 		e.create("u1", "e"+strconv.Itoa(i), time.Hour, 3)
@@ -134,7 +134,7 @@ func TestReviewRoundTripsDoNotGrowWithThePage(t *testing.T) {
 		Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeNone, Client: answering{Outcome: delivery.OutcomeTimeout}}}})
 	is.NoErr(err)
 	for range tasks {
-		res, err := parker.RunOnce(e.ctx)
+		res, err := runCycle(e.ctx, parker)
 		is.NoErr(err)
 		is.Equal(res.Kind, service.ResultParked) // a NONE channel's timeout parks at once
 	}

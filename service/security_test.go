@@ -184,29 +184,7 @@ func secDispatcher(t *testing.T, e *env, pool *pgxpool.Pool, c dcfg) *dispatcher
 	if c.worker == "" {
 		c.worker = "w-sec"
 	}
-	if c.lease == 0 {
-		c.lease = 10 * time.Second
-	}
-	if c.timeout == 0 {
-		c.timeout = 2 * time.Second
-	}
-	routes := map[string]delivery.Route{}
-	for name, ch := range map[string]*fakes.Channel{"push": e.push, "sms": e.sms, "none": e.none} {
-		client, err := httpchannel.New(ch.URL(), httpchannel.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		mode := map[string]delivery.Mode{"push": delivery.ModeIdempotent, "sms": delivery.ModeQueryable, "none": delivery.ModeNone}[name]
-		routes[name] = delivery.Route{Mode: mode, Client: client}
-	}
-	d, err := service.NewDispatcher(e.ctx, pool, service.DispatcherConfig{
-		Worker: c.worker, Routes: routes, Lease: c.lease, CallTimeout: c.timeout,
-		Backoff: delivery.Backoff{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &dispatcher{Dispatcher: d}
+	return e.dispatcherOn(pool, c)
 }
 
 // secParked makes a task parked for review: the none channel answers 409 (still in flight), which is
@@ -230,7 +208,7 @@ func secParked(t *testing.T, e *env, user, key string) int64 {
 func TestAttemptOutcomeCannotBeRewritten(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	is.Equal(runOnce(t, e.dispatcher(dcfg{})).Kind, service.ResultSent) // a real delivery
 	before := e.attempts(id)
@@ -277,15 +255,15 @@ func TestAttemptOutcomeCannotBeRewritten(t *testing.T) {
 func TestAttemptLateOutcomeIsWrittenOnce(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	a := e.dispatcher(dcfg{worker: "w-a", lease: 500 * time.Millisecond})
-	held, _, err := a.Claim(e.ctx)
+	held, _, err := claimOne(e.ctx, a)
 	is.NoErr(err)
 	is.True(held != nil) // A holds the task and stalls
 	e.waitDB("(SELECT lease_until < now() FROM delivery_task WHERE id = $1)", id)
 	is.Equal(runOnce(t, e.dispatcher(dcfg{worker: "w-b"})).Kind, service.ResultSent) // B takes over and sends
-	late, err := a.Finish(e.ctx, held, delivery.Observation{Outcome: delivery.OutcomeTimeout, ProviderMsgID: "late-id", Detail: "late"})
+	late, err := finishOne(e.ctx, a, held, delivery.Observation{Outcome: delivery.OutcomeTimeout, ProviderMsgID: "late-id", Detail: "late"})
 	is.NoErr(err)
 	is.Equal(late.Kind, service.ResultStale) // A's observation goes to late_outcome
 	history := e.attempts(id)
@@ -302,7 +280,7 @@ func TestAttemptLateOutcomeIsWrittenOnce(t *testing.T) {
 	is.Equal(e.attempts(id), history)                                                          // nothing changed
 
 	// The token-guarded queries themselves still refuse a second write (0 rows, not an error).
-	late, err = a.Finish(e.ctx, held, delivery.Observation{Outcome: delivery.OutcomeAccepted})
+	late, err = finishOne(e.ctx, a, held, delivery.Observation{Outcome: delivery.OutcomeAccepted})
 	is.NoErr(err)
 	is.Equal(late.Kind, service.ResultStale) // STALE again
 	is.Equal(e.attempts(id), history)        // and the first late observation stands
@@ -317,7 +295,7 @@ func TestAttemptDeleteOnlyForTerminalTasks(t *testing.T) {
 	parked := secParked(t, e, "u2", "e2")
 	secRetentionOnly(t, e.pool, del, parked)
 
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	byChannel := map[string]int64{}
 	for _, tk := range e.create("u1", "e1", time.Hour, 3) {
 		byChannel[tk.Channel] = tk.TaskID
@@ -333,9 +311,9 @@ func TestAttemptDeleteOnlyForTerminalTasks(t *testing.T) {
 	secRetentionOnly(t, e.pool, del, byChannel["sms"])                                                     // PENDING: not finished
 
 	// SENDING: a holder's open attempt.
-	e.user("u3", "push")
+	e.w.User("u3", "push")
 	sending := e.create("u3", "e3", time.Hour, 3)[0].TaskID
-	held, _, err := e.dispatcher(dcfg{}).Claim(e.ctx)
+	held, _, err := claimOne(e.ctx, e.dispatcher(dcfg{}))
 	is.NoErr(err)
 	is.Equal(held.TaskID, sending) // the new task is claimed
 	secRetentionOnly(t, e.pool, del, sending)
@@ -346,7 +324,7 @@ func TestAttemptDeleteOnlyForTerminalTasks(t *testing.T) {
 	is.Equal(e.scalar(`SELECT count(*) FROM delivery_attempt`), int64(4))                     // every attempt still there
 
 	// SENT: retention may prune the finished history.
-	e.user("u4", "push")
+	e.w.User("u4", "push")
 	sent := e.create("u4", "e4", time.Hour, 3)[0].TaskID
 	is.Equal(runOnce(t, e.dispatcher(dcfg{})).Kind, service.ResultSent)
 	n, pgErr := secExec(t, e.pool, del, sent)
@@ -390,7 +368,7 @@ func TestRateLimitRoles(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	worker := secRolePool(t, e, "notifier_worker")
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	for i := range 3 {
 		e.create("u1", fmt.Sprintf("e%d", i), time.Hour, 3)
 	}
@@ -410,7 +388,7 @@ func TestRateLimitRoles(t *testing.T) {
 	attempts, _, err := d.ClaimBatch(e.ctx, 10)
 	is.NoErr(err)              // RateLimitPeek and RateLimitTake as the worker
 	is.Equal(len(attempts), 2) // the burst
-	_, err = d.FinishBatch(e.ctx, attempts, d.CallAll(e.ctx, attempts))
+	_, err = d.FinishBatch(e.ctx, attempts, callAll(e.ctx, d, attempts))
 	is.NoErr(err)
 	is.Equal(paused, []error{nil})          // RateLimitPause as the worker
 	is.True(e.bucket("push").pausedFor > 0) // paused
@@ -438,7 +416,7 @@ func TestWorkerRoleRunsTheProtocol(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	worker := secRolePool(t, e, "notifier_worker")
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 
 	// A plain delivery.
 	sent := e.create("u1", "e1", time.Hour, 3)[0].TaskID
@@ -449,12 +427,12 @@ func TestWorkerRoleRunsTheProtocol(t *testing.T) {
 	// Lease takeover and a superseded holder's late finish.
 	taken := e.create("u1", "e2", time.Hour, 3)[0].TaskID
 	a := secDispatcher(t, e, worker, dcfg{worker: "w-a", lease: 500 * time.Millisecond})
-	held, _, err := a.Claim(e.ctx)
+	held, _, err := claimOne(e.ctx, a)
 	is.NoErr(err)
 	is.Equal(held.TaskID, taken)
 	e.waitDB("(SELECT lease_until < now() FROM delivery_task WHERE id = $1)", taken)
 	is.Equal(runOnce(t, secDispatcher(t, e, worker, dcfg{worker: "w-b"})).Kind, service.ResultSent) // AttemptMarkLeaseExpired
-	res, err := a.Finish(e.ctx, held, delivery.Observation{Outcome: delivery.OutcomeTimeout})
+	res, err := finishOne(e.ctx, a, held, delivery.Observation{Outcome: delivery.OutcomeTimeout})
 	is.NoErr(err)
 	is.Equal(res.Kind, service.ResultStale) // AttemptRecordLate
 	history := e.attempts(taken)
@@ -463,7 +441,7 @@ func TestWorkerRoleRunsTheProtocol(t *testing.T) {
 
 	// Claim-time park: the lease of the last budgeted attempt expired (TaskPark).
 	parkedAtClaim := e.create("u1", "e3", time.Hour, 1)[0].TaskID
-	held, _, err = a.Claim(e.ctx)
+	held, _, err = claimOne(e.ctx, a)
 	is.NoErr(err)
 	is.Equal(held.TaskID, parkedAtClaim)
 	e.waitDB("(SELECT lease_until < now() FROM delivery_task WHERE id = $1)", parkedAtClaim)
@@ -471,7 +449,7 @@ func TestWorkerRoleRunsTheProtocol(t *testing.T) {
 	is.True(e.task(parkedAtClaim).NeedsReview)
 
 	// Finish-time park: a 409 on a NONE channel (TaskFinish with needs_review).
-	e.user("u2", "none")
+	e.w.User("u2", "none")
 	parkedAtFinish := e.create("u2", "e4", time.Hour, 3)[0].TaskID
 	e.none.ScriptSend(e.ref(parkedAtFinish), fakes.Step{Status: 409})
 	is.Equal(runOnce(t, d).Kind, service.ResultParked)
@@ -595,7 +573,7 @@ func TestOperatorRoleResolvesParkedOnly(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
 	parked := secParked(t, e, "u1", "e1")
-	e.user("u2", "push")
+	e.w.User("u2", "push")
 	pending := e.create("u2", "e2", time.Hour, 3)[0].TaskID
 	operator := secRolePool(t, e, "notifier_operator")
 	n := service.NewNotifier(operator)

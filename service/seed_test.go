@@ -26,7 +26,7 @@ const (
 
 func TestN1ConcurrentCreateYieldsOneNotification(t *testing.T) {
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	if _, err := e.n.SetPreference(e.ctx, "u1", "none", "u1@none", false); err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestN1ConcurrentCreateYieldsOneNotification(t *testing.T) {
 func TestN2NormalDelivery(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push", "sms")
+	e.w.User("u1", "push", "sms")
 	tasks := e.create("u1", "ord-1001", time.Hour, 3)
 	d := e.dispatcher(dcfg{})
 	for range tasks {
@@ -95,7 +95,7 @@ func TestC1ConcurrentClaims(t *testing.T) {
 	t.Run("8 claimers 1 task", func(t *testing.T) {
 		is := is.New(t)
 		e := newEnv(t)
-		e.user("u1", "push")
+		e.w.User("u1", "push")
 		e.create("u1", "e1", time.Hour, 3)
 		var (
 			wg      sync.WaitGroup
@@ -109,7 +109,7 @@ func TestC1ConcurrentClaims(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				a, _, err := d.Claim(context.Background())
+				a, _, err := claimOne(context.Background(), d)
 				if err != nil {
 					t.Error(err)
 				}
@@ -127,7 +127,7 @@ func TestC1ConcurrentClaims(t *testing.T) {
 	t.Run("4 workers drain 20 tasks", func(t *testing.T) {
 		is := is.New(t)
 		e := newEnv(t)
-		e.user("u1", "push")
+		e.w.User("u1", "push")
 		for i := range 20 {
 			e.create("u1", "drain-"+string(rune('a'+i)), time.Hour, 3)
 		}
@@ -138,7 +138,7 @@ func TestC1ConcurrentClaims(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for {
-					results, err := d.RunBatch(context.Background(), testBatch) // per task, or batched with NOTIFIER_TEST_BATCH
+					results, err := runBatch(context.Background(), d, testBatch) // per task, or batched with NOTIFIER_TEST_BATCH
 					if err != nil {
 						t.Error(err)
 						return
@@ -166,7 +166,7 @@ func TestC1ConcurrentClaims(t *testing.T) {
 func TestNC1ClaimWithoutLock(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "sms")
+	e.w.User("u1", "sms")
 	const unsafeSelect = `SELECT id FROM delivery_task WHERE state IN ('PENDING','UNKNOWN') AND next_attempt_at <= now() ORDER BY id LIMIT 1`
 	const unsafeUpdate = `UPDATE delivery_task SET state = 'SENDING', attempt_token = gen_random_uuid(), lease_owner = $2,
 		lease_until = now() + interval '30 seconds', next_attempt_at = NULL, attempt_count = attempt_count + 1 WHERE id = $1`
@@ -232,7 +232,7 @@ func TestNC1ClaimWithoutLock(t *testing.T) {
 func TestT1IdempotentResendAfterTimeout(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.push.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
@@ -250,7 +250,7 @@ func TestT1IdempotentResendAfterTimeout(t *testing.T) {
 func TestT2QueryAfterTimeout(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "sms")
+	e.w.User("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.sms.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
@@ -264,7 +264,7 @@ func TestT2QueryAfterTimeout(t *testing.T) {
 func TestT3QueryFailsUntilBudgetThenManualResolve(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "sms")
+	e.w.User("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	ref := e.ref(id)
 	e.sms.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
@@ -300,7 +300,7 @@ func TestT3QueryFailsUntilBudgetThenManualResolve(t *testing.T) {
 func TestNC2BlindResend(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "sms")
+	e.w.User("u1", "sms")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.sms.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout, modes: map[string]delivery.Mode{"sms": delivery.ModeIdempotent}})
@@ -314,7 +314,7 @@ func TestF1RefusedBeforeAcceptance(t *testing.T) {
 	t.Run("503 then retried", func(t *testing.T) {
 		is := is.New(t)
 		e := newEnv(t)
-		e.user("u1", "push")
+		e.w.User("u1", "push")
 		id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 		e.push.ScriptSend(e.ref(id), fakes.Step{Status: 503})
 		d := e.dispatcher(dcfg{})
@@ -329,7 +329,7 @@ func TestF1RefusedBeforeAcceptance(t *testing.T) {
 	t.Run("400 fails", func(t *testing.T) {
 		is := is.New(t)
 		e := newEnv(t)
-		e.user("u1", "push")
+		e.w.User("u1", "push")
 		id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 		e.push.ScriptSend(e.ref(id), fakes.Step{Status: 400})
 		d := e.dispatcher(dcfg{})
@@ -343,7 +343,7 @@ func TestB1NotSentWhenDisabledOrExpired(t *testing.T) {
 	t.Run("preference disabled before claim", func(t *testing.T) {
 		is := is.New(t)
 		e := newEnv(t)
-		e.user("u1", "push")
+		e.w.User("u1", "push")
 		id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 		_, err := e.n.SetPreference(e.ctx, "u1", "push", "u1@push", false)
 		is.NoErr(err)
@@ -355,7 +355,7 @@ func TestB1NotSentWhenDisabledOrExpired(t *testing.T) {
 	t.Run("expired before claim", func(t *testing.T) {
 		is := is.New(t)
 		e := newEnv(t)
-		e.user("u1", "push")
+		e.w.User("u1", "push")
 		id := e.create("u1", "e1", 300*time.Millisecond, 3)[0].TaskID
 		e.waitDB("(SELECT expires_at <= now() FROM notification)")
 		res := runOnce(t, e.dispatcher(dcfg{}))
@@ -368,7 +368,7 @@ func TestB1NotSentWhenDisabledOrExpired(t *testing.T) {
 func TestB2ExpiryAfterUncertainParks(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "sms")
+	e.w.User("u1", "sms")
 	id := e.create("u1", "e1", 2*time.Second, 3)[0].TaskID
 	ref := e.ref(id)
 	e.sms.ScriptSend(ref, fakes.Step{Delay: fakeDelay})
@@ -382,7 +382,7 @@ func TestB2ExpiryAfterUncertainParks(t *testing.T) {
 func TestB3RefusalAfterUncertainParks(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 2)[0].TaskID
 	ref := e.ref(id)
 	e.push.ScriptSend(ref, fakes.Step{Delay: fakeDelay}, fakes.Step{Status: 503})
@@ -400,10 +400,10 @@ func TestB3RefusalAfterUncertainParks(t *testing.T) {
 func TestLeaseTakeover(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	a := e.dispatcher(dcfg{worker: "w-a", lease: time.Second})
-	held, _, err := a.Claim(e.ctx)
+	held, _, err := claimOne(e.ctx, a)
 	is.NoErr(err)
 	is.True(held != nil)
 	is.Equal(a.Call(e.ctx, held).Outcome, delivery.OutcomeAccepted) // accepted; then the holder "dies"
@@ -429,11 +429,11 @@ func supersededHolder(t *testing.T) (e *env, id int64, a *dispatcher, held *serv
 	is := is.New(t)
 	is.Helper()
 	e = newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	id = e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.push.ScriptSend(e.ref(id), fakes.Step{Hang: true})
 	a = e.dispatcher(dcfg{worker: "w-p2-a", lease: time.Second, timeout: 1500 * time.Millisecond})
-	held, _, err := a.Claim(e.ctx)
+	held, _, err := claimOne(e.ctx, a)
 	is.NoErr(err)
 	obs = a.Call(e.ctx, held) // accepted, then no answer: times out after the lease ran out
 	is.Equal(obs.Outcome, delivery.OutcomeTimeout)
@@ -446,7 +446,7 @@ func TestNC3LateFinish(t *testing.T) {
 	e, id, a, held, obs, b := supersededHolder(t)
 	is.Equal(runOnce(t, b).Kind, service.ResultSent) // B takes over and completes (ACCEPTED_REPLAY)
 
-	late, err := a.Finish(e.ctx, held, obs)
+	late, err := finishOne(e.ctx, a, held, obs)
 	is.NoErr(err)
 	is.Equal(late.Kind, service.ResultStale)       // A's finish matches 0 rows: STALE
 	is.Equal(e.task(id).State, delivery.StateSent) // the task stays SENT
@@ -484,19 +484,19 @@ func TestNC3LateFinishWhileNewHolderSends(t *testing.T) {
 		t.Run(map[bool]string{true: "token guard", false: "negative control: state only"}[guarded], func(t *testing.T) {
 			is := is.New(t)
 			e, id, a, heldA, obsA, b := supersededHolder(t)
-			heldB, _, err := b.Claim(e.ctx)
+			heldB, _, err := claimOne(e.ctx, b)
 			is.NoErr(err)
 			is.True(heldB != nil) // B holds the task now, and has not called yet
 
 			if guarded {
-				late, err := a.Finish(e.ctx, heldA, obsA)
+				late, err := finishOne(e.ctx, a, heldA, obsA)
 				is.NoErr(err)
 				is.Equal(late.Kind, service.ResultStale) // A's token no longer holds: STALE
 				task := e.task(id)
 				is.Equal(task.State, delivery.StateSending) // still B's
 				is.Equal(task.LeaseOwner, "w-p2-b")         // with B's lease
 				is.Equal(e.attempts(id)[0].LateOutcome, delivery.OutcomeTimeout)
-				res, err := b.Finish(e.ctx, heldB, b.Call(e.ctx, heldB))
+				res, err := finishOne(e.ctx, b, heldB, b.Call(e.ctx, heldB))
 				is.NoErr(err)
 				is.Equal(res.Kind, service.ResultSent) // B's finish counts
 				is.Equal(res.Outcome, delivery.OutcomeAcceptedReplay)
@@ -513,7 +513,7 @@ func TestNC3LateFinishWhileNewHolderSends(t *testing.T) {
 			is.NoErr(err)
 			is.Equal(tag.RowsAffected(), int64(1))            // damage: A's stale observation matches B's row
 			is.Equal(e.task(id).State, delivery.StateUnknown) // damage: B's holding is overwritten
-			res, err := b.Finish(e.ctx, heldB, b.Call(e.ctx, heldB))
+			res, err := finishOne(e.ctx, b, heldB, b.Call(e.ctx, heldB))
 			is.NoErr(err)
 			is.Equal(res.Outcome, delivery.OutcomeAcceptedReplay) // B's call was accepted
 			is.Equal(res.Kind, service.ResultStale)               // damage: yet B's finish is the one refused
@@ -525,7 +525,7 @@ func TestNC3LateFinishWhileNewHolderSends(t *testing.T) {
 func TestNoneChannelTimeoutParksAtOnce(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "none")
+	e.w.User("u1", "none")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.none.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	d := e.dispatcher(dcfg{timeout: clientTimeout})
@@ -546,7 +546,7 @@ func TestUncertainResponsesNeverFail(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			is := is.New(t)
 			e := newEnv(t)
-			e.user("u1", "push")
+			e.w.User("u1", "push")
 			id := e.create("u1", "e1", time.Hour, 1)
 			e.push.ScriptSend(e.ref(id[0].TaskID), step)
 			res := runOnce(t, e.dispatcher(dcfg{timeout: clientTimeout}))
@@ -561,7 +561,7 @@ func TestUncertainResponsesNeverFail(t *testing.T) {
 func TestConcurrentResolveHasOneWinner(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "none")
+	e.w.User("u1", "none")
 	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
 	e.none.ScriptSend(e.ref(id), fakes.Step{Delay: fakeDelay})
 	is.Equal(runOnce(t, e.dispatcher(dcfg{timeout: clientTimeout})).Kind, service.ResultParked)

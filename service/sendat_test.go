@@ -25,7 +25,7 @@ import (
 func TestSendAtTaskWaitsForItsTime(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	creator := service.NewNotifier(secRolePool(t, e, "notifier_creator"))
 	out, err := creator.CreateBatch(e.ctx, []service.CreateRequest{{UserID: "u1", EventKey: "later", Body: "b",
 		TTL: time.Hour, MaxAttempts: 3, Delay: 2 * time.Second}})
@@ -79,7 +79,7 @@ func TestSendAtTaskWaitsForItsTime(t *testing.T) {
 func TestSendAtInCallersTx(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	creatorPool := secRolePool(t, e, "notifier_creator")
 	creator := service.NewNotifier(creatorPool)
 	ahead := time.Now().Add(30 * time.Minute).Truncate(time.Microsecond)
@@ -104,7 +104,7 @@ func TestSendAtInCallersTx(t *testing.T) {
 func TestSendAtAtOrAfterExpiryRefused(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	creatorPool := secRolePool(t, e, "notifier_creator")
 	creator := service.NewNotifier(creatorPool)
 	for _, c := range []struct {
@@ -169,7 +169,7 @@ func TestSendAtAtOrAfterExpiryRefused(t *testing.T) {
 // greatest(send_at, now()) of its notification, and refuses one dated back or dated to any other time.
 func TestSendAtCreatorPolicy(t *testing.T) {
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	creator := secRolePool(t, e, "notifier_creator")
 	for _, c := range []struct {
 		name     string
@@ -215,7 +215,7 @@ func TestSendAtCreatorPolicy(t *testing.T) {
 func TestCancelScheduledTaskIsSuppressed(t *testing.T) {
 	is := is.New(t)
 	e := newEnv(t)
-	e.user("u1", "push")
+	e.w.User("u1", "push")
 	out, err := e.n.CreateBatch(e.ctx, []service.CreateRequest{{UserID: "u1", EventKey: "promo", Body: "b",
 		TTL: 2 * time.Hour, MaxAttempts: 3, Delay: time.Hour}})
 	is.NoErr(err)

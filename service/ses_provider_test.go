@@ -47,7 +47,7 @@ func startSES(t *testing.T) *fakes.SES {
 // sesTask creates one email task for a user with an email preference.
 func (e *env) sesTask(user, key string, maxAttempts int) (int64, string) {
 	e.t.Helper()
-	e.user(user, "email")
+	e.w.User(user, "email")
 	id := e.create(user, key, time.Hour, maxAttempts)[0].TaskID
 	return id, e.ref(id)
 }

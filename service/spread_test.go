@@ -18,14 +18,14 @@ func TestRetriesAreSpread(t *testing.T) {
 	e := newEnv(t)
 	for i := range 20 {
 		user := fmt.Sprintf("u%d", i)
-		e.user(user, "push")
+		e.w.User(user, "push")
 		e.create(user, "e1", time.Hour, 3)
 	}
 	e.push.SetFallback(func() fakes.Step { return fakes.Step{Status: 503} }, nil)
 	d := e.dispatcher(dcfg{backoff: 10 * time.Second})
 	attempts, _, err := d.ClaimBatch(e.ctx, 20)
 	is.NoErr(err)
-	results, err := d.FinishBatch(e.ctx, attempts, d.CallAll(e.ctx, attempts))
+	results, err := d.FinishBatch(e.ctx, attempts, callAll(e.ctx, d, attempts))
 	is.NoErr(err)
 	for _, r := range results {
 		is.Equal(r.Kind, service.ResultPending) // refused before acceptance: retried

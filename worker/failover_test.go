@@ -16,6 +16,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
@@ -87,18 +88,11 @@ func TestStreamingFinishesSurviveTerminatedConnections(t *testing.T) {
 			}
 		}
 	}()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		var open int64
+	var open int64
+	testworld.Eventually(t, 90*time.Second, "every task SENT or parked", func() bool {
 		is.NoErr(pool.QueryRow(ctx, `SELECT count(*) FROM delivery_task WHERE state NOT IN ('SENT') AND NOT needs_review`).Scan(&open))
-		if open == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d tasks still open after 90s", open)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return open == 0
+	})
 	stop()
 	wg.Wait()
 

@@ -31,6 +31,7 @@ import (
 
 	"github.com/notifierhq/notifier/fakes"
 	"github.com/notifierhq/notifier/internal/pgtest"
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpchannel"
@@ -104,21 +105,16 @@ func readTask(t *testing.T, pool *pgxpool.Pool, id int64) taskState {
 // settle waits until the task is SENT, FAILED, SUPPRESSED or parked, with every attempt finished.
 func settle(t *testing.T, pool *pgxpool.Pool, id int64) taskState {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		s := readTask(t, pool, id)
+	var s taskState
+	testworld.Eventually(t, 30*time.Second, fmt.Sprintf("task %d settled", id), func() bool {
+		s = readTask(t, pool, id)
 		open := false
 		for _, a := range s.Attempts {
 			open = open || a.Outcome == ""
 		}
-		if !open && (s.State == "SENT" || s.State == "FAILED" || s.State == "SUPPRESSED" || s.State == "UNKNOWN" && s.Parked) {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task %d did not settle: %+v", id, s)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return !open && (s.State == "SENT" || s.State == "FAILED" || s.State == "SUPPRESSED" || s.State == "UNKNOWN" && s.Parked)
+	})
+	return s
 }
 
 // createTask submits one event for user u1 on channel and returns its task.

@@ -13,33 +13,25 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/fakes"
-	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/internal/seedcase"
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
-	"github.com/notifierhq/notifier/service/httpchannel"
 	"github.com/notifierhq/notifier/worker"
 )
 
-// streamWorld is a database, the three fakes, and a streaming worker serving them.
+// streamWorld is the test world (a database and the three fakes) with streaming workers serving it.
 type streamWorld struct {
-	pool            *pgxpool.Pool
-	n               *service.Notifier
-	push, sms, none *fakes.Channel
+	*testworld.World
 }
 
 // newStreamWorld starts the fakes; run starts the loop (after the test has scripted them).
 func newStreamWorld(t *testing.T) *streamWorld {
 	t.Helper()
-	w := &streamWorld{pool: pgtest.NewDB(t)}
-	w.n = service.NewNotifier(w.pool)
-	w.push, w.sms, w.none = fakes.Start(fakes.Push), fakes.Start(fakes.SMS), fakes.Start(fakes.None)
-	t.Cleanup(func() { w.push.Close(); w.sms.Close(); w.none.Close() })
-	return w
+	return &streamWorld{testworld.New(t)}
 }
 
 // run starts workers streaming loops (each its own dispatcher) with a client timeout of 400 ms, the
@@ -54,25 +46,10 @@ func (w *streamWorld) runWith(t *testing.T, workers int, modes map[string]delive
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for i := range workers {
-		routes := map[string]delivery.Route{}
-		for name, ch := range map[string]*fakes.Channel{"push": w.push, "sms": w.sms, "none": w.none} {
-			client, err := httpchannel.New(ch.URL(), httpchannel.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mode := map[string]delivery.Mode{"push": delivery.ModeIdempotent, "sms": delivery.ModeQueryable, "none": delivery.ModeNone}[name]
-			if m, ok := modes[name]; ok {
-				mode = m
-			}
-			routes[name] = delivery.Route{Mode: mode, Client: client}
-		}
-		d, err := service.NewDispatcher(t.Context(), w.pool, service.DispatcherConfig{
-			Worker: "w-stream-" + string(rune('a'+i)), Routes: routes, Lease: 10 * time.Second, CallTimeout: 400 * time.Millisecond,
-			Backoff: delivery.Backoff{Base: backoff, Max: 10 * backoff},
+		d := w.Dispatcher(service.DispatcherConfig{
+			Worker: "w-stream-" + string(rune('a'+i)), Routes: w.Routes(modes, nil, nil), CallTimeout: 400 * time.Millisecond,
+			Backoff: delivery.Backoff{Base: backoff},
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -85,28 +62,19 @@ func (w *streamWorld) runWith(t *testing.T, workers int, modes map[string]delive
 
 func (w *streamWorld) create(t *testing.T, user, event string, ttl time.Duration, maxAttempts int) []service.TaskRef {
 	t.Helper()
-	_, _, tasks, err := w.n.Create(context.Background(), service.CreateRequest{UserID: user, EventKey: event, Body: "order shipped", TTL: ttl, MaxAttempts: maxAttempts})
+	_, _, tasks, err := w.Notifier.Create(context.Background(), service.CreateRequest{UserID: user, EventKey: event, Body: "order shipped", TTL: ttl, MaxAttempts: maxAttempts})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return tasks
 }
 
-func (w *streamWorld) user(t *testing.T, user string, channels ...string) {
-	t.Helper()
-	for _, ch := range channels {
-		if _, err := w.n.SetPreference(context.Background(), user, ch, user+"@"+ch, true); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // checkSeed holds a seed case's task, settled, to the case's expected end (testdata/seed/traces.json),
 // with what fake counted under its reference.
 func (w *streamWorld) checkSeed(t *testing.T, name string, taskID int64, fake *fakes.Channel) taskState {
 	t.Helper()
-	s := settle(t, w.pool, taskID)
-	ref := refOf(t, w.pool, taskID)
+	s := settle(t, w.Pool, taskID)
+	ref := refOf(t, w.Pool, taskID)
 	seedcase.Check(t, name, seedcase.Got{Outcomes: outcomesOf(s), State: s.State, Parked: s.Parked,
 		Sends: fake.Sends(ref), Queries: fake.Queries(ref), Outbound: fake.Outbound(ref)})
 	return s
@@ -124,51 +92,51 @@ func outcomesOf(s taskState) []string {
 // a channel that cannot dedupe treated as if it could) on one streaming worker at once.
 func TestSeedCasesStreaming(t *testing.T) {
 	w := newStreamWorld(t)
-	w.user(t, "u1", "push", "sms")
-	w.user(t, "u2", "push")
-	w.user(t, "u3", "sms")
-	w.user(t, "u4", "none")
+	w.User("u1", "push", "sms")
+	w.User("u2", "push")
+	w.User("u3", "sms")
+	w.User("u4", "none")
 	t1t2 := w.create(t, "u1", "t1-t2", time.Hour, 3) // push then sms (ordered by channel)
 	n2 := w.create(t, "u2", "n2", time.Hour, 3)[0].TaskID
 	f1Retry := w.create(t, "u3", "f1-503", time.Hour, 3)[0].TaskID
 	f1Reject := w.create(t, "u2", "f1-400", time.Hour, 3)[0].TaskID
 	nc2 := w.create(t, "u4", "nc2", time.Hour, 3)[0].TaskID
 	push, sms := t1t2[0].TaskID, t1t2[1].TaskID
-	w.push.ScriptSend(refOf(t, w.pool, push), fakes.Step{Delay: 1200 * time.Millisecond})
-	w.sms.ScriptSend(refOf(t, w.pool, sms), fakes.Step{Delay: 1200 * time.Millisecond})
-	w.sms.ScriptSend(refOf(t, w.pool, f1Retry), fakes.Step{Status: 503})
-	w.push.ScriptSend(refOf(t, w.pool, f1Reject), fakes.Step{Status: 400})
-	w.none.ScriptSend(refOf(t, w.pool, nc2), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.Push.ScriptSend(refOf(t, w.Pool, push), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.SMS.ScriptSend(refOf(t, w.Pool, sms), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.SMS.ScriptSend(refOf(t, w.Pool, f1Retry), fakes.Step{Status: 503})
+	w.Push.ScriptSend(refOf(t, w.Pool, f1Reject), fakes.Step{Status: 400})
+	w.None.ScriptSend(refOf(t, w.Pool, nc2), fakes.Step{Delay: 1200 * time.Millisecond})
 	w.run(t, 1, map[string]delivery.Mode{"none": delivery.ModeIdempotent}) // NC2: blind resends on none
 
-	w.checkSeed(t, "T1", push, w.push)
-	w.checkSeed(t, "T2", sms, w.sms)
-	w.checkSeed(t, "N2-push", n2, w.push)
-	w.checkSeed(t, "F1-503", f1Retry, w.sms) // refused before acceptance, retried
-	w.checkSeed(t, "F1-400", f1Reject, w.push)
-	w.checkSeed(t, "NC2", nc2, w.none) // one logical notification, SENT; damage: the user got it twice
+	w.checkSeed(t, "T1", push, w.Push)
+	w.checkSeed(t, "T2", sms, w.SMS)
+	w.checkSeed(t, "N2-push", n2, w.Push)
+	w.checkSeed(t, "F1-503", f1Retry, w.SMS) // refused before acceptance, retried
+	w.checkSeed(t, "F1-400", f1Reject, w.Push)
+	w.checkSeed(t, "NC2", nc2, w.None) // one logical notification, SENT; damage: the user got it twice
 }
 
 // T3, B1 and B3: where the stream must park, suppress or fail, never write off what went out.
 func TestSeedCasesStreamingParkAndWriteOff(t *testing.T) {
 	is := is.New(t)
 	w := newStreamWorld(t)
-	w.user(t, "u1", "sms")
-	w.user(t, "u2", "push")
-	w.user(t, "u3", "push")
+	w.User("u1", "sms")
+	w.User("u2", "push")
+	w.User("u3", "push")
 	t3 := w.create(t, "u1", "t3", time.Hour, 3)[0].TaskID
 	b3 := w.create(t, "u3", "b3", time.Hour, 2)[0].TaskID
 	suppressed := w.create(t, "u2", "b1-pref", time.Hour, 3)[0].TaskID
-	_, err := w.n.SetPreference(context.Background(), "u2", "push", "u2@push", false) // disabled before the claim
+	_, err := w.Notifier.SetPreference(context.Background(), "u2", "push", "u2@push", false) // disabled before the claim
 	is.NoErr(err)
-	w.sms.ScriptSend(refOf(t, w.pool, t3), fakes.Step{Delay: 1200 * time.Millisecond})
-	w.sms.ScriptQuery(refOf(t, w.pool, t3), fakes.Step{Status: 503}, fakes.Step{Status: 503})
-	w.push.ScriptSend(refOf(t, w.pool, b3), fakes.Step{Delay: 1200 * time.Millisecond}, fakes.Step{Status: 503})
+	w.SMS.ScriptSend(refOf(t, w.Pool, t3), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.SMS.ScriptQuery(refOf(t, w.Pool, t3), fakes.Step{Status: 503}, fakes.Step{Status: 503})
+	w.Push.ScriptSend(refOf(t, w.Pool, b3), fakes.Step{Delay: 1200 * time.Millisecond}, fakes.Step{Status: 503})
 	w.run(t, 1, nil)
 
-	w.checkSeed(t, "T3", t3, w.sms)
-	w.checkSeed(t, "B3", b3, w.push) // not FAILED: the first may have gone out
-	w.checkSeed(t, "B1-pref", suppressed, w.push)
+	w.checkSeed(t, "T3", t3, w.SMS)
+	w.checkSeed(t, "B3", b3, w.Push) // not FAILED: the first may have gone out
+	w.checkSeed(t, "B1-pref", suppressed, w.Push)
 }
 
 // C1 through the stream: four workers with windows drain 40 tasks: every task called once, one message
@@ -176,27 +144,27 @@ func TestSeedCasesStreamingParkAndWriteOff(t *testing.T) {
 func TestSeedC1Streaming(t *testing.T) {
 	is := is.New(t)
 	w := newStreamWorld(t)
-	w.user(t, "u1", "push")
+	w.User("u1", "push")
 	var ids []int64
 	for i := range 40 {
 		ids = append(ids, w.create(t, "u1", "c1-"+string(rune('a'+i%26))+string(rune('a'+i/26)), time.Hour, 3)[0].TaskID)
 	}
 	w.run(t, 4, nil)
 	for _, id := range ids {
-		got := settle(t, w.pool, id)
+		got := settle(t, w.Pool, id)
 		is.Equal(outcomesOf(got), []string{"ACCEPTED"}) // one attempt each
 	}
-	is.Equal(w.push.TotalSends(), 40)    // 40 requests
-	is.Equal(w.push.TotalOutbound(), 40) // 40 messages
+	is.Equal(w.Push.TotalSends(), 40)    // 40 requests
+	is.Equal(w.Push.TotalOutbound(), 40) // 40 messages
 }
 
 // B2 through the stream: sms, TTL 2 s, the first call accepted then timed out, the retry 2.5 s later:
 // the notification has expired by then, and the task is parked, not FAILED (the first call went out).
 func TestSeedB2Streaming(t *testing.T) {
 	w := newStreamWorld(t)
-	w.user(t, "u1", "sms")
+	w.User("u1", "sms")
 	b2 := w.create(t, "u1", "b2", 2*time.Second, 3)[0].TaskID
-	w.sms.ScriptSend(refOf(t, w.pool, b2), fakes.Step{Delay: 1200 * time.Millisecond})
+	w.SMS.ScriptSend(refOf(t, w.Pool, b2), fakes.Step{Delay: 1200 * time.Millisecond})
 	w.runWith(t, 1, nil, 2500*time.Millisecond)
-	w.checkSeed(t, "B2", b2, w.sms) // not FAILED; no query after the expiry; the one that went out
+	w.checkSeed(t, "B2", b2, w.SMS) // not FAILED; no query after the expiry; the one that went out
 }

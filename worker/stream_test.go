@@ -14,6 +14,7 @@ import (
 
 	"github.com/matryer/is"
 
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
 )
@@ -125,7 +126,7 @@ func accepted(*service.Attempt) delivery.Observation {
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// runUntil runs the loop until cond holds (checked every millisecond), then stops it and waits.
+// runUntil runs the loop until cond holds, then stops it and waits.
 func runUntil(t *testing.T, d Dispatcher, cfg Config, cond func() bool) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -134,15 +135,8 @@ func runUntil(t *testing.T, d Dispatcher, cfg Config, cond func() bool) {
 		Run(ctx, d, cfg)
 		close(done)
 	}()
-	deadline := time.After(20 * time.Second)
-	for !cond() {
-		select {
-		case <-deadline:
-			cancel()
-			t.Fatal("condition not reached")
-		case <-time.After(time.Millisecond):
-		}
-	}
+	defer cancel() // also when the condition is not reached: the loop stops before the test ends
+	testworld.Eventually(t, 20*time.Second, "the loop's condition", cond)
 	cancel()
 	select {
 	case <-done:
@@ -193,7 +187,7 @@ func TestSlowCallDoesNotHoldOtherAnswers(t *testing.T) {
 			Run(ctx, m, Config{MaxInFlight: 8, Batch: 8, Logger: quiet, Poll: time.Millisecond})
 			close(done)
 		}()
-		waitCond(t, func() bool { return len(m.finishedIDs()) == 99 })
+		testworld.Eventually(t, 20*time.Second, "99 tasks finished", func() bool { return len(m.finishedIDs()) == 99 })
 		is.Equal(m.finishedIDs()[1], 0) // the hanging one is not recorded yet
 		cancel()
 		close(release)
@@ -216,10 +210,10 @@ func TestAnswersAreRecordedInGroups(t *testing.T) {
 			Run(ctx, m, Config{MaxInFlight: 40, Batch: 40, Finishers: 1, FinishBatch: 100, Logger: quiet, Poll: time.Millisecond})
 			close(done)
 		}()
-		waitCond(t, func() bool { m.mu.Lock(); defer m.mu.Unlock(); return m.finishing == 1 }) // the first finish is running
-		synctest.Wait()                                                                        // the other answers arrive meanwhile
+		testworld.Eventually(t, 20*time.Second, "the first finish running", func() bool { m.mu.Lock(); defer m.mu.Unlock(); return m.finishing == 1 })
+		synctest.Wait() // the other answers arrive meanwhile
 		close(gate)
-		waitCond(t, func() bool { return len(m.finishedIDs()) == 40 })
+		testworld.Eventually(t, 20*time.Second, "40 tasks finished", func() bool { return len(m.finishedIDs()) == 40 })
 		cancel()
 		<-done
 		is.Equal(m.maxFinishes, 1)    // one finish at a time
@@ -356,9 +350,7 @@ func TestClaimFailuresBackOff(t *testing.T) {
 		m.mu.Lock()
 		m.claimErr = nil
 		m.mu.Unlock()
-		for len(m.finishedIDs()) < 3 {
-			time.Sleep(ms)
-		}
+		testworld.Eventually(t, 20*time.Second, "the three tasks finished", func() bool { return len(m.finishedIDs()) >= 3 })
 		time.Sleep(20 * ms) // a few empty claims
 		synctest.Wait()
 		after := m.gaps()[len(failing):]
@@ -384,17 +376,6 @@ func TestConnectionsDoNotGrowWithTheWindow(t *testing.T) {
 
 // spreadOf says whether wait is base as spread lengthens it: never shorter, at most a quarter longer.
 func spreadOf(wait, base time.Duration) bool { return base <= wait && wait <= base+base/4 }
-
-func waitCond(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached")
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
 
 type syncBuf struct {
 	mu sync.Mutex

@@ -19,6 +19,7 @@ import (
 
 	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/internal/primary"
+	"github.com/notifierhq/notifier/internal/testworld"
 )
 
 // harness runs the tests that start clusters: each takes 20-45 s, for the failover soak's harness,
@@ -60,17 +61,17 @@ func connect(t *testing.T, dbURL string) *pgx.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	for {
-		conn, err := pgx.Connect(ctx, dbURL)
-		if err == nil {
-			t.Cleanup(func() { conn.Close(context.Background()) })
-			return conn
+	var conn *pgx.Conn
+	testworld.Eventually(t, 30*time.Second, "a connection to the cluster", func() bool {
+		var err error
+		conn, err = pgx.Connect(ctx, dbURL)
+		if err != nil && ctx.Err() != nil {
+			t.Fatalf("connect: %v", err) // the last error says why
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("connect: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err == nil
+	})
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
 }
 
 // A synchronous cluster: the URL reaches the primary, a commit waits for the standby, a killed
@@ -228,13 +229,9 @@ func TestParentDeathStopsCluster(t *testing.T) {
 	is.True(len(processesNaming(dir)) > 0) // the cluster runs
 	is.NoErr(cmd.Process.Kill())
 	_ = cmd.Wait()
-	deadline := time.Now().Add(60 * time.Second)
-	for len(processesNaming(dir)) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("processes of %s still running 60 s after their test binary died: %v", dir, processesNaming(dir))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testworld.Eventually(t, 60*time.Second, "no process of "+dir+" left after its test binary died", func() bool {
+		return len(processesNaming(dir)) == 0
+	})
 	_ = os.RemoveAll(dir) // the next Start would sweep it
 }
 

@@ -120,43 +120,6 @@ func TestNewDBURLIsDroppedAtCleanup(t *testing.T) {
 	is.Equal(n, 0) // database still exists after its test ended
 }
 
-func TestClusterRestart(t *testing.T) {
-	srv := Cluster()
-	if srv == nil {
-		t.Skip("using an external database server")
-	}
-	is := is.New(t)
-	ctx := context.Background()
-	pool := NewDB(t)
-	_, err := pool.Exec(ctx, "CREATE TABLE survives (x int); INSERT INTO survives VALUES (42)")
-	is.NoErr(err)
-
-	for _, immediate := range []bool{true, false} {
-		is.NoErr(srv.Restart(ctx, immediate))
-		var x int
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			// The pool may first hand out a connection broken by the restart.
-			err = pool.QueryRow(ctx, "SELECT x FROM survives").Scan(&x)
-			if err == nil || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		is.NoErr(err)
-		is.Equal(x, 42)
-	}
-
-	is.NoErr(srv.Stop())
-	is.NoErr(srv.Stop()) // idempotent
-	_, err = pgx.Connect(ctx, srv.URL())
-	is.True(err != nil) // connected to a stopped server
-	is.NoErr(srv.Start(ctx))
-	conn, err := pgx.Connect(ctx, srv.URL())
-	is.NoErr(err)
-	is.NoErr(conn.Close(ctx))
-}
-
 func TestRedaction(t *testing.T) {
 	is := is.New(t)
 	const secret = "s3cr#t-pw"

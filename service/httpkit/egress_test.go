@@ -13,6 +13,7 @@ import (
 
 	"github.com/matryer/is"
 
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/httpkit"
 )
@@ -123,8 +124,7 @@ func TestParseNetworks(t *testing.T) {
 
 // countingListener accepts connections on a loopback address and counts them.
 type countingListener struct {
-	ln      net.Listener
-	changed chan struct{} // signalled after each accept
+	ln net.Listener
 
 	mu       sync.Mutex
 	accepted []string        // remote addresses, in order
@@ -137,7 +137,7 @@ func listenCounting(t *testing.T, addr string) *countingListener {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &countingListener{ln: ln, changed: make(chan struct{}, 1), control: map[string]bool{}}
+	l := &countingListener{ln: ln, control: map[string]bool{}}
 	t.Cleanup(func() { _ = ln.Close() })
 	go func() {
 		for {
@@ -148,10 +148,6 @@ func listenCounting(t *testing.T, addr string) *countingListener {
 			l.mu.Lock()
 			l.accepted = append(l.accepted, c.RemoteAddr().String())
 			l.mu.Unlock()
-			select {
-			case l.changed <- struct{}{}:
-			default:
-			}
 			_ = c.Close() // no answer: a request that got through ends as IO_ERROR, never REJECTED
 		}
 	}()
@@ -177,26 +173,21 @@ func (l *countingListener) settled(t *testing.T) int {
 	l.mu.Lock()
 	l.control[own] = true
 	l.mu.Unlock()
-	deadline := time.After(10 * time.Second)
-	for {
+	n := 0
+	testworld.Eventually(t, 10*time.Second, "the listener accepts the control connection", func() bool {
 		l.mu.Lock()
-		seen, n := false, 0
+		defer l.mu.Unlock()
+		seen := false
+		n = 0
 		for _, a := range l.accepted {
 			seen = seen || a == own
 			if !l.control[a] {
 				n++
 			}
 		}
-		l.mu.Unlock()
-		if seen {
-			return n
-		}
-		select {
-		case <-l.changed:
-		case <-deadline:
-			t.Fatal("the listener did not accept the control connection")
-		}
-	}
+		return seen
+	})
+	return n
 }
 
 // TestEgressRefusesLoopbackWhenDialling: a transport with the Egress policy refuses every loopback

@@ -13,6 +13,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/notifierhq/notifier/fakes"
+	"github.com/notifierhq/notifier/internal/testworld"
 	"github.com/notifierhq/notifier/service/delivery"
 	"github.com/notifierhq/notifier/service/resend"
 )
@@ -106,7 +107,7 @@ func TestResendConcurrentKeyIsInFlight(t *testing.T) {
 	f.ScriptSend(ref, fakes.Step{Hang: true})
 	done := make(chan delivery.Observation)
 	go func() { done <- send(c, message(), 10*time.Second) }()
-	waitFor(t, func() bool { return f.Busy() })
+	testworld.Eventually(t, 10*time.Second, "the fake busy with the first request", func() bool { return f.Busy() })
 	obs := send(c, message(), 5*time.Second)
 	is.Equal(obs.Outcome, delivery.OutcomeInFlight)                         // 409 in progress
 	is.True(strings.Contains(obs.Detail, "concurrent_idempotent_requests")) // named
@@ -229,17 +230,5 @@ func TestResendOptions(t *testing.T) {
 
 func waitIdle(t *testing.T, f *fakes.Resend) {
 	t.Helper()
-	waitFor(t, func() bool { return !f.Busy() })
-}
-
-// waitFor polls a condition for at most 10 s: a wait for a fact, not a timed assertion.
-func waitFor(t *testing.T, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 10 s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testworld.Eventually(t, 10*time.Second, "the fake done with its requests", func() bool { return !f.Busy() })
 }
