@@ -35,7 +35,7 @@ claim. The body is not printed.
 Give exactly one of --notification, or --user with --event-key (else exit 2). No such notification:
 nothing on stdout, a line on stderr, exit 3.
 
-Role: notifier_operator. show reads the attempts, which notifier_creator may not read (schema/006);
+Role: notifier_operator. show reads the attempts, which notifier_creator may not read (schema/002);
 a creator's script follows its events with an operator's login, or is told which role is missing.
 
 ` + exitCodesHelp,

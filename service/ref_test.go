@@ -58,7 +58,7 @@ func TestTaskRefIsRandomAndSentAsTheKey(t *testing.T) {
 // The restore-from-backup case: a backup is taken, three notifications are delivered, the backup is
 // restored (their rows and ids are gone; the channels remember their keys), and three new notifications
 // get the same ids. They must be sent as new messages, ACCEPTED, not answered with the lost ones'
-// replays. The negative control derives the reference from the id, as before schema/016: every new
+// replays. The negative control derives the reference from the id, as before refs were random: every new
 // push task is recorded SENT on an ACCEPTED_REPLAY, and no message of theirs went out.
 func TestRestoreFromBackupSendsNewMessages(t *testing.T) {
 	for _, legacy := range []bool{false, true} {
@@ -170,7 +170,7 @@ func bodies(ref string, channels ...*fakes.Channel) []string {
 	return out
 }
 
-// refsFromIDs makes new tasks take task-<id> as their reference, as every task did before schema/016:
+// refsFromIDs makes new tasks take task-<id> as their reference, as every task did before refs were random:
 // the unsafe variant for the negative controls (test-only, on the test's own database).
 func (e *env) refsFromIDs() {
 	e.t.Helper()
