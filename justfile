@@ -85,6 +85,14 @@ migrate:
 migrate-check: _pgtmp
     "{{ pgtmp }}" -db migrate_check -- bash internal/tools/migrate-check
 
+# Write db/schema.sql, the current schema as one file (what the migrations of schema/ give on a throwaway PostgreSQL, dumped by dbmate without pg_dump's version lines; internal/tools/schema-dump): run it after changing schema/ and commit the file
+schema-dump: _pgtmp
+    "{{ pgtmp }}" -db schema_dump -- env DBMATE="{{ dbmate }}" bash internal/tools/schema-dump
+
+# Check that db/schema.sql is exactly what the migrations of schema/ give (CI runs it after migrate-check)
+schema-check: _pgtmp
+    "{{ pgtmp }}" -db schema_check -- env DBMATE="{{ dbmate }}" bash internal/tools/schema-dump --check
+
 # Regenerate dbgen/ from schema/ and queries/ with sqlc (installs sqlc v1.31.1 into .tools/bin on first use, a few minutes)
 generate:
     sqlc=$(sh internal/tools/install-sqlc); "$sqlc" generate
@@ -119,7 +127,7 @@ alerts-check:
     promtool check rules deploy/prometheus/notifier-rules.yml
     cd deploy/prometheus && promtool test rules notifier-rules.test.yml
 
-# Run what CI runs (.ci/run): staticcheck, test, test-long, alerts-check, river-vet, benchmarks, sqlc-check, migrate-check, ha-soak
+# Run what CI runs (.ci/run): staticcheck, test, test-long, alerts-check, river-vet, benchmarks, sqlc-check, migrate-check, schema-check, ha-soak
 ci:
     bash .ci/run
 

@@ -88,7 +88,7 @@ func TestHASoak(t *testing.T) {
 		is.Equal(r.v.violations["I10 a message under a task's ref is another task's"], 0) // nor a ref that named two tasks
 	})
 	// Negative control of the random ref: the same, with each new task's ref its id (task-<id>), as
-	// before schema/016. The lost ids are handed out again, and the channels answer the new tasks with
+	// before refs were random. The lost ids are handed out again, and the channels answer the new tasks with
 	// the lost ones' messages.
 	t.Run("async-id-refs-control", func(t *testing.T) {
 		is := is.New(t)
@@ -241,7 +241,7 @@ func runHASoak(t *testing.T, run haRun) haResult {
 		_, err := pool.Exec(ctx, `CREATE FUNCTION soak_ref_is_id() RETURNS trigger LANGUAGE plpgsql AS
 			$$ BEGIN NEW.ref := 'task-' || NEW.id; RETURN NEW; END $$;
 			CREATE TRIGGER soak_ref_is_id BEFORE INSERT ON delivery_task FOR EACH ROW EXECUTE FUNCTION soak_ref_is_id()`)
-		is.NoErr(err) // refs as before schema/016
+		is.NoErr(err) // refs as they were before they were random
 	}
 	s := &haSoakRun{t: t, run: run, cluster: cluster, pool: pool, n: service.NewNotifier(pool),
 		inFlight: make(chan struct{}, cfg.MaxConns),

@@ -181,7 +181,7 @@ func startFake(t *testing.T, kind fakes.Kind) *fakes.Channel {
 	return c
 }
 
-// refOf is a task's channel reference (random, stored with the task: schema/016), what the fakes file
+// refOf is a task's channel reference (random, stored with the task: schema/001), what the fakes file
 // its requests under.
 func refOf(t *testing.T, pool *pgxpool.Pool, taskID int64) string {
 	t.Helper()

@@ -12,7 +12,7 @@ import (
 // pruneHistory fills a database with (test-only SQL): 5 old notifications with two SENT tasks and one
 // attempt each, one old notification whose tasks are a FAILED one and a parked UNKNOWN one, one old
 // PENDING task, and one notification without tasks. The finished tasks are made as workers would have
-// made them two days ago (the state machine of schema/010 accepts no other history): claimed with an
+// made them two days ago (the state machine of schema/003 accepts no other history): claimed with an
 // open attempt, the attempt's outcome, the finish.
 func pruneHistory(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()

@@ -19,7 +19,7 @@ import (
 	"github.com/notifierhq/notifier/service/delivery"
 )
 
-// loginAs creates a LOGIN role that is a member of group (one of schema/006's roles) with newLogin, and
+// loginAs creates a LOGIN role that is a member of group (one of schema/002's roles) with newLogin, and
 // returns the CLI connecting as it to c's database.
 func (c notifierCLI) loginAs(pool *pgxpool.Pool, group string) notifierCLI {
 	c.t.Helper()
@@ -214,7 +214,7 @@ func TestReviewAndStatusNeedTheOperatorRole(t *testing.T) {
 				r := c.in(t).loginAs(pool, group).run("", cmd)
 				is.Equal(r.code, 1) // a runtime error
 				oneErrorLine(t, r)
-				is.True(strings.Contains(r.stderr, cmd+" needs the notifier_operator role: permission denied for ")) // the role to grant, and the privilege missing (a table, or schema/018's function)
+				is.True(strings.Contains(r.stderr, cmd+" needs the notifier_operator role: permission denied for ")) // the role to grant, and the privilege missing (a table, or schema/004's function)
 				is.Equal(r.stdout, "")
 			})
 		}

@@ -155,7 +155,7 @@ func TestShowNeedsExactlyOneSelector(t *testing.T) {
 	}
 }
 
-// TestShowNeedsTheOperatorRole: show reads attempts, which the creator role may not (schema/006): a
+// TestShowNeedsTheOperatorRole: show reads attempts, which the creator role may not (schema/002): a
 // creator is told the role to grant (exit 1), not shown a notification without its history, even one
 // with no task; the operator sees a parked task as review does; the worker, which reads the same
 // tables for its claims, may too (docs/operations.md#following-one-event-notifier-show).

@@ -32,7 +32,7 @@ type NotificationCancelRow struct {
 	Changed        bool
 }
 
-// The submitter takes an event back (notifier_cancel, schema/027): one row per task of the notification
+// The submitter takes an event back (notifier_cancel, schema/005): one row per task of the notification
 // of (user_id, event_key), with its state before and after and the cancel's effect on it (CANCELLED,
 // PARKED, AT_NEXT_CLAIM, ALREADY_PARKED, FINAL) and whether that changed anything. No row: no such
 // notification, or one without tasks. One statement: the cancel is recorded and the tasks it may settle

@@ -136,7 +136,7 @@ type ChannelPauseRefusedRow struct {
 	BackoffSeconds float64
 }
 
-// Channels paused for an account state (schema/025_account_pause.sql): one row per paused channel,
+// Channels paused for an account state (schema/001_tables.sql): one row per paused channel,
 // shared by every worker. TaskClaim reads it (and takes a probe's slot); these write and list it.
 // After a call on @channel answered ACCOUNT_REFUSED (autocommit, one row). A channel not paused pauses:
 // the first probe after @start_seconds. A refused probe (@probe) doubles the backoff, at most

@@ -145,7 +145,7 @@ type AttemptRecordSkipParams struct {
 
 // Records a claim-time decision not to call (PREF_DISABLED, TTL_EXPIRED, CANCELLED and their _UNCERTAIN variants),
 // right after TaskSettleWithoutCall counted it, in the same transaction: attempt_no is the count it
-// returned, and the outcome matches the state it wrote (delivery_attempt_follows_task, schema/010).
+// returned, and the outcome matches the state it wrote (delivery_attempt_follows_task, schema/003).
 func (q *Queries) AttemptRecordSkip(ctx context.Context, arg AttemptRecordSkipParams) error {
 	_, err := q.db.Exec(ctx, AttemptRecordSkip,
 		arg.TaskID,

@@ -26,7 +26,7 @@ type ReceiptApplyRow struct {
 	State  string
 }
 
-// A receipt's effect on its task (notifier_apply_receipt, schema/015): SETTLED (made SENT with a RECEIPT
+// A receipt's effect on its task (notifier_apply_receipt, schema/004): SETTLED (made SENT with a RECEIPT
 // attempt: the task was waiting, parked, or held under an expired lease), NOTED (SENDING under a live
 // lease: its holder finishes, then the sweep settles it), UNCHANGED (already SENT) or CONTRADICTS (FAILED
 // or SUPPRESSED: final, the receipt is only kept and shown). No row: no such task, so an unknown reference
@@ -156,10 +156,10 @@ const ReceiptTaskByRef = `-- name: ReceiptTaskByRef :one
 SELECT id FROM delivery_task WHERE ref = $1::text
 `
 
-// Receipts (schema/015): a provider's signed callback about a message it accepted, recorded by notifier
+// Receipts (schema/004): a provider's signed callback about a message it accepted, recorded by notifier
 // receipts. Matching finds our task; notifier_apply_receipt settles it when nobody holds it; the receipt
-// row keeps what came and what it did. Nothing here moves a final state (schema/010 refuses it anyway).
-// The task a receipt names by our reference (the task's ref, schema/016; the provider echoes it back as
+// row keeps what came and what it did. Nothing here moves a final state (schema/003 refuses it anyway).
+// The task a receipt names by our reference (the task's ref, schema/001; the provider echoes it back as
 // sent: in a status callback's URL, a message tag or metadata). The ref is unique and never reused, so a
 // receipt can only match the task that was sent: after a restore from a backup or a failover that lost
 // transactions, a receipt for a lost task matches nothing (pgx.ErrNoRows: refused, nothing written)

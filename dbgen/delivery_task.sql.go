@@ -49,7 +49,7 @@ type TaskAlertGaugesRow struct {
 // delivery_task_parked_idx; the oldest due task as TaskOldestReady measures it, but found by a skip scan
 // of delivery_task_ready_idx (the first entry of each channel, then the first due entry per channel:
 // a cost that grows with the channels, where a min() over the index would read every waiting task);
-// late acceptances by schema/018's notifier_late_accepted_count(), as status counts them (the worker
+// late acceptances by schema/004's notifier_late_accepted_count(), as status counts them (the worker
 // role may run that function, and read nothing of delivery_receipt).
 func (q *Queries) TaskAlertGauges(ctx context.Context) (TaskAlertGaugesRow, error) {
 	row := q.db.QueryRow(ctx, TaskAlertGauges)
@@ -111,9 +111,9 @@ SELECT t.id, t.notification_id, t.channel, t.ref, t.state, t.attempt_count, t.ma
        n.body,
        n.expires_at,
        (n.expires_at <= now())::bool    AS expired,
-       -- the submitter cancelled the notification (notifier_cancel, schema/027): settled, not called
+       -- the submitter cancelled the notification (notifier_cancel, schema/005): settled, not called
        (n.cancelled_at IS NOT NULL)::bool AS cancelled,
-       -- a provider's receipt arrived while the task was held (schema/015): it is settled, not called
+       -- a provider's receipt arrived while the task was held (schema/004): it is settled, not called
        (t.receipt_at IS NOT NULL)::bool AS receipt_noted,
        -- how long the uncertainty has lasted; for a lease that just expired, since the lost attempt began
        extract(epoch FROM now() - coalesce(t.uncertain_since, t.updated_at))::float8 AS uncertain_age_seconds
@@ -170,9 +170,9 @@ type TaskClaimRow struct {
 // a worker runs this statement prepared, and its generic plan cannot see @max_tasks; it guesses 10% of
 // the due backlog and, with a backlog large next to notification, would hash the locked rows and scan
 // all of notification (history) on every claim (TestClaimGenericPlanLooksUpByKey).
-// ref is what the worker sends the channel to name the task (schema/016): random, never reused, so no
+// ref is what the worker sends the channel to name the task (schema/001): random, never reused, so no
 // call can be answered with another task's message.
-// A paused channel (schema/025, channel_pause) gives no task, except one probe once the pause's backoff
+// A paused channel (schema/001, channel_pause) gives no task, except one probe once the pause's backoff
 // has passed: the probe CTE takes the slot (pushes probe_after past the probe's lease, so that no other
 // claim probes meanwhile; a concurrent claim waits for this row lock and then finds the slot taken) and
 // the claim locks one task. Not paused: one primary-key probe of an almost always empty table.
@@ -262,7 +262,7 @@ SELECT notifier_late_accepted_count()::bigint AS tasks
 `
 
 // How many final "not sent" tasks later evidence contradicts (see TaskListLateAccepted), for notifier
-// status: schema/018's notifier_late_accepted_count(), which the alert gauges count with too.
+// status: schema/004's notifier_late_accepted_count(), which the alert gauges count with too.
 func (q *Queries) TaskCountLateAccepted(ctx context.Context) (int64, error) {
 	row := q.db.QueryRow(ctx, TaskCountLateAccepted)
 	var tasks int64
@@ -276,7 +276,7 @@ FROM delivery_task t
 WHERE t.next_attempt_at > now() AND t.attempt_count = 0
 `
 
-// Tasks waiting for their send time (schema/028), for notifier status and its gauge: waiting, never
+// Tasks waiting for their send time (schema/005), for notifier status and its gauge: waiting, never
 // attempted (attempt_count = 0, so a task set aside for a retry is not counted) and not due yet. They are
 // not overdue: TaskOldestReady and TaskAlertGauges measure a task only from its next_attempt_at, once
 // it has come. Reads the range of delivery_task_ready_idx after now() of each channel, and each of those
@@ -312,7 +312,7 @@ WITH u AS (
         -- updated_at is still this attempt's claim time: nothing else changes a SENDING row with our token
         uncertain_since   = CASE WHEN u.outcome_uncertain THEN coalesce(t.uncertain_since, t.updated_at) END,
         needs_review      = u.needs_review,
-        -- the refund of an attempt refused for an account state (schema/025 checks its attempt row)
+        -- the refund of an attempt refused for an account state (schema/003 checks its attempt row)
         account_refusals  = t.account_refusals + CASE WHEN u.outcome = 'ACCOUNT_REFUSED' THEN 1 ELSE 0 END,
         provider_msg_id   = coalesce(nullif(u.provider_msg_id, ''), t.provider_msg_id),
         last_error        = nullif(u.last_error, ''),
@@ -570,16 +570,16 @@ type TaskInsertForEnabledPrefsRow struct {
 // Creates one PENDING task per channel each user has enabled, in the same transaction that created the
 // notifications (NotificationInsert returned them), due at their notification's send time, or at once
 // when it has none or it is past: greatest(send_at, now()), the only time the creator role may set
-// (schema/028). Guards R2: UNIQUE (notification_id, channel) allows one task per
+// (schema/005). Guards R2: UNIQUE (notification_id, channel) allows one task per
 // channel; it runs only for the notifications this submitter created (for the creator role, row-level
 // security also requires that this transaction inserted the notification and that the channel is
-// enabled: schema/026). @channel_lists restricts each notification to the channels its submitter named,
+// enabled: schema/005). @channel_lists restricts each notification to the channels its submitter named,
 // joined by commas (a channel name has none), or an empty string for every enabled channel: the same
-// rule as notifier_create's channels (schema/026). @fallback_lists holds each notification's fallback
+// rule as notifier_create's channels (schema/005). @fallback_lists holds each notification's fallback
 // chain the same way: its enabled channels are numbered from 1 in chain order, only the first is due,
 // the others wait unreleased (no next_attempt_at) until the one before ends certainly not sent
-// (schema/029, the rule of notifier_create's fallback). The first is due at its notification's send
-// time, or now (schema/028).
+// (schema/005, the rule of notifier_create's fallback). The first is due at its notification's send
+// time, or now (schema/005).
 func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertForEnabledPrefsParams) ([]TaskInsertForEnabledPrefsRow, error) {
 	rows, err := q.db.Query(ctx, TaskInsertForEnabledPrefs,
 		arg.NotificationIDs,
@@ -700,7 +700,7 @@ type TaskListLateAcceptedRow struct {
 
 // Final "not sent" tasks (FAILED, SUPPRESSED) that later evidence says were accepted after all: a
 // superseded holder recorded ACCEPTED, ACCEPTED_REPLAY or QUERY_FOUND as its attempt's late_outcome, or a
-// provider's receipt arrived (schema/015: after the task was final, or while it was held and its finish
+// provider's receipt arrived (schema/004: after the task was final, or while it was held and its finish
 // then wrote it off). The state stays final (R3: the evidence is kept, not applied); notifier review shows
 // these so a human learns that the user may have received the message. Via the partial indexes
 // delivery_attempt_late_accepted_idx, delivery_receipt_contradicts_idx and
@@ -871,7 +871,7 @@ type TaskResolveManuallyParams struct {
 	ProviderMsgID *string
 }
 
-// A human's final word on a parked task, after checking with the channel: notifier_resolve (schema/010)
+// A human's final word on a parked task, after checking with the channel: notifier_resolve (schema/003)
 // sets SENT or FAILED and appends the MANUAL_SENT / MANUAL_FAILED attempt with the note and the operator
 // in one statement, or does nothing. Only a parked task (UNKNOWN and needs_review) is resolved, once: a
 // second or concurrent call re-evaluates the function's WHERE after the first commits and returns no row
@@ -956,7 +956,7 @@ type TaskSettleWithoutCallParams struct {
 // with needs_review (parked). Counts as an attempt: the caller records its row with AttemptRecordSkip
 // in the same transaction (delivery_task_evidence checks it at commit). Guards on the row's state, not
 // on the caller's care: only a task a claim may take (due and waiting, or SENDING with an expired lease)
-// is settled; any other row matches nothing (pgx.ErrNoRows). The state machine (schema/010) also
+// is settled; any other row matches nothing (pgx.ErrNoRows). The state machine (schema/003) also
 // refuses SUPPRESSED or FAILED for an uncertain task.
 func (q *Queries) TaskSettleWithoutCall(ctx context.Context, arg TaskSettleWithoutCallParams) (int32, error) {
 	row := q.db.QueryRow(ctx, TaskSettleWithoutCall,
@@ -1024,7 +1024,7 @@ type TaskStartAttemptsRow struct {
 // expired: then it began when the lost attempt was claimed, the row's updated_at). The state condition
 // repeats the claim's (due and waiting, or SENDING with an expired lease, on the same transaction's
 // clock), so no other row can be started; an attempt row is opened exactly for each task started, with
-// that task's new token and attempt number (schema/010 checks both at commit).
+// that task's new token and attempt number (schema/003 checks both at commit).
 // Only a waiting task has a next_attempt_at (PENDING, or UNKNOWN and not parked: CHECK
 // delivery_task_scheduled_iff_waiting), so the ELSE branch is the due condition of TaskClaim.
 // The state condition is a CASE so that no index can answer it: each task is found by its key, from

@@ -46,7 +46,7 @@ type NotificationCreateInTxRow struct {
 	Created        bool
 }
 
-// Submits a batch of events through notifier_create (schema/026), one call per event, in the caller's
+// Submits a batch of events through notifier_create (schema/005), one call per event, in the caller's
 // transaction and at its isolation level: what Notifier.CreateTx and CreateBatchTx run. The calls go in
 // (user_id, event_key) order, the first of equal keys first, as NotificationInsert sorts its rows, so
 // that batches of either create path lock shared keys in the same order and cannot deadlock on each
@@ -176,7 +176,7 @@ type NotificationInsertRow struct {
 // submitter, whose insert this one waits for on the index, or earlier in this very batch) inserts
 // nothing and returns no row, to every submitter but one. Rows go in (user_id, event_key) order, the first of equal
 // keys first (its body wins), so that two batches lock shared keys in the same order and cannot
-// deadlock on each other. Each event's send time (schema/028) is @send_ats (RFC 3339) or, relative to
+// deadlock on each other. Each event's send time (schema/005) is @send_ats (RFC 3339) or, relative to
 // the database clock like the expiry, @send_delay_seconds; ” and 0 mean at once (NULL). A send time at
 // or after the expiry fails the whole batch (CHECK notification_send_before_expiry), nothing written.
 func (q *Queries) NotificationInsert(ctx context.Context, arg NotificationInsertParams) ([]NotificationInsertRow, error) {
@@ -219,7 +219,7 @@ type NotificationListBodiesRow struct {
 
 // The bodies of a page of notifications (the console's list shows each listed task's message), in one
 // statement rather than one per task. Read only, by primary key; the operator role may read notification
-// (schema/006).
+// (schema/002).
 func (q *Queries) NotificationListBodies(ctx context.Context, ids []int64) ([]NotificationListBodiesRow, error) {
 	rows, err := q.db.Query(ctx, NotificationListBodies, ids)
 	if err != nil {

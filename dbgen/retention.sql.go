@@ -131,7 +131,7 @@ type RetentionPruneBatchRow struct {
 }
 
 // Retention: pruning finished history (notifier prune, Notifier.Prune). Only the table owner may run
-// these today: none of the roles of schema/006 may DELETE. Every statement here is one short
+// these today: none of the roles of schema/002 may DELETE. Every statement here is one short
 // transaction of at most @batch_size rows per table, so workers and operators never wait on it for long.
 //
 // What may go, and only that: a task in a terminal state (SENT, FAILED, SUPPRESSED: final in the
@@ -149,12 +149,12 @@ type RetentionPruneBatchRow struct {
 //   - attempts only with their task: attempts are deleted for the picked tasks only, and all of them
 //     before the first task (del_tasks waits for the count of del_attempts), so the trigger
 //     delivery_attempt_retention_only still finds each task in its terminal state; the trigger
-//     delivery_task_attempts_kept (schema/022) refuses a task deleted while one of its attempts stays.
+//     delivery_task_attempts_kept (schema/003) refuses a task deleted while one of its attempts stays.
 //   - a notification only when none of its tasks remains: it goes only if the tasks this statement
 //     deletes are all the tasks it has; any other task of it, finished or not, keeps it (the foreign key
 //     from delivery_task would refuse it anyway).
 //
-// Walks the partial index delivery_task_finished_idx (schema/007) in (updated_at, id) order from the
+// Walks the partial index delivery_task_finished_idx (schema/001) in (updated_at, id) order from the
 // caller's cursor (@after_updated_at, @after_id: the last row of the previous batch, -infinity and 0 at
 // first), so a batch neither reads unfinished tasks nor re-reads the index entries of rows already
 // deleted. Returns picked = 0 when nothing is left.

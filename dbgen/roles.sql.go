@@ -34,12 +34,12 @@ type RoleCapabilitiesRow struct {
 
 // What the connected user may do, so that a command refuses at once and names the role to grant instead
 // of failing half-way or, for a worker, claiming nothing forever because row-level security hides every
-// task (schema/006_roles.sql). A user may run a role's statements when it has that group role's
+// task (schema/002_roles_and_row_security.sql). A user may run a role's statements when it has that group role's
 // privileges (a member with INHERIT), or is exempt from row-level security and privileges on these
 // tables: their owner (RLS is not FORCEd), a superuser, or a BYPASSRLS role that owns or was granted
-// the rest. resolve needs EXECUTE on notifier_resolve (schema/010), which only the operator role and
+// the rest. resolve needs EXECUTE on notifier_resolve (schema/003), which only the operator role and
 // the owner have; receipts needs INSERT on delivery_receipt and EXECUTE on notifier_apply_receipt
-// (schema/015), the receiver role's. Reads the catalogs only.
+// (schema/004), the receiver role's. Reads the catalogs only.
 func (q *Queries) RoleCapabilities(ctx context.Context) (RoleCapabilitiesRow, error) {
 	row := q.db.QueryRow(ctx, RoleCapabilities)
 	var i RoleCapabilitiesRow

@@ -1,4 +1,4 @@
--- Channels paused for an account state (schema/025_account_pause.sql): one row per paused channel,
+-- Channels paused for an account state (schema/001_tables.sql): one row per paused channel,
 -- shared by every worker. TaskClaim reads it (and takes a probe's slot); these write and list it.
 
 -- name: ChannelPauseRefused :one

@@ -1,4 +1,4 @@
--- Per-channel rate limits shared by every worker (schema/014_rate_limits.sql): one token bucket row per
+-- Per-channel rate limits shared by every worker (schema/001_tables.sql): one token bucket row per
 -- channel, refilled lazily on the database clock by rate_limit_tokens(). A channel without a row has no
 -- limit. None of these statements reads or writes a task: a limit decides how many of a channel's tasks
 -- a claim may call, never what happens to a task.

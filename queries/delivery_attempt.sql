@@ -23,7 +23,7 @@ WHERE a.attempt_token = ANY ((@attempt_tokens::text[])::uuid[])
 -- name: AttemptRecordSkip :exec
 -- Records a claim-time decision not to call (PREF_DISABLED, TTL_EXPIRED, CANCELLED and their _UNCERTAIN variants),
 -- right after TaskSettleWithoutCall counted it, in the same transaction: attempt_no is the count it
--- returned, and the outcome matches the state it wrote (delivery_attempt_follows_task, schema/010).
+-- returned, and the outcome matches the state it wrote (delivery_attempt_follows_task, schema/003).
 INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, finished_at, outcome, error)
 VALUES (@task_id, @attempt_no, gen_random_uuid(), 'SKIP', @worker::text, now(), @outcome::text, @error::text);
 

@@ -12,7 +12,7 @@ WHERE id = @id;
 -- submitter, whose insert this one waits for on the index, or earlier in this very batch) inserts
 -- nothing and returns no row, to every submitter but one. Rows go in (user_id, event_key) order, the first of equal
 -- keys first (its body wins), so that two batches lock shared keys in the same order and cannot
--- deadlock on each other. Each event's send time (schema/028) is @send_ats (RFC 3339) or, relative to
+-- deadlock on each other. Each event's send time (schema/005) is @send_ats (RFC 3339) or, relative to
 -- the database clock like the expiry, @send_delay_seconds; '' and 0 mean at once (NULL). A send time at
 -- or after the expiry fails the whole batch (CHECK notification_send_before_expiry), nothing written.
 INSERT INTO notification (user_id, event_key, body, expires_at, send_at)
@@ -40,7 +40,7 @@ ORDER BY n.id, t.channel;
 -- name: NotificationListBodies :many
 -- The bodies of a page of notifications (the console's list shows each listed task's message), in one
 -- statement rather than one per task. Read only, by primary key; the operator role may read notification
--- (schema/006).
+-- (schema/002).
 SELECT id, body
 FROM notification
 WHERE id = ANY (@ids::bigint[]);
@@ -55,7 +55,7 @@ FROM notification
 WHERE user_id = @user_id AND event_key = @event_key;
 
 -- name: NotificationCreateInTx :many
--- Submits a batch of events through notifier_create (schema/026), one call per event, in the caller's
+-- Submits a batch of events through notifier_create (schema/005), one call per event, in the caller's
 -- transaction and at its isolation level: what Notifier.CreateTx and CreateBatchTx run. The calls go in
 -- (user_id, event_key) order, the first of equal keys first, as NotificationInsert sorts its rows, so
 -- that batches of either create path lock shared keys in the same order and cannot deadlock on each

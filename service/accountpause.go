@@ -1,6 +1,6 @@
 package service
 
-// Channels paused for an account state (schema/025_account_pause.sql, queries/channel_pause.sql): a
+// Channels paused for an account state (schema/001_tables.sql, queries/channel_pause.sql): a
 // provider's ACCOUNT_REFUSED (a rejected credential, a paused sending account) pauses its channel for
 // every worker instead of failing tasks. While paused, claims lock none of its tasks but one probe at a
 // time (TaskClaim), with backoff; the probe's answer ends the pause, or doubles the backoff. See

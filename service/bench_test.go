@@ -202,7 +202,7 @@ func BenchmarkDeliver(b *testing.B) {
 
 // BenchmarkCreateBatch1000: 1000 new events (a push and an sms task each) per iteration, in one
 // transaction, through the set-based CreateBatch (three statements) and through CreateBatchTx (one
-// notifier_create call per event, schema/026): the figure behind keeping both create paths.
+// notifier_create call per event, schema/005): the figure behind keeping both create paths.
 func BenchmarkCreateBatch1000(b *testing.B) {
 	const batch = 1000
 	paths := map[string]func(e *env, reqs []service.CreateRequest) ([]service.Created, error){

@@ -8,7 +8,7 @@ import (
 	"github.com/notifierhq/notifier/service/delivery"
 )
 
-// CancelEffect is what a cancel did to one task (notifier_cancel, schema/027).
+// CancelEffect is what a cancel did to one task (notifier_cancel, schema/005).
 type CancelEffect string
 
 const (

@@ -1,6 +1,6 @@
 package service_test
 
-// Cancel (notifier_cancel, schema/027), through the real database and the strict fakes: a task certainly
+// Cancel (notifier_cancel, schema/005), through the real database and the strict fakes: a task certainly
 // never accepted ends SUPPRESSED with a CANCELLED attempt, due or not; an uncertain one is parked, never
 // written off and never called again; a task being called finishes as usual and, left waiting, is
 // settled by its next claim without a call.

@@ -215,7 +215,7 @@ func TestClaimIgnoresOtherChannels(t *testing.T) {
 // takes half a minute.
 var scheduledTasks = flag.Int("scheduled.tasks", 100_000, "tasks scheduled ahead in TestClaimPlanSkipsScheduledTasks")
 
-// A million tasks (100,000 in just test) scheduled for later (create --send-at, schema/028) sit in delivery_task_ready_idx
+// A million tasks (100,000 in just test) scheduled for later (create --send-at, schema/005) sit in delivery_task_ready_idx
 // like any waiting task, on the claim's own channel and ahead of nothing: ordered by next_attempt_at,
 // they come after every due task, and the claim's range (next_attempt_at <= now()) stops before them.
 // The claim reads the few due tasks only, on the plan a worker runs (prepared, generic) and on a custom

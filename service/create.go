@@ -84,7 +84,7 @@ func sendBeforeExpiry(err error) error {
 }
 
 // ValidateChannels checks the channels the request names: each a channel name (the rule of
-// schema/020's notifier_channel).
+// schema/001's notifier_channel).
 func (r CreateRequest) ValidateChannels() error {
 	for _, c := range r.Channels {
 		if !channelName.MatchString(c) {
@@ -108,7 +108,7 @@ func (r CreateRequest) ValidateChannels() error {
 	return nil
 }
 
-// MaxFallbackChain bounds a fallback chain (schema/029's fallback_position).
+// MaxFallbackChain bounds a fallback chain (schema/005's fallback_position).
 const MaxFallbackChain = 32
 
 // namedChannels is every channel the request names, restricting or chaining.
@@ -276,7 +276,7 @@ func createBatch(ctx context.Context, q *dbgen.Queries, reqs []CreateRequest) ([
 }
 
 // CreateTx submits one event inside the caller's transaction tx, through the database's notifier_create
-// (schema/026): the caller's business writes and the notification commit or roll back together, at
+// (schema/005): the caller's business writes and the notification commit or roll back together, at
 // any savepoint level. Same answer as Create: the first submission of (user, event key) that commits
 // creates; every other gets the existing notification, its tasks and created=false. At READ COMMITTED
 // a concurrent submission of the same event waits for tx to end. At REPEATABLE READ or SERIALIZABLE a

@@ -1,6 +1,6 @@
 package service_test
 
-// Create in the caller's own transaction (schema/026 notifier_create, Notifier.CreateTx and
+// Create in the caller's own transaction (schema/005 notifier_create, Notifier.CreateTx and
 // CreateBatchTx), and the channels a submission names: commit, rollback and savepoints, R1 across
 // concurrent transactions, the isolation levels, the roles, and the create paths agreeing.
 
@@ -81,7 +81,7 @@ func TestCreateTxCommitRollbackAndSavepoints(t *testing.T) {
 	kept, err := tx.Begin(e.ctx) // SAVEPOINT
 	is.NoErr(err)
 	c, err = n.CreateTx(e.ctx, kept, ctxReq("u1", "in-released-savepoint"))
-	is.NoErr(err) // a create inside a savepoint (refused by the policy before schema/026)
+	is.NoErr(err) // a create inside a savepoint (refused by the policy before schema/005)
 	is.True(c.Created)
 	is.Equal(len(c.Tasks), 2)
 	keptID := c.NotificationID

@@ -262,7 +262,7 @@ func (e *env) waitDB(cond string, args ...any) {
 
 func outcomes(o ...delivery.Outcome) []delivery.Outcome { return o }
 
-// withoutStateMachine runs f with schema/010's state machine switched off on delivery_task (both its
+// withoutStateMachine runs f with schema/003's state machine switched off on delivery_task (both its
 // triggers), and switches it on again: for negative controls, which show the damage an unsafe statement
 // would do if nothing but the protocol's own guards stood in its way, and for tests that rewrite history
 // as no move would (moving a finished task's updated_at into the past). Test-only, on the test's own
@@ -281,7 +281,7 @@ func (e *env) withoutStateMachine(f func()) {
 
 // finishHistory finishes history made directly (test-only SQL) the way workers would have, keeping its
 // dates: every SENDING task inserted with an attempt_token gets its open SEND attempt (started when the
-// task was claimed), the channel accepted it, and the task is SENT. The state machine (schema/010)
+// task was claimed), the channel accepted it, and the task is SENT. The state machine (schema/003)
 // accepts only history made by its moves: a call's attempt is opened by its holder, a finish follows.
 var finishHistory = []string{
 	`INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker, started_at)
@@ -296,7 +296,7 @@ var finishHistory = []string{
 
 var _ = is.New
 
-// ref is a task's channel reference (random, stored with the task: schema/016), what the fakes file its
+// ref is a task's channel reference (random, stored with the task: schema/001), what the fakes file its
 // requests under.
 func (e *env) ref(taskID int64) string {
 	e.t.Helper()

@@ -1,6 +1,6 @@
 package service_test
 
-// Fallback chains (create --fallback, schema/029), through the real database and the strict fakes: only
+// Fallback chains (create --fallback, schema/005), through the real database and the strict fakes: only
 // the first channel is called; the next is released only when the one before ends certainly not sent;
 // nothing further is called while one is uncertain or parked; once one is SENT the rest are never
 // called and end SUPPRESSED with FALLBACK_NOT_NEEDED.

@@ -145,7 +145,7 @@ func FuzzDecide(f *testing.F) {
 		if (!prefEnabled || expired || cancelled) && d.Kind == delivery.ClaimCall {
 			fail("called although the preference is disabled or the notification expired or was cancelled")
 		}
-		// A cancel names the settle of a cancelled notification's task (schema/027 accepts no other SKIP
+		// A cancel names the settle of a cancelled notification's task (schema/005 accepts no other SKIP
 		// for a task settled before it is due), whatever else holds.
 		if cancelled && (d.Kind != delivery.ClaimSettle ||
 			d.Outcome != map[bool]delivery.Outcome{false: delivery.OutcomeCancelled, true: delivery.OutcomeCancelledUncertain}[mayBeAccepted]) {

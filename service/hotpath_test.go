@@ -15,7 +15,7 @@ import (
 	"github.com/notifierhq/notifier/service/delivery"
 )
 
-// The checks of schema/021, counted: a claim and a finish of many tasks, the two moves every delivery
+// The checks of schema/003, counted: a claim and a finish of many tasks, the two moves every delivery
 // makes, call no PL/pgSQL trigger function per row (the state machine's and append-only's WHENs pass
 // them; the claim's evidence and its calls' fit with their tasks are one statement-level call per
 // statement), while a move the WHENs do not recognise still calls the state machine. Counted by the
@@ -93,7 +93,7 @@ func TestClaimAndFinishCallNoTriggerFunctionPerRow(t *testing.T) {
 	is.Equal(calls("delivery_task_state_machine"), int64(1)) // the function ran for the park
 }
 
-// A claim's attempt row must be written by the claim's own statement (schema/021), as
+// A claim's attempt row must be written by the claim's own statement (schema/003), as
 // TaskStartAttempts does: a claim alone is refused at the end of its statement, not only at commit, so a
 // second statement cannot bring the attempt.
 func TestClaimWithoutItsAttemptIsRefusedAtOnce(t *testing.T) {

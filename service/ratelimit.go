@@ -1,7 +1,7 @@
 package service
 
 // Per-channel rate limits shared by every worker on every machine: one token bucket row per channel
-// (schema/014_rate_limits.sql, queries/channel_rate_limit.sql), taken in the claim's transaction, so a
+// (schema/001_tables.sql, queries/channel_rate_limit.sql), taken in the claim's transaction, so a
 // task whose channel has no token left is simply not claimed yet. See docs/operations.md#rate-limits.
 
 import (

@@ -1,6 +1,6 @@
 package service_test
 
-// Per-channel rate limits shared by every worker (schema/014_rate_limits.sql,
+// Per-channel rate limits shared by every worker (schema/001_tables.sql,
 // queries/channel_rate_limit.sql, docs/operations.md#rate-limits): a token bucket row per channel,
 // taken in the claim's transaction, one token per call; a 429 pauses the channel for every worker.
 

@@ -256,9 +256,9 @@ type Status struct {
 	Scheduled int64 `json:"scheduled"`
 	// Receipts counts providers' receipts (notifier receipts) by kind and what they did to their task.
 	Receipts []ReceiptCount `json:"receipts"`
-	// RateLimits are the channels' rate-limit buckets (schema/014), as they stand now.
+	// RateLimits are the channels' rate-limit buckets (schema/001), as they stand now.
 	RateLimits []Bucket `json:"rate_limits"`
-	// ChannelPauses are the channels paused for an account state (schema/025), with their causes.
+	// ChannelPauses are the channels paused for an account state (schema/001), with their causes.
 	ChannelPauses []ChannelPause `json:"channel_pauses"`
 	// Database is the server's standing: whether commits wait for a standby.
 	Database StandingReport `json:"database"`
@@ -387,7 +387,7 @@ type AlertGauges struct {
 
 // AlertGauges reads the gauges in four statements (TaskAlertGauges, RateLimitList, ChannelPauseList,
 // TaskCountScheduled), each costing what there is to show rather than the size of the backlog. A worker's role may run it (it counts late
-// acceptances through schema/018's function, reading no receipt); a user the database refuses gets a
+// acceptances through schema/004's function, reading no receipt); a user the database refuses gets a
 // *PermissionError.
 func (n *Notifier) AlertGauges(ctx context.Context) (AlertGauges, error) {
 	row, err := n.q.TaskAlertGauges(ctx)

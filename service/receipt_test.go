@@ -1,6 +1,6 @@
 package service_test
 
-// Receipts (schema/015, service/receipt.go): a provider's receipt is evidence that it had the message.
+// Receipts (schema/004, service/receipt.go): a provider's receipt is evidence that it had the message.
 // It settles an uncertain or retrying task as SENT when nobody holds it, is noted (and settles later)
 // when a holder is calling, and never moves a final state. One test per moment a receipt can arrive.
 

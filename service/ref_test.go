@@ -1,6 +1,6 @@
 package service_test
 
-// A task's channel reference is random and never reused (schema/016). Task ids are not unique across a
+// A task's channel reference is random and never reused (delivery_task.ref). Task ids are not unique across a
 // database's life: a restore from a backup, or a failover to a standby that had not received the last
 // transactions, hands the lost ids out again while the channels still remember the keys they saw. These
 // tests play both against the fakes, which remember every key and reference for as long as they run,
@@ -24,7 +24,6 @@ import (
 	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/service/delivery"
-	"github.com/notifierhq/notifier/service/httpchannel"
 )
 
 var uuidRef = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
@@ -59,7 +58,7 @@ func TestTaskRefIsRandomAndSentAsTheKey(t *testing.T) {
 // The restore-from-backup case: a backup is taken, three notifications are delivered, the backup is
 // restored (their rows and ids are gone; the channels remember their keys), and three new notifications
 // get the same ids. They must be sent as new messages, ACCEPTED, not answered with the lost ones'
-// replays. The negative control derives the reference from the id, as before schema/016: every new
+// replays. The negative control derives the reference from the id, as before refs were random: every new
 // push task is recorded SENT on an ACCEPTED_REPLAY, and no message of theirs went out.
 func TestRestoreFromBackupSendsNewMessages(t *testing.T) {
 	for _, legacy := range []bool{false, true} {
@@ -171,7 +170,7 @@ func bodies(ref string, channels ...*fakes.Channel) []string {
 	return out
 }
 
-// refsFromIDs makes new tasks take task-<id> as their reference, as every task did before schema/016:
+// refsFromIDs makes new tasks take task-<id> as their reference, as every task did before refs were random:
 // the unsafe variant for the negative controls (test-only, on the test's own database).
 func (e *env) refsFromIDs() {
 	e.t.Helper()
@@ -303,86 +302,4 @@ func (e *env) onDatabase(dbURL string) *env {
 	e.t.Cleanup(workerPool.Close)
 	other.pool, other.workerPool, other.n = pool, workerPool, service.NewNotifier(pool)
 	return &other
-}
-
-// Tasks that exist at the upgrade to schema/016 keep the reference they were sent with (task-<id>), so
-// an uncertain task is resent with the key of its first attempt and deduplicated: one message.
-func TestUpgradeKeepsTheRefTasksWereSentWith(t *testing.T) {
-	is := is.New(t)
-	e := newEnv(t)
-	e.rollbackTo("015") // references derived from ids
-	e.w.User("u1", "push")
-	var id int64
-	is.NoErr(e.pool.QueryRow(e.ctx, `WITH n AS (
-		INSERT INTO notification (user_id, event_key, body, expires_at) VALUES ('u1', 'ev-1', 'shipped', now() + interval '1 hour')
-		RETURNING id)
-		INSERT INTO delivery_task (notification_id, channel, max_attempts) SELECT id, 'push', 3 FROM n RETURNING id`).Scan(&id)) // created before the upgrade
-	// The worker before the upgrade claimed it and sent it with ntf-task-<id>; the fake accepted and the
-	// answer was lost; the worker died. Its lease has run out.
-	var err error
-	e.withoutStateMachine(func() {
-		_, err = e.pool.Exec(e.ctx, `WITH c AS (
-			UPDATE delivery_task SET state = 'SENDING', attempt_token = gen_random_uuid(), lease_owner = 'old-worker',
-			       lease_until = now() - interval '1 second', next_attempt_at = NULL, attempt_count = 1
-			WHERE id = $1 RETURNING id, attempt_token)
-			INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
-			SELECT id, 1, attempt_token, 'SEND', 'old-worker' FROM c`, id)
-	})
-	is.NoErr(err) // the old worker's claim
-	old := fmt.Sprintf("task-%d", id)
-	client, err := httpchannel.New(e.push.URL(), httpchannel.Options{})
-	is.NoErr(err)
-	is.Equal(client.Send(e.ctx, delivery.Message{Ref: old, IdempotencyKey: "ntf-" + old, To: "u1@push", Body: "shipped"}).Outcome,
-		delivery.OutcomeAccepted) // its send, whose answer it never saw
-
-	e.dbmate("up") // the upgrade
-	is.Equal(e.ref(id), old)
-	is.Equal(runOnce(t, e.dispatcher(dcfg{})).Kind, service.ResultSent)
-	is.Equal(e.outcomes(id), []delivery.Outcome{delivery.OutcomeLeaseExpired, delivery.OutcomeAcceptedReplay}) // resent with its key
-	is.Equal(e.push.Outbound(old), 1)                                                                          // one message
-}
-
-// rollbackTo rolls the test's database back one migration at a time until version is the newest applied.
-func (e *env) rollbackTo(version string) {
-	e.t.Helper()
-	for range 100 {
-		var newest string
-		if err := e.pool.QueryRow(e.ctx, `SELECT max(version) FROM schema_migrations`).Scan(&newest); err != nil {
-			e.t.Fatal(err)
-		}
-		if newest <= version {
-			return
-		}
-		e.dbmate("rollback")
-	}
-	e.t.Fatalf("still above schema %s after 100 rollbacks", version)
-}
-
-// dbmate runs a dbmate command on the test's database.
-func (e *env) dbmate(command string) {
-	e.t.Helper()
-	bin, err := pgtest.Dbmate()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	dir, err := pgtest.MigrationsDir()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	u, err := url.Parse(e.pool.Config().ConnString())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if !u.Query().Has("sslmode") {
-		q := u.Query()
-		q.Set("sslmode", "disable")
-		u.RawQuery = q.Encode()
-	}
-	cmd := exec.Command(bin, "--url", u.String(), "--migrations-dir", dir, "--no-dump-schema", command)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		e.t.Fatalf("dbmate %s: %v\n%s", command, err, out)
-	}
-	// The pools' connections prepared statements against the old schema.
-	e.pool.Reset()
-	e.workerPool.Reset()
 }

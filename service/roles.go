@@ -8,13 +8,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// The database roles of schema/006_roles.sql: each command runs with one of them (or as the tables'
+// The database roles of schema/002_roles_and_row_security.sql: each command runs with one of them (or as the tables'
 // owner).
 const (
 	RoleCreator  = "notifier_creator"  // create, pref set
 	RoleWorker   = "notifier_worker"   // work
 	RoleOperator = "notifier_operator" // resolve (EXECUTE on notifier_resolve), review, status
-	RoleReceiver = "notifier_receiver" // receipts (schema/015)
+	RoleReceiver = "notifier_receiver" // receipts (schema/004)
 )
 
 // ErrPermission matches a *PermissionError.

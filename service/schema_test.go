@@ -3,7 +3,7 @@ package service_test
 // The schema's constraints, each proven to bite: every subtest starts from a fresh database holding one
 // valid row per table (schemaBaseline), runs one statement that breaks exactly one constraint, and checks
 // that PostgreSQL rejects it with that constraint's SQLSTATE and name. The statements run as the tables'
-// owner: the state machine of schema/010 holds for it too, so the baseline reaches its states by the
+// owner: the state machine of schema/003 holds for it too, so the baseline reaches its states by the
 // protocol's own moves.
 
 import (
@@ -22,7 +22,7 @@ import (
 )
 
 const (
-	schemaErrIntegrity  = "23000" // raised by the triggers of schema/005 and schema/010
+	schemaErrIntegrity  = "23000" // raised by the triggers of schema/003
 	schemaErrUnique     = "23505"
 	schemaErrCheck      = "23514"
 	schemaErrForeignKey = "23503"
@@ -218,7 +218,7 @@ var schemaViolations = []schemaViolation{
 	{"attempt/token null", `UPDATE delivery_attempt SET attempt_token = NULL`, schemaErrNotNull, "", "attempt_token", ""},
 	{"attempt/worker null", `UPDATE delivery_attempt SET worker = NULL`, schemaErrNotNull, "", "worker", ""},
 
-	// delivery_receipt (schema/015)
+	// delivery_receipt (schema/004)
 	{"receipt/duplicate id", `INSERT INTO delivery_receipt (id, task_id, source, event_id, kind, effect) OVERRIDING SYSTEM VALUE
 		SELECT id, task_id, source, 'evt-2', kind, effect FROM delivery_receipt`, schemaErrUnique, "delivery_receipt_pkey", "", schemaReceipt},
 	{"receipt/unknown task", schemaReceiptInsert("999999999", "'twilio'", "'SM1:sent'", "'ACCEPTED'", "false", "'SETTLED'"), schemaErrForeignKey, "delivery_receipt_task_id_fkey", "", ""},
@@ -245,7 +245,7 @@ var schemaViolations = []schemaViolation{
 	{name: "receipt/append-only: truncated", setup: schemaReceipt, sql: `TRUNCATE delivery_receipt`,
 		code: schemaErrIntegrity, constraint: "delivery_receipt_append_only"},
 
-	// channel_rate_limit (schema/014)
+	// channel_rate_limit (schema/001)
 	{"rate/duplicate channel", `INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES ('push', 1, 1, 1)`, schemaErrUnique, "channel_rate_limit_pkey", "", ""},
 	{"rate/channel upper case", `INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES ('SMS', 1, 1, 1)`, schemaErrCheck, "notifier_channel_check", "", ""},
 	{"rate/channel of 33 chars", `INSERT INTO channel_rate_limit (channel, rate, burst, tokens) VALUES (repeat('a', 33), 1, 1, 1)`, schemaErrCheck, "notifier_channel_check", "", ""},
@@ -267,7 +267,7 @@ var schemaViolations = []schemaViolation{
 	{"rate/rate null", `UPDATE channel_rate_limit SET rate = NULL`, schemaErrNotNull, "", "rate", ""},
 	{"rate/tokens missing", `INSERT INTO channel_rate_limit (channel, rate, burst) VALUES ('sms', 1, 1)`, schemaErrNotNull, "", "tokens", ""},
 
-	// The account refund and channel_pause (schema/025)
+	// The account refund and channel_pause (schema/003, schema/001)
 	{"task/account_refusals negative", `UPDATE delivery_task SET account_refusals = -1 WHERE id = ` + schemaBaseWaitingTask,
 		schemaErrCheck, "delivery_task_account_refusals_check", "", ""},
 	{"task/account_refusals above attempt_count", `UPDATE delivery_task SET account_refusals = 1 WHERE id = ` + schemaBaseWaitingTask,
@@ -285,7 +285,7 @@ var schemaViolations = []schemaViolation{
 	{"pause/hold over a day", strings.Replace(schemaPause("push"), "now(), 30)", "now(), 86401)", 1), schemaErrCheck, "channel_pause_hold_check", "", ""},
 	{"pause/cause null", strings.Replace(schemaPause("push"), "'credential rejected'", "NULL", 1), schemaErrNotNull, "", "cause", ""},
 
-	// delivery_attempt is append-only (triggers, schema/005): the rules carry a constraint name too.
+	// delivery_attempt is append-only (triggers, schema/003): the rules carry a constraint name too.
 	{name: "attempt/append-only: rewrite worker", sql: `UPDATE delivery_attempt SET worker = 'w2'`,
 		code: schemaErrIntegrity, constraint: "delivery_attempt_append_only", column: "worker"},
 	{name: "attempt/append-only: overwrite outcome", setup: `UPDATE delivery_attempt SET outcome = 'TIMEOUT', finished_at = now()`,
@@ -299,7 +299,7 @@ var schemaViolations = []schemaViolation{
 	{name: "attempt/retention: truncate", sql: `TRUNCATE delivery_attempt`,
 		code: schemaErrIntegrity, constraint: "delivery_attempt_retention_only"},
 
-	// The state machine (triggers, schema/010), as the owner: each rule once here; every forbidden move,
+	// The state machine (triggers, schema/003), as the owner: each rule once here; every forbidden move,
 	// per role, in statemachine_test.go.
 	{name: "task/state machine: fixed column", sql: `UPDATE delivery_task SET max_attempts = 5 WHERE id = ` + schemaBaseWaitingTask,
 		code: schemaErrIntegrity, constraint: "delivery_task_fixed", column: "max_attempts"},
@@ -376,7 +376,7 @@ func TestSchemaConstraintsAllCovered(t *testing.T) {
 		WHERE s.nspname = 'public'
 		  AND r.relkind = 'r' AND r.relname <> 'schema_migrations' -- every table of ours (dbmate's is not)
 		  AND c.contype IN ('p', 'u', 'f', 'c')
-		UNION ALL -- and every domain's CHECK (schema/020)
+		UNION ALL -- and every domain's CHECK (schema/001)
 		SELECT c.conname
 		FROM pg_constraint c
 		JOIN pg_type d ON d.oid = c.contypid
@@ -500,7 +500,7 @@ func TestSchemaAcceptsEveryCallOutcome(t *testing.T) {
 		delivery.OutcomeInFlight, delivery.OutcomeMalformed, delivery.OutcomeHTTP5xx, delivery.OutcomeGatewayError,
 		delivery.OutcomeThrottled, delivery.OutcomeRejected,
 	}
-	// Only the columns' CHECKs are under test here: the state machine (schema/010), which would refuse
+	// Only the columns' CHECKs are under test here: the state machine (schema/003), which would refuse
 	// these rows for following no move, is off for the statement.
 	for i, o := range outcomes {
 		_, err := pool.Exec(ctx, `ALTER TABLE delivery_attempt DISABLE TRIGGER delivery_attempt_fits_insert;
@@ -520,8 +520,8 @@ func TestSchemaAcceptsEveryCallOutcome(t *testing.T) {
 
 // TestSchemaIdentifiersCompareInByteOrder: the keys the protocol only ever compares for equality, and
 // every index key on them, compare in byte order (COLLATE "C"), whatever collation the database has: a
-// task's ref and the providers' message ids (schema/023), which every claim and finish indexes again, and
-// the submission's user and event key (schema/024), which every create indexes and every claim looks up.
+// task's ref and the providers' message ids (schema/001), which every claim and finish indexes again, and
+// the submission's user and event key (schema/001), which every create indexes and every claim looks up.
 // Under a language's collation each comparison in those indexes is a strcoll()
 // (docs/benchmarks/2026-12-05-byte-order-keys.md). The lookups by these columns, as generic plans, still
 // go through their indexes: an index whose collation differed from its column's would leave them

@@ -1,10 +1,10 @@
 package service_test
 
 // The database's own defences, proven to bite:
-//   - delivery_attempt is append-only (schema/005_append_only_attempts.sql, R3): whatever the writer, a
+//   - delivery_attempt is append-only (schema/003_state_machine.sql, R3): whatever the writer, a
 //     recorded observation is never rewritten, and only the finished history of a terminal task may be
 //     deleted;
-//   - least privilege (schema/006_roles.sql): notifier_creator, notifier_worker and notifier_operator
+//   - least privilege (schema/002_roles_and_row_security.sql): notifier_creator, notifier_worker and notifier_operator
 //     can each run their own commands and nothing else; row-level security keeps parked tasks away from
 //     workers and everything but parked tasks away from operators.
 // Role tests run the real service code on pools whose every connection did SET ROLE.
@@ -150,7 +150,7 @@ func secRolePool(t *testing.T, e *env, role string) *pgxpool.Pool {
 	t.Helper()
 	var canAssume bool
 	if err := e.pool.QueryRow(e.ctx, `SELECT pg_has_role(current_user, $1, 'MEMBER')`, role).Scan(&canAssume); err != nil {
-		t.Fatalf("role %s: %v (does schema/006_roles.sql create it?)", role, err)
+		t.Fatalf("role %s: %v (does schema/002_roles_and_row_security.sql create it?)", role, err)
 	}
 	if !canAssume {
 		t.Skipf("the test database user may not SET ROLE %s (not a superuser nor a member of it)", role)
@@ -361,7 +361,7 @@ func TestRolesCannotDelete(t *testing.T) {
 	is.New(t).Equal(e.scalar(`SELECT count(*) FROM channel_rate_limit`), int64(1)) // not even a rate limit
 }
 
-// Rate limits (schema/014): the worker runs every move on the buckets (configure, peek, take, pause) and
+// Rate limits (schema/001): the worker runs every move on the buckets (configure, peek, take, pause) and
 // nothing else: it cannot rename one, set a column the moves do not set, or delete one (lifting a limit
 // is the owner's); the operator reads them (status) and cannot write; the creator cannot even read.
 func TestRateLimitRoles(t *testing.T) {
@@ -473,7 +473,7 @@ func TestWorkerRoleCannotResolve(t *testing.T) {
 	before := e.task(id)
 
 	changed, err := service.NewNotifier(worker).ResolveManually(e.ctx, id, delivery.StateSent, "I think it went out", "w-1")
-	is.True(errors.Is(err, service.ErrPermission)) // resolving is the operator's: notifier_resolve (schema/010)
+	is.True(errors.Is(err, service.ErrPermission)) // resolving is the operator's: notifier_resolve (schema/003)
 	is.True(secPgErr(err) != nil)                  // the database refused it
 	is.Equal(secPgErr(err).Code, sqlInsufficient)  // permission denied for function notifier_resolve
 	is.True(!changed)                              // so nothing is resolved
@@ -531,7 +531,7 @@ func TestCreatorRoleCreatesOnly(t *testing.T) {
 	secDenied(t, creator, `UPDATE delivery_task SET state = 'SENT', next_attempt_at = NULL WHERE id = $1`, task)
 	secDenied(t, creator, `UPDATE delivery_task SET max_attempts = 100 WHERE id = $1`, task)
 	secDenied(t, creator, `DELETE FROM delivery_task WHERE id = $1`, task)
-	// Each insert below runs, as it must (schema/010), in the transaction that inserted its notification.
+	// Each insert below runs, as it must (schema/003), in the transaction that inserted its notification.
 	secCreatorDenied(t, creator, `INSERT INTO delivery_task (notification_id, channel, max_attempts, state, next_attempt_at)
 		VALUES ($1, 'push', 3, 'SENT', NULL)`)
 	secCreatorDenied(t, creator, `INSERT INTO delivery_task (notification_id, channel, max_attempts, attempt_count)
@@ -592,7 +592,7 @@ func TestOperatorRoleResolvesParkedOnly(t *testing.T) {
 	changed, err := n.ResolveManually(e.ctx, pending, delivery.StateFailed, "not mine", "ops")
 	is.NoErr(err)
 	is.True(!changed)                                                                          // a PENDING task is not resolved
-	secDenied(t, operator, `UPDATE delivery_task SET state = 'FAILED' WHERE id = $1`, pending) // no UPDATE at all (schema/010)
+	secDenied(t, operator, `UPDATE delivery_task SET state = 'FAILED' WHERE id = $1`, pending) // no UPDATE at all (schema/003)
 	is.Equal(e.task(pending).State, delivery.StatePending)
 
 	// A parked task may only be resolved to SENT or FAILED.

@@ -160,7 +160,7 @@ func TestC1ConcurrentClaims(t *testing.T) {
 
 // TestNC1ClaimWithoutLock is a negative control: the claim without FOR UPDATE SKIP LOCKED (a plain
 // SELECT, then UPDATE by id) lets two claimers take the same task, and it goes out twice. The lock is
-// what keeps the second claimer away; the state machine (schema/010) now also refuses its update, which
+// what keeps the second claimer away; the state machine (schema/003) now also refuses its update, which
 // reaches the row the first claimer holds under a live lease. Both are shown: the refusal, and the
 // damage once the state machine is switched off.
 func TestNC1ClaimWithoutLock(t *testing.T) {
@@ -171,7 +171,7 @@ func TestNC1ClaimWithoutLock(t *testing.T) {
 	const unsafeUpdate = `UPDATE delivery_task SET state = 'SENDING', attempt_token = gen_random_uuid(), lease_owner = $2,
 		lease_until = now() + interval '30 seconds', next_attempt_at = NULL, attempt_count = attempt_count + 1 WHERE id = $1`
 	// The same claim with the attempt row the database wants with every counted attempt, written by the
-	// same statement (schema/021).
+	// same statement (schema/003).
 	const unsafeClaim = `WITH c AS (` + unsafeUpdate + ` RETURNING id, attempt_count, attempt_token, lease_owner)
 		INSERT INTO delivery_attempt (task_id, attempt_no, attempt_token, action, worker)
 		SELECT id, attempt_count, attempt_token, 'SEND', lease_owner FROM c`
@@ -455,7 +455,7 @@ func TestNC3LateFinish(t *testing.T) {
 	is.Equal(history[0].LateOutcome, delivery.OutcomeTimeout)  // and the late observation is kept beside it
 
 	// The unsafe finish, by id only: the token guard is what keeps it off the task. The state machine
-	// (schema/010) refuses it too, SENT being final; the refusal names the row the UPDATE matched.
+	// (schema/003) refuses it too, SENT being final; the refusal names the row the UPDATE matched.
 	const unsafeFinish = `UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true, uncertain_since = now(),
 		next_attempt_at = now() WHERE id = $1`
 	_, err = e.pool.Exec(e.ctx, unsafeFinish, id)
@@ -504,7 +504,7 @@ func TestNC3LateFinishWhileNewHolderSends(t *testing.T) {
 				return
 			}
 			// The finish without its token: the state check alone, as River fences its finish, writing A's
-			// TIMEOUT as TaskFinish would. The database's state machine (schema/010) lets it pass: SENDING ->
+			// TIMEOUT as TaskFinish would. The database's state machine (schema/003) lets it pass: SENDING ->
 			// UNKNOWN is a finish, and nothing in the row says which holder speaks. Only the token can.
 			tag, err := e.pool.Exec(e.ctx, `UPDATE delivery_task SET state = 'UNKNOWN', outcome_uncertain = true,
 				uncertain_since = coalesce(uncertain_since, updated_at), next_attempt_at = now() + interval '1 hour',

@@ -1,6 +1,6 @@
 package service_test
 
-// Send at a time (schema/028, docs/protocol.md#send-at), through the real database, the creator's
+// Send at a time (schema/005, docs/protocol.md#send-at), through the real database, the creator's
 // role and the strict fakes: a scheduled task is not claimed before its send time and is delivered
 // after it; it is counted as scheduled, never as overdue; a send time at or after the expiry is refused
 // with nothing written; the creator's insert policy refuses a task due at any other time; a cancel
@@ -165,7 +165,7 @@ func TestSendAtAtOrAfterExpiryRefused(t *testing.T) {
 	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task`), int64(0))
 }
 
-// TestSendAtCreatorPolicy: the creator's insert policy (schema/028) takes a task due exactly at
+// TestSendAtCreatorPolicy: the creator's insert policy (schema/005) takes a task due exactly at
 // greatest(send_at, now()) of its notification, and refuses one dated back or dated to any other time.
 func TestSendAtCreatorPolicy(t *testing.T) {
 	e := newEnv(t)

@@ -44,7 +44,7 @@ type NotificationReport struct {
 	UserID    string    `json:"user_id"`
 	EventKey  string    `json:"event_key"`
 	CreatedAt time.Time `json:"created_at"`
-	// SendAt is the send time the event was created with (create --send-at or --delay, schema/028): its
+	// SendAt is the send time the event was created with (create --send-at or --delay, schema/005): its
 	// tasks waited until then. Null when it was sent at once.
 	SendAt    *time.Time `json:"send_at"`
 	ExpiresAt time.Time  `json:"expires_at"`

@@ -1,6 +1,6 @@
 package service_test
 
-// The delivery state machine in the database (schema/010), proven to bite for every role: each move below
+// The delivery state machine in the database (schema/003), proven to bite for every role: each move below
 // starts from a task the protocol's own moves produced (smFixture) and is run as the owner and as each of
 // the three roles, on a fresh task each time. A forbidden move must be refused with the expected SQLSTATE
 // and constraint (or hidden by row-level security: 0 rows) and change nothing; the protocol's legitimate
@@ -141,7 +141,7 @@ func smFinish(outcome, set string) string {
 }
 
 var smMoves = []smMove{
-	// Fallback chains (schema/029): an unreleased task moves only by its release, its settle as not
+	// Fallback chains (schema/005): an unreleased task moves only by its release, its settle as not
 	// needed, or a cancel, each only when its chain says so; the fixture's head (push) is still waiting.
 	{name: "unreleased fallback task made due by hand", fixture: "unreleased",
 		sql:   `UPDATE delivery_task SET next_attempt_at = now(), last_error = 'released by hand' WHERE id = $1`,
@@ -230,7 +230,7 @@ var smMoves = []smMove{
 	{name: "SENDING -> FAILED, uncertain", fixture: "sending",
 		sql:   smFinish("TIMEOUT", `state = 'FAILED', outcome_uncertain = true, uncertain_since = updated_at`),
 		owner: smRefused("delivery_task_uncertainty", "outcome_uncertain"), worker: smRefused("delivery_task_uncertainty", "outcome_uncertain")},
-	// Account states (schema/025): an ACCOUNT_REFUSED attempt is refunded and the task waits; nothing
+	// Account states (schema/003): an ACCOUNT_REFUSED attempt is refunded and the task waits; nothing
 	// else refunds one, and it never writes a task off.
 	{name: "SENDING -> PENDING after ACCOUNT_REFUSED, refunded", fixture: "sending",
 		sql:   smFinish("ACCOUNT_REFUSED", `state = 'PENDING', next_attempt_at = now(), account_refusals = account_refusals + 1`),
@@ -314,7 +314,7 @@ var smMoves = []smMove{
 		sql:   strings.Replace(smSettleSuppressed, "'PREF_DISABLED' FROM s", "'TTL_EXPIRED' FROM s", 1),
 		owner: smRefused("delivery_attempt_follows_task", "outcome"), worker: smRefused("delivery_attempt_follows_task", "outcome")},
 
-	// Cancels (schema/027): a waiting task of a cancelled notification is settled with the cancel's SKIP,
+	// Cancels (schema/005): a waiting task of a cancelled notification is settled with the cancel's SKIP,
 	// due or not, SUPPRESSED when certain and parked when not; nothing else settles a task before it is
 	// due, and a notification that was not cancelled gives no task the cancel's outcome.
 	{name: "cancel settles a task not due", fixture: "scheduled-cancelled", sql: smSettleCancelled, owner: smOne, worker: smOne},
@@ -396,7 +396,7 @@ var smMoves = []smMove{
 		sql:   `UPDATE delivery_attempt SET late_outcome = 'ACCEPTED', late_at = now() WHERE task_id = $1 AND action = 'MANUAL'`,
 		owner: smRefused("delivery_attempt_outcome_fits_action", "late_outcome"), worker: smWant{rows: 0, policy: "delivery_attempt_worker_update"}},
 
-	// Receipts (schema/015): a settle needs its receipt noted and its RECEIPT row, only
+	// Receipts (schema/004): a settle needs its receipt noted and its RECEIPT row, only
 	// notifier_apply_receipt writes both, and a receipt is kept as it came.
 	{name: "a receipt settle without its receipt noted", fixture: "waiting-uncertain", sql: smReceiptSettleUnnoted,
 		owner:  smRefused("delivery_task_transition", "state"),
@@ -469,7 +469,7 @@ const (
 )
 
 var smCalls = []smCall{
-	// notifier_cancel (schema/027): the creator's, and the owner's.
+	// notifier_cancel (schema/005): the creator's, and the owner's.
 	{role: smCreator, name: "cancel a pending task", fixture: "pending", sql: smCancel, want: smOne},
 	{role: smCreator, name: "cancel an event that does not exist", fixture: "pending",
 		sql: `SELECT * FROM notifier_cancel('u1', 'no-such-event-' || $1::bigint)`, want: smWant{rows: 0}},
@@ -501,7 +501,7 @@ var smCalls = []smCall{
 
 	// The creator's tasks: its own transaction's notification, an enabled channel, due now.
 	{role: smCreator, name: "task for its own new notification", fixture: "own-notification", sql: smCreatorTask, want: smOne},
-	{role: smCreator, name: "task for its own notification, both in savepoints (schema/026)", fixture: "own-notification-in-savepoint", sql: smCreatorTask, want: smOne},
+	{role: smCreator, name: "task for its own notification, both in savepoints (schema/005)", fixture: "own-notification-in-savepoint", sql: smCreatorTask, want: smOne},
 	{role: smCreator, name: "task from a savepoint for an existing notification", fixture: "notification-from-savepoint", sql: smCreatorTask,
 		want: smWant{code: sqlInsufficient, policy: "delivery_task_creator_insert"}},
 	{role: smCreator, name: "task for an existing notification", fixture: "notification", sql: smCreatorTask,
@@ -512,13 +512,13 @@ var smCalls = []smCall{
 	{role: smCreator, name: "task dated ten years back", fixture: "own-notification",
 		sql:  `INSERT INTO delivery_task (notification_id, channel, max_attempts, next_attempt_at) VALUES ($1, 'push', 3, now() - interval '10 years')`,
 		want: smWant{code: sqlInsufficient, policy: "delivery_task_creator_insert"}},
-	{role: smCreator, name: "later fallback task due now (schema/029)", fixture: "own-notification",
+	{role: smCreator, name: "later fallback task due now (schema/005)", fixture: "own-notification",
 		sql:  `INSERT INTO delivery_task (notification_id, channel, max_attempts, fallback_position, next_attempt_at) VALUES ($1, 'push', 3, 2, now())`,
 		want: smWant{code: sqlInsufficient, policy: "delivery_task_creator_insert"}},
-	{role: smCreator, name: "later fallback task unreleased (schema/029)", fixture: "own-notification",
+	{role: smCreator, name: "later fallback task unreleased (schema/005)", fixture: "own-notification",
 		sql:  `INSERT INTO delivery_task (notification_id, channel, max_attempts, fallback_position, next_attempt_at) VALUES ($1, 'push', 3, 2, NULL)`,
 		want: smOne},
-	{role: smCreator, name: "first fallback task unreleased (schema/029)", fixture: "own-notification",
+	{role: smCreator, name: "first fallback task unreleased (schema/005)", fixture: "own-notification",
 		sql:  `INSERT INTO delivery_task (notification_id, channel, max_attempts, fallback_position, next_attempt_at) VALUES ($1, 'push', 3, 1, NULL)`,
 		want: smWant{code: sqlInsufficient, policy: "delivery_task_creator_insert"}},
 	{role: smCreator, name: "task due now, as the previous TaskInsertForEnabledPrefs wrote it", fixture: "own-notification",
@@ -777,7 +777,7 @@ func TestStateMachineAllCovered(t *testing.T) {
 		policies[c.want.policy] = true
 	}
 
-	// The worker has no privilege that could reach these rules (schema/006, schema/010).
+	// The worker has no privilege that could reach these rules (schema/002, schema/003).
 	unreachable := map[string]string{
 		"delivery_task_fixed": `SELECT bool_or(has_column_privilege('notifier_worker', 'delivery_task', c, 'UPDATE'))
 			FROM unnest(ARRAY['id', 'notification_id', 'channel', 'ref', 'max_attempts', 'created_at']) AS c`,
@@ -841,8 +841,8 @@ func TestStateMachineAllCovered(t *testing.T) {
 
 // TestStateMachineEveryOutcomeOfAnOpenCall records each outcome the CHECK constraint allows (read from
 // the catalog, so that a new outcome is covered when it is added) on an open SEND and an open QUERY
-// attempt of a live holder, as the owner and as the worker. Only a call's own outcomes pass (schema/019
-// lets them through by the trigger's WHEN, schema/010's function decides the rest); LEASE_EXPIRED is
+// attempt of a live holder, as the owner and as the worker. Only a call's own outcomes pass (schema/003
+// lets them through by the trigger's WHEN, schema/003's function decides the rest); LEASE_EXPIRED is
 // refused because the holder's lease is live, every other outcome because it does not fit the action.
 func TestStateMachineEveryOutcomeOfAnOpenCall(t *testing.T) {
 	t.Parallel()

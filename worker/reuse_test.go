@@ -357,7 +357,7 @@ func TestWorkerWebPushDropOnReusedConnection(t *testing.T) {
 	}
 }
 
-// refOf is a task's channel reference (random, stored with the task: schema/016), what the fakes and
+// refOf is a task's channel reference (random, stored with the task: schema/001), what the fakes and
 // receivers file its requests under.
 func refOf(t *testing.T, pool *pgxpool.Pool, taskID int64) string {
 	t.Helper()

@@ -278,7 +278,7 @@ func TestFinalCheckCatchesFailures(t *testing.T) {
 	is.True(err != nil && strings.Contains(err.Error(), "2 of 2 tasks not SENT")) // caught
 
 	b.delivered = 2
-	// As if delivered, behind the state machine's back (schema/010 refuses a SENT without its attempt).
+	// As if delivered, behind the state machine's back (schema/003 refuses a SENT without its attempt).
 	_, err = pool.Exec(ctx, `ALTER TABLE delivery_task DISABLE TRIGGER USER;
 		UPDATE delivery_task SET state = 'SENT', next_attempt_at = NULL, provider_msg_id = 'x';
 		ALTER TABLE delivery_task ENABLE TRIGGER USER`)

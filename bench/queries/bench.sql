@@ -47,7 +47,7 @@ SELECT set_config('enable_bitmapscan', 'off', true);
 -- Inserts history fast, in one statement: @notifications notifications (event keys @tag-<g> for g from
 -- @first on, created a day ago), each with a task on push and on sms claimed then (SENDING, held by
 -- 'bench-history', its lease far away so that no worker takes it over) and its open SEND attempt.
--- BenchFinishHistory then finishes them: the state machine (schema/010) accepts history only as the
+-- BenchFinishHistory then finishes them: the state machine (schema/003) accepts history only as the
 -- protocol's moves make it (a call's attempt is opened by its holder, then recorded and finished).
 -- Returns the number of attempts (= tasks) inserted. The parameters sit in their own CTE (arg): sqlc
 -- v1.31 mis-edits named parameters inside a data-modifying CTE.

@@ -1,5 +1,5 @@
 -- A measurement, not a migration (bench/cost.sh, bench/variant.sh): the index keys on a task's ref and on
--- the providers' message ids compared under the database's collation, as before schema/023 made them
+-- the providers' message ids compared under the database's collation, as before they were made
 -- byte order (COLLATE "C"). Only their cost of insertion is measured: every claim and finish inserts the
 -- ref again, a finish the message ids. No statement of the claim or the finish looks these indexes up,
 -- and the receipts' lookups, which do, cannot use them while their collation differs from the

@@ -90,11 +90,18 @@ func runsHere(p string) bool {
 // with dbmate (`dbmate up`, which also creates the database if missing).
 // sslmode=disable is added to the URL when it has no sslmode.
 func Migrate(ctx context.Context, dbURL string) error {
-	dbmate, err := Dbmate()
+	dir, err := MigrationsDir()
 	if err != nil {
 		return err
 	}
-	dir, err := MigrationsDir()
+	return MigrateDir(ctx, dbURL, dir)
+}
+
+// MigrateDir is Migrate with the migrations of dir, e.g. the reference
+// migrations of testdata/schema-v0 that internal/schemacheck compares with
+// schema/.
+func MigrateDir(ctx context.Context, dbURL, dir string) error {
+	dbmate, err := Dbmate()
 	if err != nil {
 		return err
 	}

@@ -102,11 +102,20 @@ func NewDB(t testing.TB) *pgxpool.Pool {
 // session still connected to it.
 func NewDBURL(t testing.TB) string {
 	t.Helper()
+	return newDBURL(t, "")
+}
+
+// newDBURL creates a database from template (the migrated template when empty), dropped at cleanup.
+func newDBURL(t testing.TB, template string) string {
+	t.Helper()
 	h := get(t)
+	if template == "" {
+		template = h.template
+	}
 	name := "notifier_test_" + randomSuffix()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := h.createDB(ctx, name); err != nil {
+	if err := h.createDB(ctx, name, template); err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
 	t.Cleanup(func() {
@@ -117,6 +126,14 @@ func NewDBURL(t testing.TB) string {
 		}
 	})
 	return h.urlFor(name)
+}
+
+// NewEmptyDBURL is like NewDBURL but the database is empty (created from
+// template0, no migration applied), for a test that migrates it itself
+// (MigrateDir).
+func NewEmptyDBURL(t testing.TB) string {
+	t.Helper()
+	return newDBURL(t, "template0")
 }
 
 // Cluster gives access to the throwaway cluster when the harness started one
@@ -280,8 +297,8 @@ func (h *harness) exec(ctx context.Context, sql string) error {
 	}
 }
 
-func (h *harness) createDB(ctx context.Context, name string) error {
-	sql := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{h.template}.Sanitize()
+func (h *harness) createDB(ctx context.Context, name, template string) error {
+	sql := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{template}.Sanitize()
 	for attempt := 1; ; attempt++ {
 		err := h.exec(ctx, sql)
 		var pgErr *pgconn.PgError
@@ -295,7 +312,7 @@ func (h *harness) createDB(ctx context.Context, name string) error {
 			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("create database %s from template %s: %w", name, h.template, err)
+			return fmt.Errorf("create database %s from template %s: %w", name, template, err)
 		}
 		return nil
 	}

@@ -88,14 +88,14 @@ const (
 	OutcomePrefDisabledUncertain Outcome = "PREF_DISABLED_UNCERTAIN"
 	OutcomeTTLExpiredUncertain   Outcome = "TTL_EXPIRED_UNCERTAIN"
 
-	// A cancel (notifier cancel, schema/027) settled the task without a call: CANCELLED when no attempt
+	// A cancel (notifier cancel, schema/005) settled the task without a call: CANCELLED when no attempt
 	// may have been accepted (SUPPRESSED), CANCELLED_UNCERTAIN when one may have been (parked: the cancel
 	// met an unknown outcome, and a human resolves it).
 	OutcomeCancelled          Outcome = "CANCELLED"
 	OutcomeCancelledUncertain Outcome = "CANCELLED_UNCERTAIN"
 
 	// OutcomeFallbackNotNeeded: a later channel of a fallback chain was never called because an earlier
-	// one was SENT (schema/029); the task is SUPPRESSED.
+	// one was SENT (schema/005); the task is SUPPRESSED.
 	OutcomeFallbackNotNeeded Outcome = "FALLBACK_NOT_NEEDED"
 
 	OutcomeManualSent   Outcome = "MANUAL_SENT"
@@ -153,7 +153,7 @@ func ParseRef(s string) (ref string, ok bool) {
 }
 
 // validRef is the schema's delivery_task_ref_check: a lowercase UUID (gen_random_uuid, every task since
-// schema/016), or task-<id> (a task created before, which keeps the reference it was sent with).
+// schema/001), or task-<id> (a task created before, which keeps the reference it was sent with).
 func validRef(ref string) bool {
 	if id, ok := strings.CutPrefix(ref, "task-"); ok {
 		return id != "" && len(id) <= 19 && id[0] != '0' && strings.Trim(id, "0123456789") == ""

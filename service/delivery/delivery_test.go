@@ -45,7 +45,7 @@ func TestIdempotencyKey(t *testing.T) {
 	is := is.New(t)
 	ref := "0b5e7c1a-9f2d-4e3b-8a6c-1d2e3f4a5b6c"
 	is.Equal(IdempotencyKey(ref), "ntf-"+ref)                 // derived from the task's reference
-	is.Equal(IdempotencyKey("task-42"), "ntf-task-42")        // a reference from before schema/016
+	is.Equal(IdempotencyKey("task-42"), "ntf-task-42")        // a reference from before refs were random
 	is.True(IdempotencyKey(ref) != IdempotencyKey("task-42")) // one key per task
 }
 
@@ -61,7 +61,7 @@ func TestParseRef(t *testing.T) {
 		{"ntf-" + uuid, uuid, true},                                    // the idempotency key
 		{"  " + uuid + "\n", uuid, true},                               // surrounding space is not part of it
 		{"task-1", "task-1", true},                                     // the smallest id
-		{"ntf-task-42", "task-42", true},                               // a key from before schema/016
+		{"ntf-task-42", "task-42", true},                               // a key from before refs were random
 		{"task-9223372036854775807", "task-9223372036854775807", true}, // 19 digits: bigint's largest
 		{"task-12345678901234567890", "", false},                       // 20 digits: no bigint
 		{"task-", "", false},                                           // no id
