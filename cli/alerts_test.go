@@ -51,7 +51,7 @@ var metricsExporters = []metricsExporter{
 func startMeasuredConsole(t *testing.T, c notifierCLI, pool *pgxpool.Pool) string {
 	t.Helper()
 	p := c.loginAs(pool, service.RoleOperator).start("--log-format", "json", "console", "--listen", "127.0.0.1:0",
-		"--users-file", consoleUsers(t, c, "pw-of-alice"), "--metrics-addr", "127.0.0.1:0")
+		"--users-file", consoleUsers(t, "pw-of-alice"), "--metrics-addr", "127.0.0.1:0")
 	t.Cleanup(func() { p.stop(syscall.SIGTERM) })
 	consoleURL(t, p) // it serves its pages too
 	addr := metricsAddr(t, p)

@@ -33,8 +33,25 @@ import (
 	"github.com/notifierhq/notifier/service"
 )
 
-// consoleUsers writes a users file with alice's hash made by notifier console --hash-password.
-func consoleUsers(t *testing.T, c notifierCLI, password string) string {
+// consoleUsers writes a users file with alice's hash at bcrypt's lowest cost: for tests that need a valid
+// file, not the cost. A hash at HashCost takes seconds under -race (11 s each on a loaded machine);
+// hashedConsoleUsers makes one the way an operator does, where that is what the test shows.
+func consoleUsers(t *testing.T, password string) string {
+	t.Helper()
+	hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
+	is.New(t).NoErr(err)
+	return writeConsoleUsers(t, string(hash))
+}
+
+func writeConsoleUsers(t *testing.T, hash string) string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "users")
+	is.New(t).NoErr(os.WriteFile(file, []byte("# console operators\nalice:"+hash+"\n"), 0o600))
+	return file
+}
+
+// hashedConsoleUsers writes a users file with alice's hash made by notifier console --hash-password.
+func hashedConsoleUsers(t *testing.T, c notifierCLI, password string) string {
 	t.Helper()
 	is := is.New(t)
 	r := c.run(password+"\n", "console", "--hash-password")
@@ -44,9 +61,7 @@ func consoleUsers(t *testing.T, c notifierCLI, password string) string {
 	cost, err := bcrypt.Cost([]byte(hash))
 	is.NoErr(err)
 	is.Equal(cost, 12)
-	file := filepath.Join(t.TempDir(), "users")
-	is.NoErr(os.WriteFile(file, []byte("# console operators\nalice:"+hash+"\n"), 0o600))
-	return file
+	return writeConsoleUsers(t, hash)
 }
 
 // TestConsoleRefusesBadCommandLines: every half or unsafe configuration exits 2 with one clear line,
@@ -54,7 +69,7 @@ func consoleUsers(t *testing.T, c notifierCLI, password string) string {
 func TestConsoleRefusesBadCommandLines(t *testing.T) {
 	t.Parallel()
 	c := notifierCLI{t: t}
-	users := consoleUsers(t, c, "pw-of-alice")
+	users := consoleUsers(t, "pw-of-alice")
 	badUsers := filepath.Join(t.TempDir(), "bad-users")
 	is.New(t).NoErr(os.WriteFile(badUsers, []byte("alice:$apr1$secrethash$x\n"), 0o600))
 	for _, tc := range []struct {
@@ -146,7 +161,7 @@ func TestConsoleServesOverTLS(t *testing.T) {
 	is := is.New(t)
 	c, pool := newCLI(t)
 	id := parkedTask(t, pool)
-	users := consoleUsers(t, c, "pw-of-alice")
+	users := hashedConsoleUsers(t, c, "pw-of-alice")
 	cert, key := selfSigned(t)
 	args := []string{"--log-format", "json", "console", "--listen", "127.0.0.1:0", "--users-file", users,
 		"--tls-cert", cert, "--tls-key", key, "--metrics-addr", "127.0.0.1:0"}

@@ -73,25 +73,27 @@ func validUserName(name string) bool {
 // who has the file 128 times more per guess and a login about a quarter of a second).
 const HashCost = 12
 
-// HashPassword is the users-file line's hash of password.
-func HashPassword(password string) (string, error) {
+// HashPassword is the users-file line's hash of password, at HashCost.
+func HashPassword(password string) (string, error) { return hashPassword(password, HashCost) }
+
+// hashPassword is HashPassword at any cost: its tests run at bcrypt's lowest, where a run at HashCost
+// takes seconds under -race. cli's TestConsoleServesOverTLS checks a --hash-password line at HashCost.
+func hashPassword(password string, cost int) (string, error) {
 	if password == "" {
 		return "", errors.New("empty password")
 	}
 	if len(password) > 72 {
 		return "", errors.New("password longer than 72 bytes: bcrypt ignores the rest")
 	}
-	h, err := bcrypt.GenerateFromPassword([]byte(password), HashCost)
+	h, err := bcrypt.GenerateFromPassword([]byte(password), cost)
 	return string(h), err
 }
 
 // dummyHash is checked against when the user does not exist, so that a login takes as long for an
-// unknown user as for a wrong password (no user enumeration by timing). Made at the first login, not
-// when the binary starts: every other command would pay for it.
-var dummyHash = sync.OnceValue(func() []byte {
-	h, _ := bcrypt.GenerateFromPassword([]byte("no such user"), HashCost)
-	return h
-})
+// unknown user as for a wrong password (no user enumeration by timing). A constant, bcrypt of "no such
+// user" at HashCost: made at run time it cost the first login, or every command, one more bcrypt run.
+// TestDummyHashCostsWhatARealOneDoes keeps its cost equal to HashCost.
+const dummyHash = "$2a$12$kAMdBrBv6b7CG8odGkx2BejWqH5qiNTkvAL6I/.SIehvbEXxmW3VS"
 
 // compareFunc is bcrypt.CompareHashAndPassword, or a test's counter around it.
 type compareFunc func(hash, password []byte) error
@@ -100,7 +102,7 @@ type compareFunc func(hash, password []byte) error
 func (u Users) check(compare compareFunc, name, password string) bool {
 	hash, ok := u[name]
 	if !ok {
-		_ = compare(dummyHash(), []byte(password))
+		_ = compare([]byte(dummyHash), []byte(password))
 		return false
 	}
 	return compare(hash, []byte(password)) == nil

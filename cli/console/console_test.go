@@ -478,7 +478,10 @@ func TestParseUsers(t *testing.T) {
 	is.Equal(len(users), 2)
 	is.True(users.check(bcrypt.CompareHashAndPassword, "alice", "pw"))
 	is.True(!users.check(bcrypt.CompareHashAndPassword, "alice", "PW"))
-	is.True(!users.check(bcrypt.CompareHashAndPassword, "carol", "pw"))
+	var compared []string
+	anything := func(hash, _ []byte) error { compared = append(compared, string(hash)); return nil }
+	is.True(!users.check(anything, "carol", "pw")) // an unknown user is refused, whatever the comparison says
+	is.Equal(compared, []string{dummyHash})        // after one bcrypt run against the dummy hash
 	for _, bad := range []string{
 		"alice:$apr1$abc$def\n", // htpasswd's MD5
 		"alice:{SHA}W6ph5Mm5Pz8GgiULbPgzG37mj9g=\n",
@@ -491,9 +494,35 @@ func TestParseUsers(t *testing.T) {
 		is.True(err != nil)
 		is.True(!strings.Contains(err.Error(), "$apr1$") && !strings.Contains(err.Error(), h))
 	}
-	hash, err := HashPassword("s3cret")
+	hash, err := hashPassword("s3cret", bcrypt.MinCost)
 	is.NoErr(err)
 	users, err = ParseUsers(strings.NewReader("ops:" + hash))
 	is.NoErr(err)
 	is.True(users.check(bcrypt.CompareHashAndPassword, "ops", "s3cret"))
+}
+
+// TestDummyHashCostsWhatARealOneDoes: a login for an unknown user runs bcrypt at HashCost like a wrong
+// password does. A malformed dummy would be refused before any bcrypt round, and a cheaper one faster,
+// either telling an attacker which names exist.
+func TestDummyHashCostsWhatARealOneDoes(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	cost, err := bcrypt.Cost([]byte(dummyHash))
+	is.NoErr(err)
+	is.Equal(cost, HashCost)
+	is.Equal(bcrypt.CompareHashAndPassword([]byte(dummyHash), []byte("pw")), bcrypt.ErrMismatchedHashAndPassword) // well formed: every round ran
+}
+
+// TestHashPasswordRefusesWhatBcryptWouldNotKeep: an empty password, and one whose bytes past 72 bcrypt
+// would silently ignore, get an error, never a hash.
+func TestHashPasswordRefusesWhatBcryptWouldNotKeep(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	for _, pw := range []string{"", strings.Repeat("a", 73)} {
+		hash, err := HashPassword(pw)
+		is.True(err != nil)
+		is.Equal(hash, "")
+	}
+	_, err := hashPassword(strings.Repeat("a", 72), bcrypt.MinCost)
+	is.NoErr(err) // 72 bytes are all kept
 }
