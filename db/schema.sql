@@ -728,7 +728,7 @@ $$;
 -- Name: FUNCTION delivery_task_key_fixed(); Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON FUNCTION public.delivery_task_key_fixed() IS 'R2, R3: a task''s keys neither change nor go while it exists (schema/030)';
+COMMENT ON FUNCTION public.delivery_task_key_fixed() IS 'R2, R3: a task''s keys neither change nor go while it exists (schema/003)';
 
 
 --
@@ -751,7 +751,7 @@ $$;
 -- Name: FUNCTION delivery_task_key_insert(); Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON FUNCTION public.delivery_task_key_insert() IS 'R2: a task''s unique keys are written by the statement that inserts it (schema/030)';
+COMMENT ON FUNCTION public.delivery_task_key_insert() IS 'R2: a task''s unique keys are written by the statement that inserts it (schema/003)';
 
 
 --
@@ -1127,6 +1127,8 @@ BEGIN
     IF newly THEN
         UPDATE notification nt SET cancelled_at = now(), cancel_note = notifier_cancel.note WHERE nt.id = nid;
     END IF;
+    -- The notification's tasks are found through their key rows (delivery_task has no index on
+    -- notification_id alone, 001); only the tasks are locked.
     FOR t IN
         SELECT dt.id, dt.channel::text AS channel, dt.state, dt.needs_review, dt.outcome_uncertain
         FROM delivery_task_key k
@@ -1655,7 +1657,7 @@ CREATE TABLE public.delivery_task_key (
 -- Name: TABLE delivery_task_key; Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON TABLE public.delivery_task_key IS 'A task''s unique keys, off the row the claim and the finish update (schema/030)';
+COMMENT ON TABLE public.delivery_task_key IS 'A task''s unique keys, off the row the claim and the finish update (schema/001)';
 
 
 --
@@ -2293,5 +2295,4 @@ INSERT INTO public.schema_migrations (version) VALUES
     ('002'),
     ('003'),
     ('004'),
-    ('005'),
-    ('030');
+    ('005');

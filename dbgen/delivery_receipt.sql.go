@@ -164,7 +164,7 @@ SELECT k.task_id AS id FROM delivery_task_key k WHERE k.ref = $1::text
 // receipt can only match the task that was sent: after a restore from a backup or a failover that lost
 // transactions, a receipt for a lost task matches nothing (pgx.ErrNoRows: refused, nothing written)
 // instead of a newer task that was handed the same id. Through delivery_task_ref_key, on the task's
-// key row (schema/030).
+// key row (schema/001).
 func (q *Queries) ReceiptTaskByRef(ctx context.Context, ref string) (int64, error) {
 	row := q.db.QueryRow(ctx, ReceiptTaskByRef, ref)
 	var id int64

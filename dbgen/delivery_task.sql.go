@@ -170,7 +170,7 @@ type TaskClaimRow struct {
 // a worker runs this statement prepared, and its generic plan cannot see @max_tasks; it guesses 10% of
 // the due backlog and, with a backlog large next to notification, would hash the locked rows and scan
 // all of notification (history) on every claim (TestClaimGenericPlanLooksUpByKey).
-// ref is what the worker sends the channel to name the task (schema/030): random, never reused, so no
+// ref is what the worker sends the channel to name the task (schema/001): random, never reused, so no
 // call can be answered with another task's message.
 // A paused channel (schema/001, channel_pause) gives no task, except one probe once the pause's backoff
 // has passed: the probe CTE takes the slot (pushes probe_after past the probe's lease, so that no other
@@ -571,7 +571,7 @@ type TaskInsertForEnabledPrefsRow struct {
 // notifications (NotificationInsert returned them), due at their notification's send time, or at once
 // when it has none or it is past: greatest(send_at, now()), the only time the creator role may set
 // (schema/005). Guards R2: UNIQUE (notification_id, channel) on the tasks' key rows, which this
-// statement writes (schema/030), allows one task per channel; it runs only for the notifications this submitter created (for the creator role, row-level
+// statement writes (schema/003), allows one task per channel; it runs only for the notifications this submitter created (for the creator role, row-level
 // security also requires that this transaction inserted the notification and that the channel is
 // enabled: schema/005). @channel_lists restricts each notification to the channels its submitter named,
 // joined by commas (a channel name has none), or an empty string for every enabled channel: the same
@@ -632,7 +632,7 @@ type TaskListByNotificationRow struct {
 
 // Every task of one notification (notifier show), whatever its state, in creation order. Read only; R2
 // makes it one row per channel at most: the tasks are found through the UNIQUE (notification_id,
-// channel) index of their key rows (schema/030), then read by primary key.
+// channel) index of their key rows (schema/001), then read by primary key.
 func (q *Queries) TaskListByNotification(ctx context.Context, notificationID int64) ([]TaskListByNotificationRow, error) {
 	rows, err := q.db.Query(ctx, TaskListByNotification, notificationID)
 	if err != nil {

@@ -94,7 +94,7 @@ type DeliveryTask struct {
 	FallbackPosition pgtype.Int2
 }
 
-// A task's unique keys, off the row the claim and the finish update (schema/030)
+// A task's unique keys, off the row the claim and the finish update (schema/001)
 type DeliveryTaskKey struct {
 	TaskID         int64
 	NotificationID int64

@@ -265,7 +265,7 @@ type NotificationListWithTasksRow struct {
 // The notifications and tasks of a batch's events that its insert did not create (they existed, or
 // repeat an earlier line): a new statement, so it sees a concurrent winner's committed rows and this
 // transaction's own. A notification without a task (no channel enabled) comes back once, with NULLs.
-// The tasks come from their key rows (schema/030), which hold all this reads of them.
+// The tasks come from their key rows (schema/001), which hold all this reads of them.
 func (q *Queries) NotificationListWithTasks(ctx context.Context, arg NotificationListWithTasksParams) ([]NotificationListWithTasksRow, error) {
 	rows, err := q.db.Query(ctx, NotificationListWithTasks, arg.UserIDs, arg.EventKeys)
 	if err != nil {
@@ -308,7 +308,7 @@ type NotificationTasksRow struct {
 }
 
 // The tasks of some notifications, for create's answer (CreateTx reads them back after notifier_create:
-// its own new tasks, or the winner's), from their key rows (schema/030).
+// its own new tasks, or the winner's), from their key rows (schema/001).
 func (q *Queries) NotificationTasks(ctx context.Context, notificationIds []int64) ([]NotificationTasksRow, error) {
 	rows, err := q.db.Query(ctx, NotificationTasks, notificationIds)
 	if err != nil {

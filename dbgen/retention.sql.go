@@ -100,7 +100,7 @@ WITH picked AS (
     WHERE n.id = dn.notification_id
       -- all its tasks go in this statement (the statement's snapshot still sees them all, and their key
       -- rows, which the cascade deletes after it): a correlated count through
-      -- delivery_task_notification_channel_key (schema/030), never a scan of delivery_task
+      -- delivery_task_notification_channel_key (schema/001), never a scan of delivery_task
       AND (SELECT count(*) FROM delivery_task_key k WHERE k.notification_id = n.id) = dn.tasks
     RETURNING n.id
 ), last_picked AS (
@@ -156,7 +156,7 @@ type RetentionPruneBatchRow struct {
 //     deletes are all the tasks it has; any other task of it, finished or not, keeps it (the foreign key
 //     from delivery_task would refuse it anyway).
 //
-// Walks the partial index delivery_task_finished_idx (schema/030) in (updated_at, id) order from the
+// Walks the partial index delivery_task_finished_idx (schema/001) in (updated_at, id) order from the
 // caller's cursor (@after_updated_at, @after_id: the last row of the previous batch, -infinity and 0 at
 // first), so a batch neither reads unfinished tasks nor re-reads the index entries of rows already
 // deleted. Returns picked = 0 when nothing is left.

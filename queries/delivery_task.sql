@@ -3,7 +3,7 @@
 -- notifications (NotificationInsert returned them), due at their notification's send time, or at once
 -- when it has none or it is past: greatest(send_at, now()), the only time the creator role may set
 -- (schema/005). Guards R2: UNIQUE (notification_id, channel) on the tasks' key rows, which this
--- statement writes (schema/030), allows one task per channel; it runs only for the notifications this submitter created (for the creator role, row-level
+-- statement writes (schema/003), allows one task per channel; it runs only for the notifications this submitter created (for the creator role, row-level
 -- security also requires that this transaction inserted the notification and that the channel is
 -- enabled: schema/005). @channel_lists restricts each notification to the channels its submitter named,
 -- joined by commas (a channel name has none), or an empty string for every enabled channel: the same
@@ -45,7 +45,7 @@ RETURNING id, notification_id, channel, ref;
 -- a worker runs this statement prepared, and its generic plan cannot see @max_tasks; it guesses 10% of
 -- the due backlog and, with a backlog large next to notification, would hash the locked rows and scan
 -- all of notification (history) on every claim (TestClaimGenericPlanLooksUpByKey).
--- ref is what the worker sends the channel to name the task (schema/030): random, never reused, so no
+-- ref is what the worker sends the channel to name the task (schema/001): random, never reused, so no
 -- call can be answered with another task's message.
 -- A paused channel (schema/001, channel_pause) gives no task, except one probe once the pause's backoff
 -- has passed: the probe CTE takes the slot (pushes probe_after past the probe's lease, so that no other
@@ -346,7 +346,7 @@ WHERE id = @id;
 -- name: TaskListByNotification :many
 -- Every task of one notification (notifier show), whatever its state, in creation order. Read only; R2
 -- makes it one row per channel at most: the tasks are found through the UNIQUE (notification_id,
--- channel) index of their key rows (schema/030), then read by primary key.
+-- channel) index of their key rows (schema/001), then read by primary key.
 SELECT t.id, t.channel, t.ref, t.state, t.needs_review, t.attempt_count, t.last_error, t.fallback_position
 FROM delivery_task_key k
 JOIN delivery_task t ON t.id = k.task_id
