@@ -703,6 +703,58 @@ COMMENT ON FUNCTION public.delivery_task_holders_have_attempts() IS 'R3: a task 
 
 
 --
+-- Name: delivery_task_key_fixed(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.delivery_task_key_fixed() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND NOT EXISTS (SELECT FROM public.delivery_task t WHERE t.id = OLD.task_id) THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION USING
+        MESSAGE = CASE WHEN TG_OP = 'TRUNCATE' THEN 'delivery_task_key cannot be truncated'
+                       ELSE format('delivery_task_key of task %s: a task''s keys are fixed while the task exists', OLD.task_id) END,
+        ERRCODE = 'integrity_constraint_violation', TABLE = 'delivery_task_key',
+        CONSTRAINT = 'delivery_task_key_fixed',
+        HINT = 'a task''s keys are written with it and deleted with it (notifier prune)';
+END
+$$;
+
+
+--
+-- Name: FUNCTION delivery_task_key_fixed(); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.delivery_task_key_fixed() IS 'R2, R3: a task''s keys neither change nor go while it exists (schema/003)';
+
+
+--
+-- Name: delivery_task_key_insert(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.delivery_task_key_insert() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+BEGIN
+    INSERT INTO public.delivery_task_key (task_id, notification_id, channel, ref)
+    SELECT n.id, n.notification_id, n.channel, n.ref FROM new_tasks n;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: FUNCTION delivery_task_key_insert(); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.delivery_task_key_insert() IS 'R2: a task''s unique keys are written by the statement that inserts it (schema/003)';
+
+
+--
 -- Name: delivery_task_ref_fixed(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -1075,12 +1127,15 @@ BEGIN
     IF newly THEN
         UPDATE notification nt SET cancelled_at = now(), cancel_note = notifier_cancel.note WHERE nt.id = nid;
     END IF;
+    -- The notification's tasks are found through their key rows (delivery_task has no index on
+    -- notification_id alone, 001); only the tasks are locked.
     FOR t IN
         SELECT dt.id, dt.channel::text AS channel, dt.state, dt.needs_review, dt.outcome_uncertain
-        FROM delivery_task dt
-        WHERE dt.notification_id = nid
+        FROM delivery_task_key k
+        JOIN delivery_task dt ON dt.id = k.task_id
+        WHERE k.notification_id = nid
         ORDER BY dt.id
-        FOR UPDATE
+        FOR UPDATE OF dt
     LOOP
         notification_id := nid;
         task_id := t.id;
@@ -1587,6 +1642,25 @@ ALTER TABLE public.delivery_task ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTIT
 
 
 --
+-- Name: delivery_task_key; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.delivery_task_key (
+    task_id bigint NOT NULL,
+    notification_id bigint NOT NULL,
+    channel public.notifier_channel NOT NULL,
+    ref public.notifier_task_ref NOT NULL COLLATE pg_catalog."C"
+);
+
+
+--
+-- Name: TABLE delivery_task_key; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.delivery_task_key IS 'A task''s unique keys, off the row the claim and the finish update (schema/001)';
+
+
+--
 -- Name: notification; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1698,10 +1772,18 @@ ALTER TABLE ONLY public.delivery_receipt
 
 
 --
--- Name: delivery_task delivery_task_notification_channel_key; Type: CONSTRAINT; Schema: public; Owner: -
+-- Name: delivery_task_key delivery_task_key_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
-ALTER TABLE ONLY public.delivery_task
+ALTER TABLE ONLY public.delivery_task_key
+    ADD CONSTRAINT delivery_task_key_pkey PRIMARY KEY (task_id);
+
+
+--
+-- Name: delivery_task_key delivery_task_notification_channel_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.delivery_task_key
     ADD CONSTRAINT delivery_task_notification_channel_key UNIQUE (notification_id, channel);
 
 
@@ -1714,10 +1796,10 @@ ALTER TABLE ONLY public.delivery_task
 
 
 --
--- Name: delivery_task delivery_task_ref_key; Type: CONSTRAINT; Schema: public; Owner: -
+-- Name: delivery_task_key delivery_task_ref_key; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
-ALTER TABLE ONLY public.delivery_task
+ALTER TABLE ONLY public.delivery_task_key
     ADD CONSTRAINT delivery_task_ref_key UNIQUE (ref);
 
 
@@ -1998,6 +2080,27 @@ COMMENT ON TRIGGER delivery_task_holders_have_attempts ON public.delivery_task I
 
 
 --
+-- Name: delivery_task_key delivery_task_key_fixed; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER delivery_task_key_fixed BEFORE DELETE OR UPDATE ON public.delivery_task_key FOR EACH ROW EXECUTE FUNCTION public.delivery_task_key_fixed();
+
+
+--
+-- Name: delivery_task delivery_task_key_insert; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER delivery_task_key_insert AFTER INSERT ON public.delivery_task REFERENCING NEW TABLE AS new_tasks FOR EACH STATEMENT EXECUTE FUNCTION public.delivery_task_key_insert();
+
+
+--
+-- Name: delivery_task_key delivery_task_key_no_truncate; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER delivery_task_key_no_truncate BEFORE TRUNCATE ON public.delivery_task_key FOR EACH STATEMENT EXECUTE FUNCTION public.delivery_task_key_fixed();
+
+
+--
 -- Name: delivery_task delivery_task_ref_fixed; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -2024,6 +2127,14 @@ COMMENT ON TRIGGER delivery_task_state_machine ON public.delivery_task IS 'R2, R
 
 ALTER TABLE ONLY public.delivery_receipt
     ADD CONSTRAINT delivery_receipt_task_id_fkey FOREIGN KEY (task_id) REFERENCES public.delivery_task(id);
+
+
+--
+-- Name: delivery_task_key delivery_task_key_task_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.delivery_task_key
+    ADD CONSTRAINT delivery_task_key_task_id_fkey FOREIGN KEY (task_id) REFERENCES public.delivery_task(id) ON DELETE CASCADE;
 
 
 --
@@ -2104,6 +2215,40 @@ CREATE POLICY delivery_task_creator_insert ON public.delivery_task FOR INSERT TO
 --
 
 CREATE POLICY delivery_task_creator_select ON public.delivery_task FOR SELECT TO notifier_creator USING (true);
+
+
+--
+-- Name: delivery_task_key; Type: ROW SECURITY; Schema: public; Owner: -
+--
+
+ALTER TABLE public.delivery_task_key ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: delivery_task_key delivery_task_key_creator_select; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY delivery_task_key_creator_select ON public.delivery_task_key FOR SELECT TO notifier_creator USING (true);
+
+
+--
+-- Name: delivery_task_key delivery_task_key_operator_select; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY delivery_task_key_operator_select ON public.delivery_task_key FOR SELECT TO notifier_operator USING (true);
+
+
+--
+-- Name: delivery_task_key delivery_task_key_receiver_select; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY delivery_task_key_receiver_select ON public.delivery_task_key FOR SELECT TO notifier_receiver USING (true);
+
+
+--
+-- Name: delivery_task_key delivery_task_key_worker_select; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY delivery_task_key_worker_select ON public.delivery_task_key FOR SELECT TO notifier_worker USING (true);
 
 
 --

@@ -153,7 +153,7 @@ func (q *Queries) ReceiptSweep(ctx context.Context, maxTasks int32) ([]ReceiptSw
 
 const ReceiptTaskByRef = `-- name: ReceiptTaskByRef :one
 
-SELECT id FROM delivery_task WHERE ref = $1::text
+SELECT k.task_id AS id FROM delivery_task_key k WHERE k.ref = $1::text
 `
 
 // Receipts (schema/004): a provider's signed callback about a message it accepted, recorded by notifier
@@ -163,7 +163,8 @@ SELECT id FROM delivery_task WHERE ref = $1::text
 // sent: in a status callback's URL, a message tag or metadata). The ref is unique and never reused, so a
 // receipt can only match the task that was sent: after a restore from a backup or a failover that lost
 // transactions, a receipt for a lost task matches nothing (pgx.ErrNoRows: refused, nothing written)
-// instead of a newer task that was handed the same id. Through delivery_task_ref_key.
+// instead of a newer task that was handed the same id. Through delivery_task_ref_key, on the task's
+// key row (schema/001).
 func (q *Queries) ReceiptTaskByRef(ctx context.Context, ref string) (int64, error) {
 	row := q.db.QueryRow(ctx, ReceiptTaskByRef, ref)
 	var id int64

@@ -570,8 +570,8 @@ type TaskInsertForEnabledPrefsRow struct {
 // Creates one PENDING task per channel each user has enabled, in the same transaction that created the
 // notifications (NotificationInsert returned them), due at their notification's send time, or at once
 // when it has none or it is past: greatest(send_at, now()), the only time the creator role may set
-// (schema/005). Guards R2: UNIQUE (notification_id, channel) allows one task per
-// channel; it runs only for the notifications this submitter created (for the creator role, row-level
+// (schema/005). Guards R2: UNIQUE (notification_id, channel) on the tasks' key rows, which this
+// statement writes (schema/003), allows one task per channel; it runs only for the notifications this submitter created (for the creator role, row-level
 // security also requires that this transaction inserted the notification and that the channel is
 // enabled: schema/005). @channel_lists restricts each notification to the channels its submitter named,
 // joined by commas (a channel name has none), or an empty string for every enabled channel: the same
@@ -612,10 +612,11 @@ func (q *Queries) TaskInsertForEnabledPrefs(ctx context.Context, arg TaskInsertF
 }
 
 const TaskListByNotification = `-- name: TaskListByNotification :many
-SELECT id, channel, ref, state, needs_review, attempt_count, last_error, fallback_position
-FROM delivery_task
-WHERE notification_id = $1
-ORDER BY id
+SELECT t.id, t.channel, t.ref, t.state, t.needs_review, t.attempt_count, t.last_error, t.fallback_position
+FROM delivery_task_key k
+JOIN delivery_task t ON t.id = k.task_id
+WHERE k.notification_id = $1
+ORDER BY t.id
 `
 
 type TaskListByNotificationRow struct {
@@ -630,7 +631,8 @@ type TaskListByNotificationRow struct {
 }
 
 // Every task of one notification (notifier show), whatever its state, in creation order. Read only; R2
-// makes it one row per channel at most: the rows come from the UNIQUE (notification_id, channel) index.
+// makes it one row per channel at most: the tasks are found through the UNIQUE (notification_id,
+// channel) index of their key rows (schema/001), then read by primary key.
 func (q *Queries) TaskListByNotification(ctx context.Context, notificationID int64) ([]TaskListByNotificationRow, error) {
 	rows, err := q.db.Query(ctx, TaskListByNotification, notificationID)
 	if err != nil {

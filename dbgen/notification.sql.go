@@ -241,11 +241,11 @@ func (q *Queries) NotificationListBodies(ctx context.Context, ids []int64) ([]No
 }
 
 const NotificationListWithTasks = `-- name: NotificationListWithTasks :many
-SELECT n.id AS notification_id, n.user_id, n.event_key, t.id AS task_id, t.channel, t.ref
+SELECT n.id AS notification_id, n.user_id, n.event_key, k.task_id, k.channel, k.ref
 FROM (SELECT DISTINCT unnest($1::text[]) AS user_id, unnest($2::text[]) AS event_key) AS e
 JOIN notification n ON n.user_id = e.user_id AND n.event_key = e.event_key
-LEFT JOIN delivery_task t ON t.notification_id = n.id
-ORDER BY n.id, t.channel
+LEFT JOIN delivery_task_key k ON k.notification_id = n.id
+ORDER BY n.id, k.channel
 `
 
 type NotificationListWithTasksParams struct {
@@ -265,6 +265,7 @@ type NotificationListWithTasksRow struct {
 // The notifications and tasks of a batch's events that its insert did not create (they existed, or
 // repeat an earlier line): a new statement, so it sees a concurrent winner's committed rows and this
 // transaction's own. A notification without a task (no channel enabled) comes back once, with NULLs.
+// The tasks come from their key rows (schema/001), which hold all this reads of them.
 func (q *Queries) NotificationListWithTasks(ctx context.Context, arg NotificationListWithTasksParams) ([]NotificationListWithTasksRow, error) {
 	rows, err := q.db.Query(ctx, NotificationListWithTasks, arg.UserIDs, arg.EventKeys)
 	if err != nil {
@@ -293,10 +294,10 @@ func (q *Queries) NotificationListWithTasks(ctx context.Context, arg Notificatio
 }
 
 const NotificationTasks = `-- name: NotificationTasks :many
-SELECT notification_id, id, channel, ref
-FROM delivery_task
-WHERE notification_id = ANY ($1::bigint[])
-ORDER BY notification_id, channel
+SELECT k.notification_id, k.task_id AS id, k.channel, k.ref
+FROM delivery_task_key k
+WHERE k.notification_id = ANY ($1::bigint[])
+ORDER BY k.notification_id, k.channel
 `
 
 type NotificationTasksRow struct {
@@ -307,7 +308,7 @@ type NotificationTasksRow struct {
 }
 
 // The tasks of some notifications, for create's answer (CreateTx reads them back after notifier_create:
-// its own new tasks, or the winner's).
+// its own new tasks, or the winner's), from their key rows (schema/001).
 func (q *Queries) NotificationTasks(ctx context.Context, notificationIds []int64) ([]NotificationTasksRow, error) {
 	rows, err := q.db.Query(ctx, NotificationTasks, notificationIds)
 	if err != nil {

@@ -24,8 +24,9 @@ SELECT (SELECT count(*) FROM prunable)::bigint AS tasks,
        (SELECT count(*)
         FROM notification n
         WHERE n.created_at < now() - make_interval(secs => $1::float8)
-          AND NOT EXISTS (SELECT FROM delivery_task t
-                          WHERE t.notification_id = n.id
+          AND NOT EXISTS (SELECT FROM delivery_task_key k
+                          JOIN delivery_task t ON t.id = k.task_id
+                          WHERE k.notification_id = n.id
                             AND NOT (t.state IN ('SENT', 'FAILED', 'SUPPRESSED')
                                      AND t.updated_at < now() - make_interval(secs => $1::float8)
                                      AND NOT EXISTS (SELECT FROM delivery_attempt a
@@ -97,9 +98,10 @@ WITH picked AS (
     DELETE FROM notification n
     USING deleted_per_notification dn
     WHERE n.id = dn.notification_id
-      -- all its tasks go in this statement (the statement's snapshot still sees them all): a correlated
-      -- count through delivery_task_notification_channel_key, never a scan of delivery_task
-      AND (SELECT count(*) FROM delivery_task t WHERE t.notification_id = n.id) = dn.tasks
+      -- all its tasks go in this statement (the statement's snapshot still sees them all, and their key
+      -- rows, which the cascade deletes after it): a correlated count through
+      -- delivery_task_notification_channel_key (schema/001), never a scan of delivery_task
+      AND (SELECT count(*) FROM delivery_task_key k WHERE k.notification_id = n.id) = dn.tasks
     RETURNING n.id
 ), last_picked AS (
     SELECT p.updated_at, p.id FROM picked p ORDER BY p.updated_at DESC, p.id DESC LIMIT 1
@@ -190,7 +192,7 @@ WITH walked AS (
     USING walked w
     WHERE n.id = w.id
       AND w.old
-      AND NOT EXISTS (SELECT FROM delivery_task t WHERE t.notification_id = n.id)
+      AND NOT EXISTS (SELECT FROM delivery_task_key k WHERE k.notification_id = n.id)
     RETURNING n.id
 )
 SELECT (SELECT count(*) FROM walked)::bigint                    AS walked,

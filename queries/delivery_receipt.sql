@@ -7,8 +7,9 @@
 -- sent: in a status callback's URL, a message tag or metadata). The ref is unique and never reused, so a
 -- receipt can only match the task that was sent: after a restore from a backup or a failover that lost
 -- transactions, a receipt for a lost task matches nothing (pgx.ErrNoRows: refused, nothing written)
--- instead of a newer task that was handed the same id. Through delivery_task_ref_key.
-SELECT id FROM delivery_task WHERE ref = @ref::text;
+-- instead of a newer task that was handed the same id. Through delivery_task_ref_key, on the task's
+-- key row (schema/001).
+SELECT k.task_id AS id FROM delivery_task_key k WHERE k.ref = @ref::text;
 
 -- name: ReceiptTasksByProviderMsgID :many
 -- The tasks a provider's message id belongs to, for a receipt that carries no reference of ours: the id

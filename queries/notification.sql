@@ -31,11 +31,12 @@ RETURNING id, user_id, event_key;
 -- The notifications and tasks of a batch's events that its insert did not create (they existed, or
 -- repeat an earlier line): a new statement, so it sees a concurrent winner's committed rows and this
 -- transaction's own. A notification without a task (no channel enabled) comes back once, with NULLs.
-SELECT n.id AS notification_id, n.user_id, n.event_key, t.id AS task_id, t.channel, t.ref
+-- The tasks come from their key rows (schema/001), which hold all this reads of them.
+SELECT n.id AS notification_id, n.user_id, n.event_key, k.task_id, k.channel, k.ref
 FROM (SELECT DISTINCT unnest(@user_ids::text[]) AS user_id, unnest(@event_keys::text[]) AS event_key) AS e
 JOIN notification n ON n.user_id = e.user_id AND n.event_key = e.event_key
-LEFT JOIN delivery_task t ON t.notification_id = n.id
-ORDER BY n.id, t.channel;
+LEFT JOIN delivery_task_key k ON k.notification_id = n.id
+ORDER BY n.id, k.channel;
 
 -- name: NotificationListBodies :many
 -- The bodies of a page of notifications (the console's list shows each listed task's message), in one
@@ -82,8 +83,8 @@ ORDER BY e.n;
 
 -- name: NotificationTasks :many
 -- The tasks of some notifications, for create's answer (CreateTx reads them back after notifier_create:
--- its own new tasks, or the winner's).
-SELECT notification_id, id, channel, ref
-FROM delivery_task
-WHERE notification_id = ANY (@notification_ids::bigint[])
-ORDER BY notification_id, channel;
+-- its own new tasks, or the winner's), from their key rows (schema/001).
+SELECT k.notification_id, k.task_id AS id, k.channel, k.ref
+FROM delivery_task_key k
+WHERE k.notification_id = ANY (@notification_ids::bigint[])
+ORDER BY k.notification_id, k.channel;

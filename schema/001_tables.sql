@@ -125,9 +125,6 @@ CREATE TABLE delivery_task (
     ref               notifier_task_ref COLLATE "C" NOT NULL DEFAULT gen_random_uuid()::text,
     account_refusals  integer     NOT NULL DEFAULT 0,
     fallback_position smallint    CONSTRAINT delivery_task_fallback_position_check CHECK (fallback_position BETWEEN 1 AND 32),
-    CONSTRAINT delivery_task_notification_channel_key UNIQUE (notification_id, channel),
-    -- One task per reference: how a receipt finds its task (TaskIDByRef).
-    CONSTRAINT delivery_task_ref_key UNIQUE (ref),
     -- A holder always has a token and a lease: without them no one could ever take the task over.
     CONSTRAINT delivery_task_sending_has_lease
         CHECK (state <> 'SENDING' OR (lease_until IS NOT NULL AND attempt_token IS NOT NULL AND lease_owner IS NOT NULL)),
@@ -185,6 +182,37 @@ CREATE INDEX delivery_task_provider_msg_idx ON delivery_task (provider_msg_id) W
 -- One task per place in a chain: the release finds exactly one next task.
 CREATE UNIQUE INDEX delivery_task_fallback_chain_key ON delivery_task (notification_id, fallback_position)
     WHERE fallback_position IS NOT NULL;
+
+-- A task's two unique keys, (notification_id, channel) and ref, on a row that is never updated. On
+-- delivery_task they cost 13% of the server's instructions per delivery
+-- (docs/benchmarks/2026-12-05-row-costs.md): a claim and a finish each update the task, neither update
+-- can be HOT (the claim and retention indexes cover columns both change), so each would add a new entry
+-- to both unique indexes and check it against the heap for a duplicate, although neither key ever
+-- changes. The claim and the finish never touch this table (docs/benchmarks/2026-12-06-task-keys.md).
+--   * R2, one task per (notification, channel), and refs that never repeat: the statement that inserts
+--     tasks writes their key rows (003: delivery_task_key_insert), whatever role inserts, so a duplicate
+--     fails that statement (SQLSTATE 23505, naming the constraint below).
+--   * delivery_task keeps notification_id, channel and ref: the claim reads them for every task it
+--     calls, with no join, and the state machine (003: delivery_task_state_machine,
+--     delivery_task_ref_fixed) keeps them from changing. A key row is a copy made from the same inserted
+--     row and never changes either (003: delivery_task_key_fixed), so the two stay equal.
+--   * Lookups by ref (a receipt) and by notification (create's answer, status, cancel, retention) go
+--     through this table's unique indexes; delivery_task has no index on either.
+-- One row per task, written with it, deleted only with it (retention: ON DELETE CASCADE). The columns
+-- have delivery_task's types, ref in byte order as there.
+CREATE TABLE delivery_task_key (
+    task_id         bigint            PRIMARY KEY REFERENCES delivery_task (id) ON DELETE CASCADE,
+    notification_id bigint            NOT NULL,
+    channel         notifier_channel  NOT NULL,
+    ref             notifier_task_ref COLLATE "C" NOT NULL,
+    -- R2: one task per (notification, channel); how a notification's tasks are found.
+    CONSTRAINT delivery_task_notification_channel_key UNIQUE (notification_id, channel),
+    -- One task per reference, never reused: how a receipt finds its task (ReceiptTaskByRef).
+    CONSTRAINT delivery_task_ref_key UNIQUE (ref)
+);
+
+COMMENT ON TABLE delivery_task_key IS
+    'A task''s unique keys, off the row the claim and the finish update (schema/001)';
 
 -- One row per attempt: every channel call, every claim-time decision not to call, every manual resolution,
 -- every settlement by a receipt. outcome is what this attempt observed, written once; an observation that
@@ -360,6 +388,7 @@ DROP TABLE channel_pause;
 DROP TABLE channel_rate_limit;
 DROP TABLE delivery_receipt;
 DROP TABLE delivery_attempt;
+DROP TABLE delivery_task_key;
 DROP TABLE delivery_task;
 DROP TABLE notification;
 DROP TABLE channel_pref;

@@ -86,6 +86,11 @@ GRANT UPDATE (state, attempt_count, attempt_token, lease_owner, lease_until, nex
               account_refusals)
     ON delivery_task TO notifier_worker;
 
+-- delivery_task_key: every role may look a task up by its keys, as it reads delivery_task (the creator's
+-- TaskListByNotification, the worker's and the receiver's ReceiptTaskByRef, the operator's status and
+-- cancel); none may write them: the insert trigger delivery_task_key_insert (003) is the only writer.
+GRANT SELECT ON delivery_task_key TO notifier_creator, notifier_worker, notifier_operator, notifier_receiver;
+
 -- delivery_attempt, per role (the creator has no access at all):
 --   worker    SELECT (its UPDATEs read attempt_token, outcome, late_outcome, provider_msg_id, error);
 --             INSERT the columns of TaskStartAttempts' attempt rows and AttemptRecordSkip; UPDATE the columns of
@@ -125,6 +130,7 @@ GRANT DELETE ON channel_pause TO notifier_worker;
 -- owner (migrations, tests, retention) is unaffected. A role without a policy for a command gets no rows
 -- for it: in particular, no DELETE policy exists for anyone.
 ALTER TABLE delivery_task ENABLE ROW LEVEL SECURITY;
+ALTER TABLE delivery_task_key ENABLE ROW LEVEL SECURITY;
 ALTER TABLE delivery_attempt ENABLE ROW LEVEL SECURITY;
 
 -- Guards creation of work: a new task starts PENDING with no attempt made, for a notification this very
@@ -191,6 +197,12 @@ CREATE POLICY delivery_task_operator_select ON delivery_task FOR SELECT TO notif
 -- The receiver reads every task (matching a receipt); it writes none directly.
 CREATE POLICY delivery_task_receiver_select ON delivery_task FOR SELECT TO notifier_receiver USING (true);
 
+-- A task's keys are read as the task is: by every role, every row. No write policy: no role writes them.
+CREATE POLICY delivery_task_key_creator_select ON delivery_task_key FOR SELECT TO notifier_creator USING (true);
+CREATE POLICY delivery_task_key_worker_select ON delivery_task_key FOR SELECT TO notifier_worker USING (true);
+CREATE POLICY delivery_task_key_operator_select ON delivery_task_key FOR SELECT TO notifier_operator USING (true);
+CREATE POLICY delivery_task_key_receiver_select ON delivery_task_key FOR SELECT TO notifier_receiver USING (true);
+
 -- The worker reads attempts (its updates find their row by attempt_token).
 CREATE POLICY delivery_attempt_worker_select ON delivery_attempt FOR SELECT TO notifier_worker
     USING (true);
@@ -224,6 +236,10 @@ DROP POLICY delivery_attempt_operator_select ON delivery_attempt;
 DROP POLICY delivery_attempt_worker_update ON delivery_attempt;
 DROP POLICY delivery_attempt_worker_insert ON delivery_attempt;
 DROP POLICY delivery_attempt_worker_select ON delivery_attempt;
+DROP POLICY delivery_task_key_receiver_select ON delivery_task_key;
+DROP POLICY delivery_task_key_operator_select ON delivery_task_key;
+DROP POLICY delivery_task_key_worker_select ON delivery_task_key;
+DROP POLICY delivery_task_key_creator_select ON delivery_task_key;
 DROP POLICY delivery_task_receiver_select ON delivery_task;
 DROP POLICY delivery_task_operator_select ON delivery_task;
 DROP POLICY delivery_task_worker_update ON delivery_task;
@@ -231,9 +247,10 @@ DROP POLICY delivery_task_worker_select ON delivery_task;
 DROP POLICY delivery_task_creator_select ON delivery_task;
 DROP POLICY delivery_task_creator_insert ON delivery_task;
 ALTER TABLE delivery_attempt DISABLE ROW LEVEL SECURITY;
+ALTER TABLE delivery_task_key DISABLE ROW LEVEL SECURITY;
 ALTER TABLE delivery_task DISABLE ROW LEVEL SECURITY;
 -- REVOKE ALL on a table also revokes the column privileges granted above.
-REVOKE ALL ON channel_pref, notification, delivery_task, delivery_attempt, delivery_receipt, channel_rate_limit,
+REVOKE ALL ON channel_pref, notification, delivery_task, delivery_task_key, delivery_attempt, delivery_receipt, channel_rate_limit,
               channel_pause
     FROM notifier_creator, notifier_worker, notifier_operator, notifier_receiver;
 REVOKE USAGE ON SCHEMA public FROM notifier_creator, notifier_worker, notifier_operator, notifier_receiver;

@@ -569,6 +569,66 @@ CREATE TRIGGER delivery_task_ref_fixed
     WHEN (OLD.ref IS DISTINCT FROM NEW.ref)
 EXECUTE FUNCTION delivery_task_ref_fixed();
 
+-- Guards R2 and refs that never repeat for every writer: writes the key rows (delivery_task_key, 001) of
+-- the tasks one statement inserted, before that statement ends, so a duplicate (notification, channel) or
+-- ref fails the insert itself. Statement-level over the transition table: one INSERT per statement,
+-- where a row-level trigger would run one per task (measured in docs/benchmarks/2026-12-06-task-keys.md).
+-- SECURITY DEFINER: no role may write delivery_task_key itself (002), whatever role inserts the tasks.
+CREATE FUNCTION delivery_task_key_insert() RETURNS trigger
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, public, pg_temp
+AS $$
+BEGIN
+    INSERT INTO public.delivery_task_key (task_id, notification_id, channel, ref)
+    SELECT n.id, n.notification_id, n.channel, n.ref FROM new_tasks n;
+    RETURN NULL;
+END
+$$;
+
+COMMENT ON FUNCTION delivery_task_key_insert() IS
+    'R2: a task''s unique keys are written by the statement that inserts it (schema/003)';
+
+CREATE TRIGGER delivery_task_key_insert
+    AFTER INSERT ON delivery_task
+    REFERENCING NEW TABLE AS new_tasks
+    FOR EACH STATEMENT
+EXECUTE FUNCTION delivery_task_key_insert();
+
+-- Guards the key rows against everyone, the owner too (the roles have no grant to write them at all):
+-- no UPDATE, no TRUNCATE, and a DELETE only of the keys of a task that is gone (the cascade of
+-- retention's DELETE of the task). A key that changed or went while its task stays would let a second
+-- task on the same channel, or a reused ref, in.
+CREATE FUNCTION delivery_task_key_fixed() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, public, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND NOT EXISTS (SELECT FROM public.delivery_task t WHERE t.id = OLD.task_id) THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION USING
+        MESSAGE = CASE WHEN TG_OP = 'TRUNCATE' THEN 'delivery_task_key cannot be truncated'
+                       ELSE format('delivery_task_key of task %s: a task''s keys are fixed while the task exists', OLD.task_id) END,
+        ERRCODE = 'integrity_constraint_violation', TABLE = 'delivery_task_key',
+        CONSTRAINT = 'delivery_task_key_fixed',
+        HINT = 'a task''s keys are written with it and deleted with it (notifier prune)';
+END
+$$;
+
+COMMENT ON FUNCTION delivery_task_key_fixed() IS
+    'R2, R3: a task''s keys neither change nor go while it exists (schema/003)';
+
+CREATE TRIGGER delivery_task_key_fixed
+    BEFORE UPDATE OR DELETE ON delivery_task_key
+    FOR EACH ROW
+EXECUTE FUNCTION delivery_task_key_fixed();
+
+CREATE TRIGGER delivery_task_key_no_truncate
+    BEFORE TRUNCATE ON delivery_task_key
+    FOR EACH STATEMENT
+EXECUTE FUNCTION delivery_task_key_fixed();
+
 -- Guards, at commit, the attempt row a move needs (R3, R6): a counted attempt has its row, of the kind
 -- the move makes; a finish that writes "not accepted" points at this attempt's refusal (after an
 -- uncertain history: at a query that found nothing); an uncertainty written off by an acceptance points
@@ -1155,6 +1215,11 @@ DROP FUNCTION delivery_task_holders_have_attempts();
 DROP FUNCTION delivery_attempt_call_misfit(text, integer, boolean, integer);
 DROP TRIGGER delivery_task_evidence ON delivery_task;
 DROP FUNCTION delivery_task_evidence();
+DROP TRIGGER delivery_task_key_no_truncate ON delivery_task_key;
+DROP TRIGGER delivery_task_key_fixed ON delivery_task_key;
+DROP FUNCTION delivery_task_key_fixed();
+DROP TRIGGER delivery_task_key_insert ON delivery_task;
+DROP FUNCTION delivery_task_key_insert();
 DROP TRIGGER delivery_task_ref_fixed ON delivery_task;
 DROP FUNCTION delivery_task_ref_fixed();
 DROP TRIGGER delivery_task_state_machine ON delivery_task;

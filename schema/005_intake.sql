@@ -252,12 +252,15 @@ BEGIN
     IF newly THEN
         UPDATE notification nt SET cancelled_at = now(), cancel_note = notifier_cancel.note WHERE nt.id = nid;
     END IF;
+    -- The notification's tasks are found through their key rows (delivery_task has no index on
+    -- notification_id alone, 001); only the tasks are locked.
     FOR t IN
         SELECT dt.id, dt.channel::text AS channel, dt.state, dt.needs_review, dt.outcome_uncertain
-        FROM delivery_task dt
-        WHERE dt.notification_id = nid
+        FROM delivery_task_key k
+        JOIN delivery_task dt ON dt.id = k.task_id
+        WHERE k.notification_id = nid
         ORDER BY dt.id
-        FOR UPDATE
+        FOR UPDATE OF dt
     LOOP
         notification_id := nid;
         task_id := t.id;

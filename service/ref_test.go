@@ -213,6 +213,7 @@ func (e *env) forget(tasks []sentTask) {
 	}
 	for _, sql := range []string{
 		`DELETE FROM delivery_attempt WHERE task_id IN (SELECT task_id FROM lost)`,
+		`DELETE FROM delivery_task_key WHERE task_id IN (SELECT task_id FROM lost)`, // (no cascade under replica)
 		`DELETE FROM delivery_task WHERE id IN (SELECT task_id FROM lost)`,
 		`DELETE FROM notification WHERE id IN (SELECT notification_id FROM lost)`,
 		`SELECT setval(pg_get_serial_sequence('delivery_task', 'id'), (SELECT min(task_id) FROM lost), false)`,

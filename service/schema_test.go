@@ -147,6 +147,18 @@ var schemaViolations = []schemaViolation{
 	{"task/second task on a channel", `INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES (` + schemaBaseNotification + `, 'push', 5)`, schemaErrUnique, "delivery_task_notification_channel_key", "", ""},
 	{"task/ref reused", `INSERT INTO delivery_task (notification_id, channel, max_attempts, ref) VALUES (` + schemaBaseNotification + `, 'other', 3,
 		(SELECT ref FROM delivery_task WHERE channel = 'push'))`, schemaErrUnique, "delivery_task_ref_key", "", ""},
+	// a task's keys live on its delivery_task_key row (schema/001), written by the statement that inserts it
+	{"task/two tasks on a channel in one statement", `INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES (` + schemaBaseNotification + `, 'ch-a', 3), (` + schemaBaseNotification + `, 'ch-a', 3)`, schemaErrUnique, "delivery_task_notification_channel_key", "", ""},
+	{"task/ref twice in one statement", `INSERT INTO delivery_task (notification_id, channel, max_attempts, ref) VALUES (` + schemaBaseNotification + `, 'ch-a', 3,
+		'00000000-0000-4000-8000-000000000030'), (` + schemaBaseNotification + `, 'ch-b', 3, '00000000-0000-4000-8000-000000000030')`, schemaErrUnique, "delivery_task_ref_key", "", ""},
+	{"task key/second key of a task", `INSERT INTO delivery_task_key (task_id, notification_id, channel, ref) VALUES (` + schemaBaseTask + `, ` + schemaBaseNotification + `, 'other',
+		gen_random_uuid()::text)`, schemaErrUnique, "delivery_task_key_pkey", "", ""},
+	{"task key/no such task", `INSERT INTO delivery_task_key (task_id, notification_id, channel, ref) VALUES (999999999, ` + schemaBaseNotification + `, 'other',
+		gen_random_uuid()::text)`, schemaErrForeignKey, "delivery_task_key_task_id_fkey", "", ""},
+	{"task key/channel changed", `UPDATE delivery_task_key SET channel = 'other'`, schemaErrIntegrity, "delivery_task_key_fixed", "", ""},
+	{"task key/ref changed", `UPDATE delivery_task_key SET ref = gen_random_uuid()::text`, schemaErrIntegrity, "delivery_task_key_fixed", "", ""},
+	{"task key/deleted while its task stays", `DELETE FROM delivery_task_key`, schemaErrIntegrity, "delivery_task_key_fixed", "", ""},
+	{"task key/truncated", `TRUNCATE delivery_task_key`, schemaErrIntegrity, "delivery_task_key_fixed", "", ""},
 	{"task/ref not one of ours", `INSERT INTO delivery_task (notification_id, channel, max_attempts, ref) VALUES (` + schemaBaseNotification + `, 'other', 3,
 		'order-1')`, schemaErrCheck, "notifier_task_ref_check", "", ""},
 	{"task/ref upper-case uuid", `INSERT INTO delivery_task (notification_id, channel, max_attempts, ref) VALUES (` + schemaBaseNotification + `, 'other', 3,
@@ -530,7 +542,7 @@ func TestSchemaIdentifiersCompareInByteOrder(t *testing.T) {
 	is := is.New(t)
 	ctx := context.Background()
 	pool := pgtest.NewDB(t)
-	columns := []string{"delivery_task.ref", "delivery_task.provider_msg_id", "delivery_attempt.provider_msg_id",
+	columns := []string{"delivery_task.ref", "delivery_task_key.ref", "delivery_task.provider_msg_id", "delivery_attempt.provider_msg_id",
 		"notification.user_id", "notification.event_key", "channel_pref.user_id"}
 	rows, err := pool.Query(ctx, `
 		SELECT a.attrelid::regclass::text || '.' || a.attname, coalesce(c.collname, '')
@@ -566,14 +578,15 @@ func TestSchemaIdentifiersCompareInByteOrder(t *testing.T) {
 		indexes[index] = true
 	}
 	is.NoErr(rows.Err())
-	// delivery_task_ref_key, the two provider_msg_idx, notification_user_event_key_key, channel_pref_pkey
+	// delivery_task_ref_key (on delivery_task_key.ref, schema/001), the two provider_msg_idx,
+	// notification_user_event_key_key, channel_pref_pkey
 	is.Equal(len(indexes), 5)
 
 	tx, err := pool.Begin(ctx)
 	is.NoErr(err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	for name, lookup := range map[string]string{
-		"by_ref": `SELECT id FROM delivery_task WHERE ref = $1::text`,
+		"by_ref": `SELECT task_id FROM delivery_task_key WHERE ref = $1::text`,
 		"by_msg": `SELECT t.id FROM delivery_task t WHERE t.provider_msg_id = $1::text
 		           UNION SELECT a.task_id FROM delivery_attempt a WHERE a.provider_msg_id = $1::text`,
 		"by_event": `SELECT id FROM notification WHERE user_id = $1::text AND event_key = $1::text`,

@@ -320,8 +320,8 @@ func TestAttemptDeleteOnlyForTerminalTasks(t *testing.T) {
 
 	// TRUNCATE fires no row trigger: it is refused as a whole.
 	secRetentionOnly(t, e.pool, `TRUNCATE delivery_attempt`)
-	secRetentionOnly(t, e.pool, `TRUNCATE delivery_attempt, delivery_task, delivery_receipt`) // (receipts reference tasks)
-	is.Equal(e.scalar(`SELECT count(*) FROM delivery_attempt`), int64(4))                     // every attempt still there
+	secRetentionOnly(t, e.pool, `TRUNCATE delivery_attempt, delivery_task, delivery_receipt, delivery_task_key`) // (receipts and keys reference tasks)
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_attempt`), int64(4))                                        // every attempt still there
 
 	// SENT: retention may prune the finished history.
 	e.w.User("u4", "push")
@@ -342,7 +342,7 @@ func TestAttemptDeleteOnlyForTerminalTasks(t *testing.T) {
 
 // ---- least privilege (roles and row-level security) ----
 
-var secTables = []string{"channel_pref", "notification", "delivery_task", "delivery_attempt", "channel_rate_limit"}
+var secTables = []string{"channel_pref", "notification", "delivery_task", "delivery_attempt", "channel_rate_limit", "delivery_task_key"}
 
 // Every role: no DELETE nor TRUNCATE anywhere (retention will get a role of its own).
 func TestRolesCannotDelete(t *testing.T) {
@@ -663,4 +663,87 @@ func TestRolesEndToEnd(t *testing.T) {
 	st, err := operator.Status(e.ctx)
 	is.NoErr(err)
 	is.Equal(st.Parked, int64(0)) // nothing left for a human
+}
+
+// secCreatorRefused runs sqls as the creator in the transaction that inserted their notification ($1, a
+// fresh one of user u1), the way Create does: every statement but the last succeeds, the last fails with
+// code and, when given, constraint. Nothing is kept.
+func secCreatorRefused(t *testing.T, pool *pgxpool.Pool, code, constraint string, sqls ...string) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var id int64
+	if err := tx.QueryRow(ctx, `INSERT INTO notification (user_id, event_key, body, expires_at)
+		VALUES ('u1', 'refused-' || gen_random_uuid(), 'b', now() + interval '1 hour') RETURNING id`).Scan(&id); err != nil {
+		t.Fatalf("the notification of %s: %v", sqls, err)
+	}
+	for i, sql := range sqls {
+		_, err := tx.Exec(ctx, sql, id)
+		if i < len(sqls)-1 {
+			if err != nil {
+				t.Fatalf("%s: %v, want it accepted", sql, err)
+			}
+			continue
+		}
+		pgErr := secPgErr(err)
+		switch {
+		case pgErr == nil:
+			t.Errorf("%s: %v, want %s %s", sql, err, code, constraint)
+		case pgErr.Code != code || (constraint != "" && pgErr.ConstraintName != constraint):
+			t.Errorf("%s: %s (%s, constraint %q), want %s %s", sql, pgErr.Message, pgErr.Code, pgErr.ConstraintName, code, constraint)
+		default:
+			t.Logf("refused: %s", pgErr.Message)
+		}
+	}
+}
+
+// A task's keys live on its delivery_task_key row (schema/001), off the row the claim and the finish
+// update. Whoever inserts tasks (the creator, or the owner: TestSchemaConstraints) still cannot give a
+// notification a second task on a channel nor reuse a ref, in one statement or in two; the roles that
+// cannot insert tasks cannot insert keys either; every role reads the keys and none may write, change or
+// delete one; the owner's delete of a task (retention) takes its key row with it.
+func TestTaskKeysHoldForEveryRole(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.w.User("u1", "push", "sms")
+	created := e.create("u1", "e1", time.Hour, 3)
+	is.Equal(len(created), 2) // push and sms
+
+	creator := secRolePool(t, e, "notifier_creator")
+	const insert = `INSERT INTO delivery_task (notification_id, channel, max_attempts) VALUES `
+	secCreatorRefused(t, creator, schemaErrUnique, "delivery_task_notification_channel_key",
+		insert+`($1, 'push', 3)`, insert+`($1, 'push', 3)`)
+	secCreatorRefused(t, creator, schemaErrUnique, "delivery_task_notification_channel_key",
+		insert+`($1, 'push', 3), ($1, 'push', 3)`)
+	// the database draws every ref: the creator cannot name one, new or reused
+	secCreatorDenied(t, creator, `INSERT INTO delivery_task (notification_id, channel, max_attempts, ref)
+		VALUES ($1, 'sms', 3, (SELECT ref FROM delivery_task_key LIMIT 1))`)
+
+	ref := e.ref(created[0].TaskID)
+	for _, role := range []string{"notifier_creator", "notifier_worker", "notifier_operator", "notifier_receiver"} {
+		pool := secRolePool(t, e, role)
+		var keys int64
+		is.NoErr(pool.QueryRow(e.ctx, `SELECT count(*) FROM delivery_task_key`).Scan(&keys))
+		is.Equal(keys, int64(2)) // every role reads the keys
+		secDenied(t, pool, `INSERT INTO delivery_task_key (task_id, notification_id, channel, ref)
+			VALUES ($1, 1, 'other', gen_random_uuid()::text)`, created[0].TaskID)
+		secDenied(t, pool, `UPDATE delivery_task_key SET ref = gen_random_uuid()::text WHERE ref = $1`, ref)
+		secDenied(t, pool, `UPDATE delivery_task_key SET channel = 'other'`)
+		secDenied(t, pool, `DELETE FROM delivery_task_key WHERE ref = $1`, ref)
+		secDenied(t, pool, `TRUNCATE delivery_task_key`)
+		if role != "notifier_creator" {
+			secDenied(t, pool, `INSERT INTO delivery_task (notification_id, channel, max_attempts)
+				SELECT k.notification_id, 'other', 3 FROM delivery_task_key k LIMIT 1`)
+		}
+	}
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task_key WHERE ref = $1`, ref), int64(1)) // untouched
+
+	// retention's path: the owner deletes a task (it has no attempt yet) and its key row goes with it
+	_, err := e.pool.Exec(e.ctx, `DELETE FROM delivery_task WHERE id = $1`, created[0].TaskID)
+	is.NoErr(err)
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task_key`), int64(1)) // only the other task's keys stay
 }

@@ -785,6 +785,9 @@ func TestStateMachineAllCovered(t *testing.T) {
 			OR has_table_privilege('notifier_worker', 'delivery_receipt', 'DELETE')
 			OR has_table_privilege('notifier_worker', 'delivery_receipt', 'TRUNCATE')`,
 		"delivery_task_attempts_kept": `SELECT has_table_privilege('notifier_worker', 'delivery_task', 'DELETE')`,
+		"delivery_task_key_fixed": `SELECT has_table_privilege('notifier_worker', 'delivery_task_key', 'UPDATE')
+			OR has_table_privilege('notifier_worker', 'delivery_task_key', 'DELETE')
+			OR has_table_privilege('notifier_worker', 'delivery_task_key', 'TRUNCATE')`,
 		"delivery_attempt_retention_only": `SELECT has_table_privilege('notifier_worker', 'delivery_attempt', 'DELETE')
 			OR has_table_privilege('notifier_worker', 'delivery_attempt', 'TRUNCATE')
 			OR has_table_privilege('notifier_worker', 'delivery_task', 'TRUNCATE')`,

@@ -94,6 +94,14 @@ type DeliveryTask struct {
 	FallbackPosition pgtype.Int2
 }
 
+// A task's unique keys, off the row the claim and the finish update (schema/001)
+type DeliveryTaskKey struct {
+	TaskID         int64
+	NotificationID int64
+	Channel        string
+	Ref            string
+}
+
 type Notification struct {
 	ID          int64
 	UserID      string

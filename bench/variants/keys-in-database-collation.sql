@@ -1,12 +1,11 @@
--- A measurement, not a migration (bench/cost.sh, bench/variant.sh): the index keys on a task's ref and on
--- the providers' message ids compared under the database's collation, as before they were made
--- byte order (COLLATE "C"). Only their cost of insertion is measured: every claim and finish inserts the
--- ref again, a finish the message ids. No statement of the claim or the finish looks these indexes up,
+-- A measurement, not a migration (bench/cost.sh, bench/variant.sh): the index keys on the providers'
+-- message ids compared under the database's collation, as before they were made byte order
+-- (COLLATE "C"). Only their cost of insertion is measured: a finish inserts the message ids. (The task's
+-- ref is indexed on delivery_task_key, which neither the claim nor the finish writes.) No statement of
+-- the claim or the finish looks these indexes up,
 -- and the receipts' lookups, which do, cannot use them while their collation differs from the
 -- column's. Run it on a cluster initialised with a language's locale to see what 023 saves there
 -- (bench-cost --locale en_US.UTF-8, PGTEST_LOCALE=en_US.UTF-8; docs/benchmarks/2026-12-05-byte-order-keys.md).
-ALTER TABLE delivery_task DROP CONSTRAINT delivery_task_ref_key;
-CREATE UNIQUE INDEX delivery_task_ref_key ON delivery_task (ref COLLATE "default");
 DROP INDEX delivery_task_provider_msg_idx;
 CREATE INDEX delivery_task_provider_msg_idx ON delivery_task (provider_msg_id COLLATE "default")
     WHERE provider_msg_id IS NOT NULL;
