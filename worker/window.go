@@ -49,7 +49,9 @@ func (w *window) claimDue(now time.Time) (limit int, due bool) {
 	if w.stopping || w.claiming || now.Before(w.nextClaim) {
 		return 0, false
 	}
-	if room < w.worthClaim() && !(room > 0 && w.calling == 0) {
+	// With nothing in flight the room is the whole window, never less than worthClaim: an idle worker
+	// always claims.
+	if room < w.worthClaim() {
 		return 0, false
 	}
 	if len(w.waiting)+w.recording > w.cfg.MaxInFlight {

@@ -150,9 +150,5 @@ func (h *dbHealth) ok() {
 	}
 }
 
-func prefix(token string) string {
-	if len(token) > 8 {
-		return token[:8]
-	}
-	return token
-}
+// prefix is a token's first 8 characters, enough to tell attempts apart in a log line.
+func prefix(token string) string { return token[:min(8, len(token))] }

@@ -20,10 +20,8 @@ func Spread(d time.Duration) time.Duration {
 // which PostgreSQL text refuses, become "?".
 func Truncate(s string, n int) string {
 	s = strings.ReplaceAll(strings.ToValidUTF8(s, "?"), "\x00", "?")
-	if utf8.RuneCountInString(s) <= n {
-		return s
-	}
-	return string([]rune(s)[:n])
+	r := []rune(s)
+	return string(r[:min(n, len(r))])
 }
 
 // OneLine is s with every run of white space (line breaks included) made one space, as Truncate
