@@ -60,7 +60,7 @@ bench-cost *args:
     @sh internal/tools/install-debs valgrind || echo "just bench-cost: valgrind could not be installed" >&2
     DBMATE="{{ dbmate }}" sh bench/cost.sh "$@"
 
-# Measure a variant of the schema against the schema as it is (bench/variant.sh: two copies of one throwaway migrated PostgreSQL, the variant's SQL applied to one, the load bench alternating between them; docs/benchmarks.md#a-variant-of-the-schema); args: [--rounds N] [--pin] VARIANT.sql [NOTIFICATIONS] [CALL_LATENCY], e.g. `just bench-variant --pin bench/variants/attempt-finish-hot.sql 20000 100ms,0.8`
+# Measure a variant of the schema against the schema as it is (bench/variant.sh: two copies of one throwaway migrated PostgreSQL, the variant's SQL applied to one, the load bench alternating between them; docs/benchmarks.md#a-variant-of-the-schema); args: [--rounds N] [--pin] VARIANT.sql [NOTIFICATIONS] [CALL_LATENCY], e.g. `just bench-variant --pin bench/variants/task-finish-indexes-dropped.sql 20000 100ms,0.8`
 bench-variant *args: _pgtmp
     "{{ pgtmp }}" -migrate -- sh bench/variant.sh "$@"
 

@@ -333,6 +333,43 @@ COMMENT ON FUNCTION public.delivery_attempt_no_truncate() IS 'R3: TRUNCATE would
 
 
 --
+-- Name: delivery_attempt_provider_msg_record(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.delivery_attempt_provider_msg_record() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    AS $$
+BEGIN
+    IF TG_LEVEL = 'ROW' THEN
+        INSERT INTO public.delivery_task_provider_msg (provider_msg_id, task_id)
+        SELECT NEW.provider_msg_id, NEW.task_id
+        WHERE NOT EXISTS (SELECT FROM public.delivery_task t
+                          WHERE t.id = NEW.task_id AND t.provider_msg_id = NEW.provider_msg_id)
+        ON CONFLICT DO NOTHING;
+        RETURN NULL;
+    END IF;
+    INSERT INTO public.delivery_task_provider_msg (provider_msg_id, task_id)
+    SELECT DISTINCT a.provider_msg_id, a.task_id
+    FROM new_attempts a
+    WHERE a.provider_msg_id IS NOT NULL
+      AND NOT EXISTS (SELECT FROM public.delivery_task t
+                      WHERE t.id = a.task_id AND t.provider_msg_id = a.provider_msg_id)
+    ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: FUNCTION delivery_attempt_provider_msg_record(); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.delivery_attempt_provider_msg_record() IS 'Receipts match by provider id: an attempt''s id its task does not carry is recorded (schema/003)';
+
+
+--
 -- Name: delivery_attempt_retention_only(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -752,6 +789,59 @@ $$;
 --
 
 COMMENT ON FUNCTION public.delivery_task_key_insert() IS 'R2: a task''s unique keys are written by the statement that inserts it (schema/003)';
+
+
+--
+-- Name: delivery_task_provider_msg_fixed(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.delivery_task_provider_msg_fixed() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND NOT EXISTS (SELECT FROM public.delivery_task t WHERE t.id = OLD.task_id) THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION USING
+        MESSAGE = CASE WHEN TG_OP = 'TRUNCATE' THEN 'delivery_task_provider_msg cannot be truncated'
+                       ELSE format('delivery_task_provider_msg of task %s: a task''s provider message ids stay while the task exists', OLD.task_id) END,
+        ERRCODE = 'integrity_constraint_violation', TABLE = 'delivery_task_provider_msg',
+        CONSTRAINT = 'delivery_task_provider_msg_fixed',
+        HINT = 'they are recorded by the triggers of schema/003 and deleted with their task (notifier prune)';
+END
+$$;
+
+
+--
+-- Name: FUNCTION delivery_task_provider_msg_fixed(); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.delivery_task_provider_msg_fixed() IS 'Receipts match by provider id: a task''s recorded ids neither change nor go while it exists (schema/003)';
+
+
+--
+-- Name: delivery_task_provider_msg_replaced(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.delivery_task_provider_msg_replaced() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+BEGIN
+    INSERT INTO public.delivery_task_provider_msg (provider_msg_id, task_id)
+    VALUES (OLD.provider_msg_id, OLD.id)
+    ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: FUNCTION delivery_task_provider_msg_replaced(); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.delivery_task_provider_msg_replaced() IS 'Receipts match by provider id: a task''s replaced id is recorded (schema/003)';
 
 
 --
@@ -1528,7 +1618,8 @@ CREATE TABLE public.delivery_attempt (
     CONSTRAINT delivery_attempt_outcome_check CHECK ((outcome = ANY (ARRAY['ACCEPTED'::text, 'ACCEPTED_REPLAY'::text, 'QUERY_FOUND'::text, 'QUERY_NOT_FOUND'::text, 'QUERY_FAILED'::text, 'TIMEOUT'::text, 'IO_ERROR'::text, 'IN_FLIGHT'::text, 'MALFORMED_RESPONSE'::text, 'HTTP_5XX'::text, 'THROTTLED'::text, 'CONNECT_FAILED'::text, 'GATEWAY_ERROR'::text, 'REJECTED'::text, 'ACCOUNT_REFUSED'::text, 'LEASE_EXPIRED'::text, 'PREF_DISABLED'::text, 'TTL_EXPIRED'::text, 'PREF_DISABLED_UNCERTAIN'::text, 'TTL_EXPIRED_UNCERTAIN'::text, 'CANCELLED'::text, 'CANCELLED_UNCERTAIN'::text, 'FALLBACK_NOT_NEEDED'::text, 'MANUAL_SENT'::text, 'MANUAL_FAILED'::text, 'RECEIPT_ACCEPTED'::text]))),
     CONSTRAINT delivery_attempt_provider_msg_id_check CHECK ((length(provider_msg_id) <= 500)),
     CONSTRAINT delivery_attempt_worker_check CHECK (((worker <> ''::text) AND (length(worker) <= 200)))
-);
+)
+WITH (fillfactor='50');
 
 
 --
@@ -1658,6 +1749,24 @@ CREATE TABLE public.delivery_task_key (
 --
 
 COMMENT ON TABLE public.delivery_task_key IS 'A task''s unique keys, off the row the claim and the finish update (schema/001)';
+
+
+--
+-- Name: delivery_task_provider_msg; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.delivery_task_provider_msg (
+    provider_msg_id text NOT NULL COLLATE pg_catalog."C",
+    task_id bigint NOT NULL,
+    CONSTRAINT delivery_task_provider_msg_provider_msg_id_check CHECK ((length(provider_msg_id) <= 500))
+);
+
+
+--
+-- Name: TABLE delivery_task_provider_msg; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.delivery_task_provider_msg IS 'The provider message ids of a task that delivery_task.provider_msg_id does not carry (schema/001)';
 
 
 --
@@ -1796,6 +1905,14 @@ ALTER TABLE ONLY public.delivery_task
 
 
 --
+-- Name: delivery_task_provider_msg delivery_task_provider_msg_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.delivery_task_provider_msg
+    ADD CONSTRAINT delivery_task_provider_msg_pkey PRIMARY KEY (provider_msg_id, task_id);
+
+
+--
 -- Name: delivery_task_key delivery_task_ref_key; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1832,13 +1949,6 @@ ALTER TABLE ONLY public.schema_migrations
 --
 
 CREATE INDEX delivery_attempt_late_accepted_idx ON public.delivery_attempt USING btree (task_id) WHERE (late_outcome = ANY (ARRAY['ACCEPTED'::text, 'ACCEPTED_REPLAY'::text, 'QUERY_FOUND'::text]));
-
-
---
--- Name: delivery_attempt_provider_msg_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX delivery_attempt_provider_msg_idx ON public.delivery_attempt USING btree (provider_msg_id) WHERE (provider_msg_id IS NOT NULL);
 
 
 --
@@ -1888,6 +1998,13 @@ CREATE INDEX delivery_task_parked_idx ON public.delivery_task USING btree (id) W
 --
 
 CREATE INDEX delivery_task_provider_msg_idx ON public.delivery_task USING btree (provider_msg_id) WHERE (provider_msg_id IS NOT NULL);
+
+
+--
+-- Name: delivery_task_provider_msg_task_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX delivery_task_provider_msg_task_idx ON public.delivery_task_provider_msg USING btree (task_id);
 
 
 --
@@ -1979,6 +2096,20 @@ CREATE TRIGGER delivery_attempt_no_truncate BEFORE TRUNCATE ON public.delivery_a
 --
 
 COMMENT ON TRIGGER delivery_attempt_no_truncate ON public.delivery_attempt IS 'R3: rejects TRUNCATE, which fires no row trigger';
+
+
+--
+-- Name: delivery_attempt delivery_attempt_provider_msg_insert; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER delivery_attempt_provider_msg_insert AFTER INSERT ON public.delivery_attempt FOR EACH ROW WHEN ((new.provider_msg_id IS NOT NULL)) EXECUTE FUNCTION public.delivery_attempt_provider_msg_record();
+
+
+--
+-- Name: delivery_attempt delivery_attempt_provider_msg_update; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER delivery_attempt_provider_msg_update AFTER UPDATE ON public.delivery_attempt REFERENCING NEW TABLE AS new_attempts FOR EACH STATEMENT EXECUTE FUNCTION public.delivery_attempt_provider_msg_record();
 
 
 --
@@ -2101,6 +2232,27 @@ CREATE TRIGGER delivery_task_key_no_truncate BEFORE TRUNCATE ON public.delivery_
 
 
 --
+-- Name: delivery_task_provider_msg delivery_task_provider_msg_fixed; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER delivery_task_provider_msg_fixed BEFORE DELETE OR UPDATE ON public.delivery_task_provider_msg FOR EACH ROW EXECUTE FUNCTION public.delivery_task_provider_msg_fixed();
+
+
+--
+-- Name: delivery_task_provider_msg delivery_task_provider_msg_no_truncate; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER delivery_task_provider_msg_no_truncate BEFORE TRUNCATE ON public.delivery_task_provider_msg FOR EACH STATEMENT EXECUTE FUNCTION public.delivery_task_provider_msg_fixed();
+
+
+--
+-- Name: delivery_task delivery_task_provider_msg_replaced; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER delivery_task_provider_msg_replaced AFTER UPDATE ON public.delivery_task FOR EACH ROW WHEN (((old.provider_msg_id IS NOT NULL) AND (new.provider_msg_id IS DISTINCT FROM old.provider_msg_id))) EXECUTE FUNCTION public.delivery_task_provider_msg_replaced();
+
+
+--
 -- Name: delivery_task delivery_task_ref_fixed; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -2143,6 +2295,14 @@ ALTER TABLE ONLY public.delivery_task_key
 
 ALTER TABLE ONLY public.delivery_task
     ADD CONSTRAINT delivery_task_notification_id_fkey FOREIGN KEY (notification_id) REFERENCES public.notification(id);
+
+
+--
+-- Name: delivery_task_provider_msg delivery_task_provider_msg_task_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.delivery_task_provider_msg
+    ADD CONSTRAINT delivery_task_provider_msg_task_id_fkey FOREIGN KEY (task_id) REFERENCES public.delivery_task(id) ON DELETE CASCADE;
 
 
 --
@@ -2256,6 +2416,33 @@ CREATE POLICY delivery_task_key_worker_select ON public.delivery_task_key FOR SE
 --
 
 CREATE POLICY delivery_task_operator_select ON public.delivery_task FOR SELECT TO notifier_operator USING (true);
+
+
+--
+-- Name: delivery_task_provider_msg; Type: ROW SECURITY; Schema: public; Owner: -
+--
+
+ALTER TABLE public.delivery_task_provider_msg ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: delivery_task_provider_msg delivery_task_provider_msg_operator_select; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY delivery_task_provider_msg_operator_select ON public.delivery_task_provider_msg FOR SELECT TO notifier_operator USING (true);
+
+
+--
+-- Name: delivery_task_provider_msg delivery_task_provider_msg_receiver_select; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY delivery_task_provider_msg_receiver_select ON public.delivery_task_provider_msg FOR SELECT TO notifier_receiver USING (true);
+
+
+--
+-- Name: delivery_task_provider_msg delivery_task_provider_msg_worker_select; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY delivery_task_provider_msg_worker_select ON public.delivery_task_provider_msg FOR SELECT TO notifier_worker USING (true);
 
 
 --

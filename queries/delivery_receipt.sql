@@ -13,13 +13,14 @@ SELECT k.task_id AS id FROM delivery_task_key k WHERE k.ref = @ref::text;
 
 -- name: ReceiptTasksByProviderMsgID :many
 -- The tasks a provider's message id belongs to, for a receipt that carries no reference of ours: the id
--- the finish stored on the task, or one an attempt kept (also as a late observation). At most two rows:
--- one is a match, two are ambiguous (refused), none is unknown (refused). Through the partial indexes
--- delivery_task_provider_msg_idx and delivery_attempt_provider_msg_idx.
+-- the finish stored on the task, or one an attempt kept that its task does not carry (a late observation,
+-- an id replaced since), which the triggers of schema/003 record in delivery_task_provider_msg. At most
+-- two rows: one is a match, two are ambiguous (refused), none is unknown (refused). Through the partial
+-- index delivery_task_provider_msg_idx and delivery_task_provider_msg_pkey.
 SELECT id FROM (
     SELECT t.id FROM delivery_task t WHERE t.provider_msg_id = @provider_msg_id::text
     UNION
-    SELECT a.task_id FROM delivery_attempt a WHERE a.provider_msg_id = @provider_msg_id::text
+    SELECT p.task_id AS id FROM delivery_task_provider_msg p WHERE p.provider_msg_id = @provider_msg_id::text
 ) m
 ORDER BY id
 LIMIT 2;

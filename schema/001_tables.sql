@@ -235,6 +235,10 @@ COMMENT ON TABLE delivery_task_key IS
 -- key's own lookup (FOR KEY SHARE of the task) cost 37,000 of the server's 633,000 instructions per
 -- delivery (docs/benchmarks/2026-12-04-hot-path-checks.md). delivery_task_attempts_kept (003) refuses
 -- to delete a task whose attempts stay.
+-- The finish (outcome, finished_at, provider_msg_id, error) changes no indexed column, so it is a HOT
+-- update when the row's page has room for the new version: fillfactor 50 leaves that room for the rows
+-- a claim inserts together (docs/benchmarks/2026-12-06-attempt-finish-hot.md). The provider's message id
+-- is found through its task (delivery_task_provider_msg below), not an index here.
 CREATE TABLE delivery_attempt (
     id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     task_id         bigint      NOT NULL,
@@ -268,7 +272,7 @@ CREATE TABLE delivery_attempt (
     CONSTRAINT delivery_attempt_finished_iff_outcome CHECK ((outcome IS NULL) = (finished_at IS NULL)),
     CONSTRAINT delivery_attempt_late_has_time CHECK ((late_outcome IS NULL) = (late_at IS NULL)),
     CONSTRAINT delivery_attempt_manual_has_note CHECK (action <> 'MANUAL' OR (note IS NOT NULL AND note <> ''))
-);
+) WITH (fillfactor = 50);
 
 -- Operators must see a task whose final "not sent" state a late answer contradicts: a superseded holder
 -- whose call was accepted after all (late_outcome ACCEPTED, ACCEPTED_REPLAY or QUERY_FOUND) on a task
@@ -278,8 +282,31 @@ CREATE TABLE delivery_attempt (
 -- cost what there is to show, not the history.
 CREATE INDEX delivery_attempt_late_accepted_idx ON delivery_attempt (task_id)
     WHERE late_outcome IN ('ACCEPTED', 'ACCEPTED_REPLAY', 'QUERY_FOUND');
--- Matching a receipt by the provider's message id, when it does not carry our reference.
-CREATE INDEX delivery_attempt_provider_msg_idx ON delivery_attempt (provider_msg_id) WHERE provider_msg_id IS NOT NULL;
+
+-- The provider message ids of a task that its row does not carry, so that a receipt naming one finds its
+-- task (ReceiptTasksByProviderMsgID) without an index on delivery_attempt.provider_msg_id. Such an index
+-- made the attempt's finish, which writes the id, an update that adds an entry to every index of the
+-- table; without one the finish is HOT (docs/benchmarks/2026-12-06-attempt-finish-hot.md).
+--   * An id that an attempt holds and its task does not, at the end of the statement that wrote it: a
+--     superseded holder's late acceptance, a receipt's id on a task that had another (003:
+--     delivery_attempt_provider_msg_insert, _update). An accepted finish writes the same id on the task
+--     and its attempt in one statement, so it adds no row here.
+--   * A task's provider_msg_id that a later finish or a resolution replaced (003:
+--     delivery_task_provider_msg_replaced).
+-- So every id that any attempt of a task ever held is the task's provider_msg_id or a row here. Written
+-- only by those triggers (SECURITY DEFINER: no role may write it, 002), never changed, deleted only with
+-- the task (ON DELETE CASCADE; 003: delivery_task_provider_msg_fixed).
+CREATE TABLE delivery_task_provider_msg (
+    provider_msg_id text   COLLATE "C" NOT NULL CHECK (length(provider_msg_id) <= 500),
+    task_id         bigint NOT NULL REFERENCES delivery_task (id) ON DELETE CASCADE,
+    -- How a receipt finds the task by an id (the id leads), once per task and id.
+    CONSTRAINT delivery_task_provider_msg_pkey PRIMARY KEY (provider_msg_id, task_id)
+);
+-- The cascade of retention's DELETE of a task finds its rows here.
+CREATE INDEX delivery_task_provider_msg_task_idx ON delivery_task_provider_msg (task_id);
+
+COMMENT ON TABLE delivery_task_provider_msg IS
+    'The provider message ids of a task that delivery_task.provider_msg_id does not carry (schema/001)';
 
 -- Receipts: what a provider says about a message after it accepted it (accepted, delivered, bounced,
 -- complained, undelivered), through a signed callback (notifier receipts). Any receipt is evidence that
@@ -387,6 +414,7 @@ CREATE TABLE channel_pause (
 DROP TABLE channel_pause;
 DROP TABLE channel_rate_limit;
 DROP TABLE delivery_receipt;
+DROP TABLE delivery_task_provider_msg;
 DROP TABLE delivery_attempt;
 DROP TABLE delivery_task_key;
 DROP TABLE delivery_task;

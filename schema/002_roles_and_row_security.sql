@@ -104,6 +104,11 @@ GRANT INSERT (task_id, attempt_no, attempt_token, action, worker, finished_at, o
 GRANT UPDATE (outcome, finished_at, provider_msg_id, error, late_outcome, late_at)
     ON delivery_attempt TO notifier_worker;
 
+-- delivery_task_provider_msg: read by those who read attempts (the receiver matches a receipt by a
+-- provider's message id through it); none may write it: the triggers of 003 that keep it are the only
+-- writers, whatever role writes the attempt or the task.
+GRANT SELECT ON delivery_task_provider_msg TO notifier_worker, notifier_operator, notifier_receiver;
+
 -- delivery_receipt: the receiver records receipts and reads them (its dedupe by event id); operators
 -- read them (review, status). The worker learns only the count of contradicted tasks, through
 -- notifier_late_accepted_count (004): a grant on the table would also let it run `notifier review`.
@@ -132,6 +137,7 @@ GRANT DELETE ON channel_pause TO notifier_worker;
 ALTER TABLE delivery_task ENABLE ROW LEVEL SECURITY;
 ALTER TABLE delivery_task_key ENABLE ROW LEVEL SECURITY;
 ALTER TABLE delivery_attempt ENABLE ROW LEVEL SECURITY;
+ALTER TABLE delivery_task_provider_msg ENABLE ROW LEVEL SECURITY;
 
 -- Guards creation of work: a new task starts PENDING with no attempt made, for a notification this very
 -- transaction inserted (a creator cannot add channels to someone else's notification, or to an old one)
@@ -225,12 +231,20 @@ CREATE POLICY delivery_attempt_operator_select ON delivery_attempt FOR SELECT TO
 -- The receiver reads every attempt; it writes none directly.
 CREATE POLICY delivery_attempt_receiver_select ON delivery_attempt FOR SELECT TO notifier_receiver USING (true);
 
+-- A task's other provider message ids are read as its attempts are. No write policy: no role writes them.
+CREATE POLICY delivery_task_provider_msg_worker_select ON delivery_task_provider_msg FOR SELECT TO notifier_worker USING (true);
+CREATE POLICY delivery_task_provider_msg_operator_select ON delivery_task_provider_msg FOR SELECT TO notifier_operator USING (true);
+CREATE POLICY delivery_task_provider_msg_receiver_select ON delivery_task_provider_msg FOR SELECT TO notifier_receiver USING (true);
+
 -- migrate:down
 -- Removes this database's policies and grants. The roles themselves are NOT dropped: roles are
 -- cluster-wide, and other databases of the same cluster (other test databases, a staging database next
 -- to production) may still use them and hold grants to them; DROP ROLE would fail there ("role cannot be
 -- dropped because some objects depend on it") or, worse, succeed and break them. Dropping a role is a
 -- cluster administrator's decision, after the last database using it has revoked its grants.
+DROP POLICY delivery_task_provider_msg_receiver_select ON delivery_task_provider_msg;
+DROP POLICY delivery_task_provider_msg_operator_select ON delivery_task_provider_msg;
+DROP POLICY delivery_task_provider_msg_worker_select ON delivery_task_provider_msg;
 DROP POLICY delivery_attempt_receiver_select ON delivery_attempt;
 DROP POLICY delivery_attempt_operator_select ON delivery_attempt;
 DROP POLICY delivery_attempt_worker_update ON delivery_attempt;
@@ -246,11 +260,12 @@ DROP POLICY delivery_task_worker_update ON delivery_task;
 DROP POLICY delivery_task_worker_select ON delivery_task;
 DROP POLICY delivery_task_creator_select ON delivery_task;
 DROP POLICY delivery_task_creator_insert ON delivery_task;
+ALTER TABLE delivery_task_provider_msg DISABLE ROW LEVEL SECURITY;
 ALTER TABLE delivery_attempt DISABLE ROW LEVEL SECURITY;
 ALTER TABLE delivery_task_key DISABLE ROW LEVEL SECURITY;
 ALTER TABLE delivery_task DISABLE ROW LEVEL SECURITY;
 -- REVOKE ALL on a table also revokes the column privileges granted above.
-REVOKE ALL ON channel_pref, notification, delivery_task, delivery_task_key, delivery_attempt, delivery_receipt, channel_rate_limit,
-              channel_pause
+REVOKE ALL ON channel_pref, notification, delivery_task, delivery_task_key, delivery_attempt,
+              delivery_task_provider_msg, delivery_receipt, channel_rate_limit, channel_pause
     FROM notifier_creator, notifier_worker, notifier_operator, notifier_receiver;
 REVOKE USAGE ON SCHEMA public FROM notifier_creator, notifier_worker, notifier_operator, notifier_receiver;

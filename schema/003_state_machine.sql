@@ -629,6 +629,115 @@ CREATE TRIGGER delivery_task_key_no_truncate
     FOR EACH STATEMENT
 EXECUTE FUNCTION delivery_task_key_fixed();
 
+-- Guards receipts' matching by provider id for every writer: records the provider message ids that the
+-- attempts of a statement hold and their task does not (delivery_task_provider_msg, 001), once the
+-- statement has written both. An accepted finish writes one id on the task and its attempt in one
+-- statement (TaskFinish), so it records nothing; a superseded holder's late acceptance, or a receipt's
+-- id on a task that carries another, is recorded. Run for an UPDATE once per statement, over its
+-- transition table: a PL/pgSQL call costs about 35,000 instructions, paid once by a finish of 25
+-- attempts, plus one primary-key probe of the task per attempt that holds an id. For an INSERT once per
+-- row whose WHEN passes: only the resolve's and a receipt's attempts carry an id (a worker may not insert
+-- one, 002), so a claim's attempts never call it. SECURITY DEFINER: no role may write the table itself.
+-- enable_seqscan off: the probe is by the task's primary key at any size (see delivery_task_evidence).
+CREATE FUNCTION delivery_attempt_provider_msg_record() RETURNS trigger
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, public, pg_temp
+    SET enable_seqscan = off
+AS $$
+BEGIN
+    IF TG_LEVEL = 'ROW' THEN
+        INSERT INTO public.delivery_task_provider_msg (provider_msg_id, task_id)
+        SELECT NEW.provider_msg_id, NEW.task_id
+        WHERE NOT EXISTS (SELECT FROM public.delivery_task t
+                          WHERE t.id = NEW.task_id AND t.provider_msg_id = NEW.provider_msg_id)
+        ON CONFLICT DO NOTHING;
+        RETURN NULL;
+    END IF;
+    INSERT INTO public.delivery_task_provider_msg (provider_msg_id, task_id)
+    SELECT DISTINCT a.provider_msg_id, a.task_id
+    FROM new_attempts a
+    WHERE a.provider_msg_id IS NOT NULL
+      AND NOT EXISTS (SELECT FROM public.delivery_task t
+                      WHERE t.id = a.task_id AND t.provider_msg_id = a.provider_msg_id)
+    ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END
+$$;
+
+COMMENT ON FUNCTION delivery_attempt_provider_msg_record() IS
+    'Receipts match by provider id: an attempt''s id its task does not carry is recorded (schema/003)';
+
+CREATE TRIGGER delivery_attempt_provider_msg_insert
+    AFTER INSERT ON delivery_attempt
+    FOR EACH ROW
+    WHEN (NEW.provider_msg_id IS NOT NULL)
+EXECUTE FUNCTION delivery_attempt_provider_msg_record();
+
+CREATE TRIGGER delivery_attempt_provider_msg_update
+    AFTER UPDATE ON delivery_attempt
+    REFERENCING NEW TABLE AS new_attempts
+    FOR EACH STATEMENT
+EXECUTE FUNCTION delivery_attempt_provider_msg_record();
+
+-- Guards receipts' matching by provider id when a task's own id changes: the id that a later finish or
+-- a resolution replaced stays findable (delivery_task_provider_msg, 001). The WHEN passes every claim
+-- and every first finish without a call; provider_msg_id is never erased (delivery_task_state_machine).
+CREATE FUNCTION delivery_task_provider_msg_replaced() RETURNS trigger
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, public, pg_temp
+AS $$
+BEGIN
+    INSERT INTO public.delivery_task_provider_msg (provider_msg_id, task_id)
+    VALUES (OLD.provider_msg_id, OLD.id)
+    ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END
+$$;
+
+COMMENT ON FUNCTION delivery_task_provider_msg_replaced() IS
+    'Receipts match by provider id: a task''s replaced id is recorded (schema/003)';
+
+CREATE TRIGGER delivery_task_provider_msg_replaced
+    AFTER UPDATE ON delivery_task
+    FOR EACH ROW
+    WHEN (OLD.provider_msg_id IS NOT NULL AND NEW.provider_msg_id IS DISTINCT FROM OLD.provider_msg_id)
+EXECUTE FUNCTION delivery_task_provider_msg_replaced();
+
+-- Guards the recorded ids against everyone, the owner too (the roles have no grant to write them): no
+-- UPDATE, no TRUNCATE, and a DELETE only of the ids of a task that is gone (the cascade of retention's
+-- DELETE of the task). An id that went while its task stays would leave a receipt naming it unmatched.
+CREATE FUNCTION delivery_task_provider_msg_fixed() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, public, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND NOT EXISTS (SELECT FROM public.delivery_task t WHERE t.id = OLD.task_id) THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION USING
+        MESSAGE = CASE WHEN TG_OP = 'TRUNCATE' THEN 'delivery_task_provider_msg cannot be truncated'
+                       ELSE format('delivery_task_provider_msg of task %s: a task''s provider message ids stay while the task exists', OLD.task_id) END,
+        ERRCODE = 'integrity_constraint_violation', TABLE = 'delivery_task_provider_msg',
+        CONSTRAINT = 'delivery_task_provider_msg_fixed',
+        HINT = 'they are recorded by the triggers of schema/003 and deleted with their task (notifier prune)';
+END
+$$;
+
+COMMENT ON FUNCTION delivery_task_provider_msg_fixed() IS
+    'Receipts match by provider id: a task''s recorded ids neither change nor go while it exists (schema/003)';
+
+CREATE TRIGGER delivery_task_provider_msg_fixed
+    BEFORE UPDATE OR DELETE ON delivery_task_provider_msg
+    FOR EACH ROW
+EXECUTE FUNCTION delivery_task_provider_msg_fixed();
+
+CREATE TRIGGER delivery_task_provider_msg_no_truncate
+    BEFORE TRUNCATE ON delivery_task_provider_msg
+    FOR EACH STATEMENT
+EXECUTE FUNCTION delivery_task_provider_msg_fixed();
+
 -- Guards, at commit, the attempt row a move needs (R3, R6): a counted attempt has its row, of the kind
 -- the move makes; a finish that writes "not accepted" points at this attempt's refusal (after an
 -- uncertain history: at a query that found nothing); an uncertainty written off by an acceptance points
@@ -1215,6 +1324,14 @@ DROP FUNCTION delivery_task_holders_have_attempts();
 DROP FUNCTION delivery_attempt_call_misfit(text, integer, boolean, integer);
 DROP TRIGGER delivery_task_evidence ON delivery_task;
 DROP FUNCTION delivery_task_evidence();
+DROP TRIGGER delivery_task_provider_msg_no_truncate ON delivery_task_provider_msg;
+DROP TRIGGER delivery_task_provider_msg_fixed ON delivery_task_provider_msg;
+DROP FUNCTION delivery_task_provider_msg_fixed();
+DROP TRIGGER delivery_task_provider_msg_replaced ON delivery_task;
+DROP FUNCTION delivery_task_provider_msg_replaced();
+DROP TRIGGER delivery_attempt_provider_msg_update ON delivery_attempt;
+DROP TRIGGER delivery_attempt_provider_msg_insert ON delivery_attempt;
+DROP FUNCTION delivery_attempt_provider_msg_record();
 DROP TRIGGER delivery_task_key_no_truncate ON delivery_task_key;
 DROP TRIGGER delivery_task_key_fixed ON delivery_task_key;
 DROP FUNCTION delivery_task_key_fixed();

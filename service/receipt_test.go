@@ -240,3 +240,84 @@ func TestPruneTakesReceiptsWithTheirTask(t *testing.T) {
 	is.True(!e.exists("delivery_task", settled))
 	is.Equal(e.scalar(`SELECT count(*) FROM delivery_receipt WHERE task_id = $1`, held), int64(1)) // the held one's stays
 }
+
+// byMsgID is a provider's delivery receipt that names the message only by the provider's id.
+func byMsgID(msgID, event string) delivery.Receipt {
+	return delivery.Receipt{Source: delivery.ReceiptSourceTwilio, EventID: event, Kind: delivery.ReceiptDelivered, ProviderMsgID: msgID}
+}
+
+// A receipt that names a message only by the provider's id finds its task by every id an attempt of it
+// held, although delivery_attempt has no index on that id (schema/001: delivery_task_provider_msg).
+// An accepted finish writes its id on the task and the attempt in one statement and records no other
+// row; a superseded holder's late acceptance, whose id its FAILED task does not carry, is recorded.
+func TestReceiptFindsALateAcceptanceByItsProviderID(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.w.User("u2", "push")
+	sent := e.create("u2", "e2", time.Hour, 3)[0].TaskID
+	is.Equal(runOnce(t, e.dispatcher(dcfg{})).Kind, service.ResultSent)             // an ordinary delivery
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task_provider_msg`), int64(0)) // its id is the task's: nothing recorded
+
+	id := lateAcceptedFailedTask(t, e) // FAILED; holder A's late ACCEPTED kept "sms-1" on its attempt only
+	is.Equal(e.task(id).ProviderMsgID, "")
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task_provider_msg WHERE provider_msg_id = 'sms-1' AND task_id = $1`, id), int64(1))
+	res := e.record(byMsgID("sms-1", "sms-1:delivered"))
+	is.Equal(res.TaskID, id)                                                               // found by the late attempt's id
+	is.Equal(res.Effect, delivery.ReceiptContradicts)                                      // the provider had it after all: shown, not settled
+	is.Equal(e.task(sent).State, delivery.StateSent)                                       // the other task is untouched
+	is.Equal(e.record(byMsgID(e.task(sent).ProviderMsgID, "sent:delivered")).TaskID, sent) // and found by the task's own id
+}
+
+// A task whose provider id a later attempt replaced keeps the first one findable: the first attempt
+// timed out after the provider had given an id, the resend was accepted under another.
+func TestReceiptFindsAReplacedProviderID(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.w.User("u1", "push")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	answer := func(o delivery.Observation) *service.Dispatcher {
+		d, err := service.NewDispatcher(e.ctx, e.pool, service.DispatcherConfig{Worker: "w",
+			Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent, Client: answering(o)}}})
+		is.NoErr(err)
+		return d
+	}
+	res, err := runCycle(e.ctx, answer(delivery.Observation{Outcome: delivery.OutcomeTimeout, ProviderMsgID: "p-1"}))
+	is.NoErr(err)
+	is.Equal(res.Kind, service.ResultUnknown) // the answer was lost after an id was given
+	is.Equal(e.task(id).ProviderMsgID, "p-1")
+	e.makeDue(id)
+	res, err = runCycle(e.ctx, answer(delivery.Observation{Outcome: delivery.OutcomeAccepted, ProviderMsgID: "p-2"}))
+	is.NoErr(err)
+	is.Equal(res.Kind, service.ResultSent) // the resend is accepted under another id
+	is.Equal(e.task(id).ProviderMsgID, "p-2")
+	is.Equal(e.record(byMsgID("p-1", "p-1:delivered")).TaskID, id) // the replaced id still finds the task
+	is.Equal(e.record(byMsgID("p-2", "p-2:delivered")).TaskID, id) // and so does the task's own
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task_provider_msg`), int64(1))
+
+	e.backdate(id) // retention's DELETE of the task takes its recorded id with it
+	_, err = e.n.Prune(e.ctx, 24*time.Hour, 10, 0)
+	is.NoErr(err)
+	is.True(!e.exists("delivery_task", id))
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task_provider_msg`), int64(0))
+}
+
+// A receipt that settles a task by our reference and names another provider id than the one the task
+// carries keeps that id on its RECEIPT attempt; a later receipt naming only that id finds the task.
+func TestReceiptFindsTheIDAnEarlierReceiptNamed(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	e.w.User("u1", "push")
+	id := e.create("u1", "e1", time.Hour, 3)[0].TaskID
+	d, err := service.NewDispatcher(e.ctx, e.pool, service.DispatcherConfig{Worker: "w",
+		Routes: map[string]delivery.Route{"push": {Mode: delivery.ModeIdempotent,
+			Client: answering{Outcome: delivery.OutcomeTimeout, ProviderMsgID: "p-1"}}}})
+	is.NoErr(err)
+	res, err := runCycle(e.ctx, d)
+	is.NoErr(err)
+	is.Equal(res.Kind, service.ResultUnknown) // uncertain, under the id "p-1"
+	r := e.delivered(id, "evt-1")
+	r.ProviderMsgID = "p-9"
+	is.Equal(e.record(r).Effect, delivery.ReceiptSettled)          // settled by our reference
+	is.Equal(e.task(id).ProviderMsgID, "p-1")                      // the task keeps its id
+	is.Equal(e.record(byMsgID("p-9", "p-9:delivered")).TaskID, id) // the receipt's id finds it too
+}

@@ -77,6 +77,9 @@ func schemaPause(ch string) string {
 		VALUES ('` + ch + `', 'credential rejected', 2, now(), 30)`
 }
 
+// schemaProviderMsg records, as the owner, a provider message id of the baseline's held push task.
+const schemaProviderMsg = `INSERT INTO delivery_task_provider_msg (provider_msg_id, task_id) VALUES ('pm-1', ` + schemaBaseTask + `)`
+
 // schemaReceipt records one receipt for the baseline's held push task.
 var schemaReceipt = schemaReceiptInsert(schemaBaseTask, "'standard-webhooks'", "'evt-1'", "'DELIVERED'", "false", "'NOTED'")
 
@@ -159,6 +162,15 @@ var schemaViolations = []schemaViolation{
 	{"task key/ref changed", `UPDATE delivery_task_key SET ref = gen_random_uuid()::text`, schemaErrIntegrity, "delivery_task_key_fixed", "", ""},
 	{"task key/deleted while its task stays", `DELETE FROM delivery_task_key`, schemaErrIntegrity, "delivery_task_key_fixed", "", ""},
 	{"task key/truncated", `TRUNCATE delivery_task_key`, schemaErrIntegrity, "delivery_task_key_fixed", "", ""},
+	// a task's provider message ids that its row does not carry (schema/001), recorded by the triggers of 003
+	{"task provider msg/twice", schemaProviderMsg, schemaErrUnique, "delivery_task_provider_msg_pkey", "", schemaProviderMsg},
+	{"task provider msg/no such task", `INSERT INTO delivery_task_provider_msg (provider_msg_id, task_id) VALUES ('pm-1', 999999999)`,
+		schemaErrForeignKey, "delivery_task_provider_msg_task_id_fkey", "", ""},
+	{"task provider msg/id of 501 chars", `INSERT INTO delivery_task_provider_msg (provider_msg_id, task_id) VALUES (repeat('m', 501), ` + schemaBaseTask + `)`,
+		schemaErrCheck, "delivery_task_provider_msg_provider_msg_id_check", "", ""},
+	{"task provider msg/changed", `UPDATE delivery_task_provider_msg SET provider_msg_id = 'pm-2'`, schemaErrIntegrity, "delivery_task_provider_msg_fixed", "", schemaProviderMsg},
+	{"task provider msg/deleted while its task stays", `DELETE FROM delivery_task_provider_msg`, schemaErrIntegrity, "delivery_task_provider_msg_fixed", "", schemaProviderMsg},
+	{"task provider msg/truncated", `TRUNCATE delivery_task_provider_msg`, schemaErrIntegrity, "delivery_task_provider_msg_fixed", "", ""},
 	{"task/ref not one of ours", `INSERT INTO delivery_task (notification_id, channel, max_attempts, ref) VALUES (` + schemaBaseNotification + `, 'other', 3,
 		'order-1')`, schemaErrCheck, "notifier_task_ref_check", "", ""},
 	{"task/ref upper-case uuid", `INSERT INTO delivery_task (notification_id, channel, max_attempts, ref) VALUES (` + schemaBaseNotification + `, 'other', 3,
@@ -543,6 +555,7 @@ func TestSchemaIdentifiersCompareInByteOrder(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.NewDB(t)
 	columns := []string{"delivery_task.ref", "delivery_task_key.ref", "delivery_task.provider_msg_id", "delivery_attempt.provider_msg_id",
+		"delivery_task_provider_msg.provider_msg_id",
 		"notification.user_id", "notification.event_key", "channel_pref.user_id"}
 	rows, err := pool.Query(ctx, `
 		SELECT a.attrelid::regclass::text || '.' || a.attname, coalesce(c.collname, '')
@@ -578,8 +591,8 @@ func TestSchemaIdentifiersCompareInByteOrder(t *testing.T) {
 		indexes[index] = true
 	}
 	is.NoErr(rows.Err())
-	// delivery_task_ref_key (on delivery_task_key.ref, schema/001), the two provider_msg_idx,
-	// notification_user_event_key_key, channel_pref_pkey
+	// delivery_task_ref_key (on delivery_task_key.ref, schema/001), delivery_task_provider_msg_idx,
+	// delivery_task_provider_msg_pkey, notification_user_event_key_key, channel_pref_pkey
 	is.Equal(len(indexes), 5)
 
 	tx, err := pool.Begin(ctx)
@@ -588,7 +601,7 @@ func TestSchemaIdentifiersCompareInByteOrder(t *testing.T) {
 	for name, lookup := range map[string]string{
 		"by_ref": `SELECT task_id FROM delivery_task_key WHERE ref = $1::text`,
 		"by_msg": `SELECT t.id FROM delivery_task t WHERE t.provider_msg_id = $1::text
-		           UNION SELECT a.task_id FROM delivery_attempt a WHERE a.provider_msg_id = $1::text`,
+		           UNION SELECT p.task_id FROM delivery_task_provider_msg p WHERE p.provider_msg_id = $1::text`,
 		"by_event": `SELECT id FROM notification WHERE user_id = $1::text AND event_key = $1::text`,
 		"by_pref":  `SELECT enabled FROM channel_pref WHERE user_id = $1::text AND channel = $1::text`,
 	} {

@@ -320,7 +320,7 @@ func TestAttemptDeleteOnlyForTerminalTasks(t *testing.T) {
 
 	// TRUNCATE fires no row trigger: it is refused as a whole.
 	secRetentionOnly(t, e.pool, `TRUNCATE delivery_attempt`)
-	secRetentionOnly(t, e.pool, `TRUNCATE delivery_attempt, delivery_task, delivery_receipt, delivery_task_key`) // (receipts and keys reference tasks)
+	secRetentionOnly(t, e.pool, `TRUNCATE delivery_attempt, delivery_task, delivery_receipt, delivery_task_key, delivery_task_provider_msg`) // (these reference tasks)
 	is.Equal(e.scalar(`SELECT count(*) FROM delivery_attempt`), int64(4))                                        // every attempt still there
 
 	// SENT: retention may prune the finished history.
@@ -342,7 +342,8 @@ func TestAttemptDeleteOnlyForTerminalTasks(t *testing.T) {
 
 // ---- least privilege (roles and row-level security) ----
 
-var secTables = []string{"channel_pref", "notification", "delivery_task", "delivery_attempt", "channel_rate_limit", "delivery_task_key"}
+var secTables = []string{"channel_pref", "notification", "delivery_task", "delivery_attempt", "channel_rate_limit", "delivery_task_key",
+	"delivery_task_provider_msg"}
 
 // Every role: no DELETE nor TRUNCATE anywhere (retention will get a role of its own).
 func TestRolesCannotDelete(t *testing.T) {
@@ -746,4 +747,29 @@ func TestTaskKeysHoldForEveryRole(t *testing.T) {
 	_, err := e.pool.Exec(e.ctx, `DELETE FROM delivery_task WHERE id = $1`, created[0].TaskID)
 	is.NoErr(err)
 	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task_key`), int64(1)) // only the other task's keys stay
+}
+
+// A task's provider message ids that its row does not carry (delivery_task_provider_msg, schema/001)
+// are written by the triggers of schema/003 whatever role finishes (here the worker, a superseded
+// holder's late acceptance), read by the roles that read attempts, and written by no role.
+func TestTaskProviderMsgIDsHoldForEveryRole(t *testing.T) {
+	is := is.New(t)
+	e := newEnv(t)
+	id := lateAcceptedFailedTask(t, e) // the worker's finish recorded "sms-1" for the FAILED task
+	for _, role := range []string{"notifier_creator", "notifier_worker", "notifier_operator", "notifier_receiver"} {
+		pool := secRolePool(t, e, role)
+		if role == "notifier_creator" {
+			secDenied(t, pool, `SELECT count(*) FROM delivery_task_provider_msg`) // as on attempts: no read
+		} else {
+			var ids int64
+			is.NoErr(pool.QueryRow(e.ctx, `SELECT count(*) FROM delivery_task_provider_msg WHERE task_id = $1`, id).Scan(&ids))
+			is.Equal(ids, int64(1)) // the roles that read attempts read the ids
+		}
+		secDenied(t, pool, `INSERT INTO delivery_task_provider_msg (provider_msg_id, task_id) VALUES ('forged', $1)`, id)
+		secDenied(t, pool, `UPDATE delivery_task_provider_msg SET provider_msg_id = 'forged'`)
+		secDenied(t, pool, `DELETE FROM delivery_task_provider_msg`)
+		secDenied(t, pool, `TRUNCATE delivery_task_provider_msg`)
+	}
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task_provider_msg WHERE task_id = $1 AND provider_msg_id = 'sms-1'`, id), int64(1)) // untouched
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_task_provider_msg`), int64(1))                                                      // and nothing forged
 }

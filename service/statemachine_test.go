@@ -788,6 +788,10 @@ func TestStateMachineAllCovered(t *testing.T) {
 		"delivery_task_key_fixed": `SELECT has_table_privilege('notifier_worker', 'delivery_task_key', 'UPDATE')
 			OR has_table_privilege('notifier_worker', 'delivery_task_key', 'DELETE')
 			OR has_table_privilege('notifier_worker', 'delivery_task_key', 'TRUNCATE')`,
+		"delivery_task_provider_msg_fixed": `SELECT has_table_privilege('notifier_worker', 'delivery_task_provider_msg', 'INSERT')
+			OR has_table_privilege('notifier_worker', 'delivery_task_provider_msg', 'UPDATE')
+			OR has_table_privilege('notifier_worker', 'delivery_task_provider_msg', 'DELETE')
+			OR has_table_privilege('notifier_worker', 'delivery_task_provider_msg', 'TRUNCATE')`,
 		"delivery_attempt_retention_only": `SELECT has_table_privilege('notifier_worker', 'delivery_attempt', 'DELETE')
 			OR has_table_privilege('notifier_worker', 'delivery_attempt', 'TRUNCATE')
 			OR has_table_privilege('notifier_worker', 'delivery_task', 'TRUNCATE')`,

@@ -102,6 +102,12 @@ type DeliveryTaskKey struct {
 	Ref            string
 }
 
+// The provider message ids of a task that delivery_task.provider_msg_id does not carry (schema/001)
+type DeliveryTaskProviderMsg struct {
+	ProviderMsgID string
+	TaskID        int64
+}
+
 type Notification struct {
 	ID          int64
 	UserID      string

@@ -55,7 +55,7 @@ func TestVariantsApplyAndChangeTheSchema(t *testing.T) {
 	}
 }
 
-// schemaOf lists the constraints, indexes and storage options of the two tables a delivery writes.
+// schemaOf lists the constraints, indexes and storage options of the tables a delivery writes.
 func schemaOf(ctx context.Context, t *testing.T, url string) string {
 	t.Helper()
 	conn, err := pgx.Connect(ctx, url)
@@ -67,13 +67,16 @@ func schemaOf(ctx context.Context, t *testing.T, url string) string {
 	err = conn.QueryRow(ctx, `
 		SELECT string_agg(x, E'\n' ORDER BY x) FROM (
 		    SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid) FROM pg_constraint
-		    WHERE conrelid IN ('delivery_task'::regclass, 'delivery_attempt'::regclass)
+		    WHERE conrelid IN ('delivery_task'::regclass, 'delivery_attempt'::regclass,
+			                 'delivery_task_provider_msg'::regclass)
 		    UNION ALL
 		    SELECT 'index ' || pg_get_indexdef(indexrelid) FROM pg_index
-		    WHERE indrelid IN ('delivery_task'::regclass, 'delivery_attempt'::regclass)
+		    WHERE indrelid IN ('delivery_task'::regclass, 'delivery_attempt'::regclass,
+			                 'delivery_task_provider_msg'::regclass)
 		    UNION ALL
 		    SELECT 'options ' || relname || ' ' || coalesce(array_to_string(reloptions, ','), '') FROM pg_class
-		    WHERE oid IN ('delivery_task'::regclass, 'delivery_attempt'::regclass)
+		    WHERE oid IN ('delivery_task'::regclass, 'delivery_attempt'::regclass,
+			                 'delivery_task_provider_msg'::regclass)
 		) AS s(x)`).Scan(&s)
 	if err != nil {
 		t.Fatal(err)
