@@ -73,7 +73,10 @@ pid=
 cleanup() {
 	status=$?
 	if [ -n "$pid" ]; then
-		kill "$pid" 2>/dev/null || true
+		# pg_ctl waits for every backend to exit, and wait for the postmaster's valgrind to write its
+		# last profile: killing runuser instead left them writing into $dir while rm emptied it
+		# ("Directory not empty", and bench-cost exited 1 after printing its figures).
+		$as "$pgbin/pg_ctl" -D "$dir/data" -m fast -w -t 300 stop >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
 		wait "$pid" 2>/dev/null || true
 	fi
 	rm -rf "$dir"
