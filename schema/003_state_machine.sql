@@ -305,6 +305,7 @@ BEGIN
     IF coalesce(
         NEW.id = OLD.id AND NEW.notification_id = OLD.notification_id AND NEW.channel = OLD.channel
         AND NEW.max_attempts = OLD.max_attempts AND NEW.created_at = OLD.created_at
+        AND NEW.fallback_position IS NOT DISTINCT FROM OLD.fallback_position
         AND (NEW.outcome_uncertain OR NOT OLD.outcome_uncertain)
         AND (NOT OLD.outcome_uncertain OR NEW.uncertain_since = OLD.uncertain_since)
         AND (OLD.outcome_uncertain OR NOT NEW.outcome_uncertain OR NEW.uncertain_since <= OLD.updated_at)
@@ -523,6 +524,7 @@ CREATE TRIGGER delivery_task_state_machine
     WHEN (NOT coalesce(
               NEW.id = OLD.id AND NEW.notification_id = OLD.notification_id AND NEW.channel = OLD.channel
               AND NEW.max_attempts = OLD.max_attempts AND NEW.created_at = OLD.created_at
+              AND NEW.fallback_position IS NOT DISTINCT FROM OLD.fallback_position
               AND (NEW.outcome_uncertain OR NOT OLD.outcome_uncertain)
               AND (NOT OLD.outcome_uncertain OR NEW.uncertain_since = OLD.uncertain_since)
               AND (OLD.outcome_uncertain OR NOT NEW.outcome_uncertain OR NEW.uncertain_since <= OLD.updated_at)

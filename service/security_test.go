@@ -321,7 +321,7 @@ func TestAttemptDeleteOnlyForTerminalTasks(t *testing.T) {
 	// TRUNCATE fires no row trigger: it is refused as a whole.
 	secRetentionOnly(t, e.pool, `TRUNCATE delivery_attempt`)
 	secRetentionOnly(t, e.pool, `TRUNCATE delivery_attempt, delivery_task, delivery_receipt, delivery_task_key, delivery_task_provider_msg`) // (these reference tasks)
-	is.Equal(e.scalar(`SELECT count(*) FROM delivery_attempt`), int64(4))                                        // every attempt still there
+	is.Equal(e.scalar(`SELECT count(*) FROM delivery_attempt`), int64(4))                                                                    // every attempt still there
 
 	// SENT: retention may prune the finished history.
 	e.w.User("u4", "push")

@@ -165,6 +165,15 @@ var smMoves = []smMove{
 	{name: "unreleased fallback task moved in its chain", fixture: "unreleased",
 		sql:   `UPDATE delivery_task SET fallback_position = 3 WHERE id = $1`,
 		owner: smRefused("delivery_task_fixed", "fallback_position"), worker: smDenied},
+	// The trigger's WHEN lets a claim and a finish through without calling the function: it must hold
+	// the fixed columns too, or a claim-shaped or finish-shaped UPDATE by the owner moves a task in its
+	// chain unchecked.
+	{name: "claim that moves the task in a chain", fixture: "pending",
+		sql:   strings.Replace(smClaim, "attempt_count = attempt_count + 1,", "attempt_count = attempt_count + 1, fallback_position = 2,", 1),
+		owner: smRefused("delivery_task_fixed", "fallback_position"), worker: smDenied},
+	{name: "finish that moves the task in a chain", fixture: "sending",
+		sql:   smFinish("ACCEPTED", "state = 'SENT', provider_msg_id = 'p-sm', fallback_position = 2"),
+		owner: smRefused("delivery_task_fixed", "fallback_position"), worker: smDenied},
 	// What users found.
 	{name: "SENT -> PENDING: sent again", fixture: "sent",
 		sql:   `UPDATE delivery_task SET state = 'PENDING', next_attempt_at = now() WHERE id = $1`,
@@ -780,7 +789,7 @@ func TestStateMachineAllCovered(t *testing.T) {
 	// The worker has no privilege that could reach these rules (schema/002, schema/003).
 	unreachable := map[string]string{
 		"delivery_task_fixed": `SELECT bool_or(has_column_privilege('notifier_worker', 'delivery_task', c, 'UPDATE'))
-			FROM unnest(ARRAY['id', 'notification_id', 'channel', 'ref', 'max_attempts', 'created_at']) AS c`,
+			FROM unnest(ARRAY['id', 'notification_id', 'channel', 'ref', 'max_attempts', 'created_at', 'fallback_position']) AS c`,
 		"delivery_receipt_append_only": `SELECT has_table_privilege('notifier_worker', 'delivery_receipt', 'UPDATE')
 			OR has_table_privilege('notifier_worker', 'delivery_receipt', 'DELETE')
 			OR has_table_privilege('notifier_worker', 'delivery_receipt', 'TRUNCATE')`,

@@ -60,6 +60,8 @@ const (
 	providerMsgTriggers       = "the triggers that record an attempt's id its task does not carry, a task's replaced id, and keep them"
 	providerMsgReadAsAttempts = "delivery_task_provider_msg is read by the roles that read delivery_attempt; no role writes it"
 	providerMsgFunctionPublic = "EXECUTE for PUBLIC, PostgreSQL's default, as on every trigger function of v0"
+
+	fallbackFixedOnFastPath = "the state machine's fast path, the function's first test and its trigger's WHEN, holds fallback_position fixed: v0's let a claim or a finish that also moved a task in its chain pass unchecked"
 )
 
 // allowedDifferences lists, by object, the differences v1 may have from v0, each with its reason
@@ -134,6 +136,9 @@ var allowedDifferences = map[string]string{
 	"privilege of notifier_worker on function delivery_task_key_insert()":   keyTriggerFunctionPublic,
 	// notifier_cancel finds the notification's tasks through delivery_task_key (schema/005).
 	"function notifier_cancel(text,text,text)": cancelThroughKeys,
+	// A fix found while auditing v1: the fast path let fallback_position change (schema/003).
+	"function delivery_task_state_machine()":            fallbackFixedOnFastPath,
+	"trigger delivery_task.delivery_task_state_machine": fallbackFixedOnFastPath,
 	// The attempt's finish made HOT: the ids of a task's attempts that the task does not carry are found
 	// through delivery_task_provider_msg, not an index on delivery_attempt (schema/001, 003).
 	"column delivery_task_provider_msg.provider_msg_id":                                      providerMsgTable,
