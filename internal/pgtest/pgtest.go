@@ -13,10 +13,12 @@
 // CREATE DATABASE; sslmode=disable is assumed when the URL has no sslmode),
 // else a throwaway cluster started on first use from the local PostgreSQL
 // server binaries ($PG_BIN, `pg_config --bindir`, /usr/lib/postgresql/*/bin)
-// and removed at the end of Main. Environment knobs: DBMATE (dbmate binary),
-// PGTEST_MIGRATIONS_DIR (instead of <repo>/schema), PGTEST_USER (user that runs
-// postgres when we are root; default nobody), PGTEST_FSYNC (e.g. off; default on),
-// PGTEST_SKIP=1 (NewDB and NewDBURL skip their test instead: `just mutants` runs a
+// and removed at the end of Main. The cluster lives in /dev/shm when that is a
+// tmpfs with room, else in os.TempDir(). Environment knobs: DBMATE (dbmate
+// binary), PGTEST_MIGRATIONS_DIR (instead of <repo>/schema), PGTEST_USER (user
+// that runs postgres when we are root; default nobody), PGTEST_FSYNC (e.g. off;
+// default on), PGTEST_TMPFS=off (the cluster in os.TempDir() even when a tmpfs
+// has room), PGTEST_SKIP=1 (NewDB and NewDBURL skip their test instead: `just mutants` runs a
 // package's tests once per mutant, and only those that need no database).
 package pgtest
 
@@ -217,7 +219,7 @@ func setup(ctx context.Context) (_ *harness, err error) {
 		if _, err := Dbmate(); err != nil { // fail fast, before initdb
 			return nil, err
 		}
-		h.server, err = startServer(ctx, binDir)
+		h.server, err = startServer(ctx, binDir, true)
 		if err != nil {
 			return nil, fmt.Errorf("start a throwaway PostgreSQL from %s: %w", binDir, err)
 		}

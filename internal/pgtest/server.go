@@ -99,10 +99,18 @@ func StartServer(ctx context.Context) (*Server, error) {
 	if binDir == "" {
 		return nil, fmt.Errorf("no PostgreSQL server binaries found (looked in %s); install postgresql (Debian: apt-get install postgresql) or set PG_BIN", strings.Join(looked, ", "))
 	}
-	return startServer(ctx, binDir)
+	return startServer(ctx, binDir, false)
 }
 
-func startServer(ctx context.Context, binDir string) (*Server, error) {
+// minMemoryFree is the room a tmpfs must have to hold the tests' cluster: the largest test seeds a
+// million tasks (a few hundred MB), and a full tmpfs would fail tests with "No space left on device".
+const minMemoryFree = 2 << 30
+
+// startServer starts a throwaway cluster. inMemory puts it on a tmpfs when there is one (memoryBase):
+// the tests create and drop a database each, hundreds of files every time, and on ext4 the inode
+// allocator's search for a free inode (recently_deleted) took most of the service tests' CPU
+// (docs/testing.md#how-the-tests-run). A benchmark's cluster stays on disk, where production's is.
+func startServer(ctx context.Context, binDir string, inMemory bool) (*Server, error) {
 	attr, owner, err := serverCredentials()
 	if err != nil {
 		return nil, err
@@ -110,6 +118,11 @@ func startServer(ctx context.Context, binDir string) (*Server, error) {
 	base, err := tempBase(owner != nil)
 	if err != nil {
 		return nil, err
+	}
+	if inMemory {
+		if m := memoryBase(owner != nil); m != "" {
+			base = m
+		}
 	}
 	sweepStale(base)
 	dir, err := os.MkdirTemp(base, tempPrefix)

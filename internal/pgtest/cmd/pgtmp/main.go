@@ -1,5 +1,6 @@
-// Command pgtmp starts a throwaway PostgreSQL cluster (the one the tests use,
-// see internal/pgtest), prints its URL, and removes it when done.
+// Command pgtmp starts a throwaway PostgreSQL cluster (as the tests do, see
+// internal/pgtest, but on disk in os.TempDir(), where a benchmark's database
+// meets the costs production's does), prints its URL, and removes it when done.
 //
 //	pgtmp [-migrate] [-db NAME] [-url-file FILE]              # until SIGINT/SIGTERM
 //	pgtmp [-migrate] [-db NAME] [-url-file FILE] -- CMD ARGS  # while CMD runs
