@@ -23,7 +23,7 @@ func TestTestClusterLivesOnTmpfsUnlessTurnedOff(t *testing.T) {
 	dir := state.server.dir
 	stateMu.Unlock()
 	is.True(strings.HasPrefix(dir, "/dev/shm/"+tempPrefix)) // the tests' cluster is on the tmpfs
-	is.Equal(memoryBase(false), "/dev/shm")                  // a tmpfs with room is chosen
+	is.Equal(memoryBase(false), "/dev/shm")                 // a tmpfs with room is chosen
 
 	t.Setenv("PGTEST_TMPFS", "off")
 	is.Equal(memoryBase(false), "") // turned off: the cluster stays in os.TempDir()
