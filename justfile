@@ -111,9 +111,9 @@ mutants *args:
     done; \
     if [ -n "$failed" ]; then echo "mutants: below the thresholds of .gremlins.yaml (or gremlins failed):$failed" >&2; exit 1; fi
 
-# Mutation testing of the claim and the finish (service/claim.go, claimfallback.go, pipelinetx.go, finish.go; args: other files of service/), which need the database: gremlins on one throwaway PostgreSQL, each mutant rerunning the tests of those paths, two at a time (117 mutants, about 20 minutes here; docs/testing.md#mutation-testing)
+# Mutation testing of the claim and the finish (service/claim.go, claimfallback.go, pipelinetx.go, finish.go; args: other files of service/), which need the database: gremlins on one throwaway PostgreSQL (on a tmpfs, as the tests' own), each mutant rerunning the tests of those paths, two at a time (117 mutants, about 20 minutes here; docs/testing.md#mutation-testing)
 mutants-service *args: _pgtmp
-    "{{ pgtmp }}" -- sh internal/tools/mutants-service "$@"
+    "{{ pgtmp }}" -tmpfs -- sh internal/tools/mutants-service "$@"
 
 # Static analysis with staticcheck (v0.8.2, installed into .tools/bin on first use, its default checks) over ./... (bench/river is a module of its own); args: other packages
 staticcheck *args:

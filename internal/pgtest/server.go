@@ -91,7 +91,13 @@ func TempBase(otherUser bool) (string, error) { return tempBase(otherUser) }
 // As root, the server runs as the unprivileged user "nobody" (or $PGTEST_USER,
 // or "postgres"); the postgres processes receive SIGQUIT if the calling
 // process dies, so they never outlive it.
-func StartServer(ctx context.Context) (*Server, error) {
+func StartServer(ctx context.Context) (*Server, error) { return startFound(ctx, false) }
+
+// StartTestServer is StartServer for a cluster that tests use, as the harness's own: on a tmpfs
+// when there is one with room (see startServer), else where StartServer puts it.
+func StartTestServer(ctx context.Context) (*Server, error) { return startFound(ctx, true) }
+
+func startFound(ctx context.Context, inMemory bool) (*Server, error) {
 	binDir, looked, err := FindBinDir()
 	if err != nil {
 		return nil, err
@@ -99,7 +105,7 @@ func StartServer(ctx context.Context) (*Server, error) {
 	if binDir == "" {
 		return nil, fmt.Errorf("no PostgreSQL server binaries found (looked in %s); install postgresql (Debian: apt-get install postgresql) or set PG_BIN", strings.Join(looked, ", "))
 	}
-	return startServer(ctx, binDir, false)
+	return startServer(ctx, binDir, inMemory)
 }
 
 // minMemoryFree is the room a tmpfs must have to hold the tests' cluster: the largest test seeds a
@@ -108,7 +114,7 @@ const minMemoryFree = 2 << 30
 
 // startServer starts a throwaway cluster. inMemory puts it on a tmpfs when there is one (memoryBase):
 // the tests create and drop a database each, hundreds of files every time, and on ext4 the inode
-// allocator's search for a free inode (recently_deleted) took most of the service tests' CPU
+// allocator's search for a free inode (recently_deleted) was half of postgres's kernel time
 // (docs/testing.md#how-the-tests-run). A benchmark's cluster stays on disk, where production's is.
 func startServer(ctx context.Context, binDir string, inMemory bool) (*Server, error) {
 	attr, owner, err := serverCredentials()

@@ -2,8 +2,8 @@
 // internal/pgtest, but on disk in os.TempDir(), where a benchmark's database
 // meets the costs production's does), prints its URL, and removes it when done.
 //
-//	pgtmp [-migrate] [-db NAME] [-url-file FILE]              # until SIGINT/SIGTERM
-//	pgtmp [-migrate] [-db NAME] [-url-file FILE] -- CMD ARGS  # while CMD runs
+//	pgtmp [-migrate] [-tmpfs] [-db NAME] [-url-file FILE]              # until SIGINT/SIGTERM
+//	pgtmp [-migrate] [-tmpfs] [-db NAME] [-url-file FILE] -- CMD ARGS  # while CMD runs
 //
 // Without a command it prints DATABASE_URL=<url> on stdout, then waits for
 // SIGINT/SIGTERM/SIGHUP. With a command it prints that line on stderr, runs
@@ -11,7 +11,9 @@
 // its environment, forwards signals to it, and exits with its exit code.
 // Either way the cluster is stopped and its directory removed at the end.
 //
-// -db NAME creates database NAME and points the URL at it (default: the
+// -tmpfs puts the cluster on /dev/shm when it is a tmpfs with room, as the
+// tests' own (`just mutants-service`: every mutant's tests create and drop
+// databases); -db NAME creates database NAME and points the URL at it (default: the
 // "postgres" database); -migrate applies <repo>/schema with dbmate to it;
 // -url-file writes the bare URL (one line) to FILE, after the cluster is
 // ready and migrated, so that a script can wait for the file.
@@ -42,8 +44,9 @@ func run() int {
 	migrate := flag.Bool("migrate", false, "apply the dbmate migrations of <repo>/schema")
 	dbName := flag.String("db", "", "create this database and point the URL at it")
 	urlFile := flag.String("url-file", "", "also write the URL to this file")
+	tmpfs := flag.Bool("tmpfs", false, "for tests: put the cluster on /dev/shm when it is a tmpfs with 2 GiB free, as the tests' own (a benchmark's stays on disk)")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "usage: pgtmp [-migrate] [-db NAME] [-url-file FILE] [-- command args...]\n")
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: pgtmp [-migrate] [-tmpfs] [-db NAME] [-url-file FILE] [-- command args...]\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -68,7 +71,11 @@ func run() int {
 		}
 	}()
 
-	srv, err := pgtest.StartServer(ctx)
+	start := pgtest.StartServer
+	if *tmpfs {
+		start = pgtest.StartTestServer
+	}
+	srv, err := start(ctx)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "pgtmp:", err)
 		return 1
