@@ -60,6 +60,11 @@ bench-cost *args:
     @sh internal/tools/install-debs valgrind || echo "just bench-cost: valgrind could not be installed" >&2
     DBMATE="{{ dbmate }}" sh bench/cost.sh "$@"
 
+# Count the instructions one delivery costs the database, ours against the River peer (bench/cost-vs-river.sh: a throwaway PostgreSQL under valgrind's callgrind, the client backends born in each peer's measured deliver phase, marked by its --phase-hook, counted over their lives; the marginal cost per delivery between SMALL and LARGE events and ours / River; docs/benchmarks/2026-12-06-cost-vs-river.md); args: [--call-latency MEDIAN,SIGMA] [SMALL=500] [LARGE=1500] (more and River's own 10 s timeouts fire under callgrind)
+bench-cost-vs-river *args:
+    @sh internal/tools/install-debs valgrind || echo "just bench-cost-vs-river: valgrind could not be installed" >&2
+    DBMATE="{{ dbmate }}" sh bench/cost-vs-river.sh "$@"
+
 # Measure a variant of the schema against the schema as it is (bench/variant.sh: two copies of one throwaway migrated PostgreSQL, the variant's SQL applied to one, the load bench alternating between them; docs/benchmarks.md#a-variant-of-the-schema); args: [--rounds N] [--pin] VARIANT.sql [NOTIFICATIONS] [CALL_LATENCY], e.g. `just bench-variant --pin bench/variants/task-finish-indexes-dropped.sql 20000 100ms,0.8`
 bench-variant *args: _pgtmp
     "{{ pgtmp }}" -migrate -- sh bench/variant.sh "$@"

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/notifierhq/notifier/bench/latency"
+	"github.com/notifierhq/notifier/bench/workload"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/worker"
 )
@@ -44,6 +45,8 @@ type Config struct {
 	JSON        bool
 	Timeout     time.Duration
 	CPUProfile  string
+	// PhaseHook is called just before and just after the main deliver phase (--phase-hook; nil: none).
+	PhaseHook workload.PhaseHook
 }
 
 // Limits of the flags.
@@ -131,6 +134,7 @@ func Parse(args []string, getenv func(string) string, stderr io.Writer) (Config,
 	fs.BoolVar(&cfg.JSON, "json", false, "print one JSON object instead of the table (and no progress bar)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 30*time.Minute, "give up after this long")
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a Go CPU profile of the deliver phase to this file (go tool pprof)")
+	phaseHook := fs.String("phase-hook", "", workload.PhaseHookUsage)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stderr, description)
@@ -146,6 +150,7 @@ func Parse(args []string, getenv func(string) string, stderr io.Writer) (Config,
 	if fs.NArg() > 0 {
 		return cfg, usagef("unexpected argument %q", fs.Arg(0))
 	}
+	cfg.PhaseHook = workload.ShellHook(*phaseHook, stderr)
 	cfg.Pgbench = "auto"
 	fs.Visit(func(f *flag.Flag) {
 		if f.Name == "pgbench" {

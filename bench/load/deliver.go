@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/notifierhq/notifier/bench/pgbench"
+	"github.com/notifierhq/notifier/bench/workload"
 	"github.com/notifierhq/notifier/internal/cputime"
 	"github.com/notifierhq/notifier/service"
 	"github.com/notifierhq/notifier/worker"
@@ -46,10 +47,20 @@ type deliverStats struct {
 // meet other answers than the peer it is compared with, and with a long tail the last answers decide
 // when a run ends (on 100ms,0.8, seed 1, the ideal of a 1,024-call window is 9% higher on the draws
 // after 4,000 warm-up sends than on the first ones: docs/benchmarks/2026-12-05-window-bound.md).
-func (b *bench) deliver(ctx context.Context, label string, target int, shape worker.Config) (deliverStats, error) {
+//
+// hook, when not nil, is called with "start" just before the loops' connections are opened (the
+// pools are empty then: mainRun's commits closed them), so that every backend the phase works on
+// starts after the mark, and with "end" once the loops have returned (after the phase's figures are
+// taken): the marks bracket the phase's database work, the loops' stopping included.
+func (b *bench) deliver(ctx context.Context, label string, target int, shape worker.Config, hook workload.PhaseHook) (deliverStats, error) {
 	var err error
 	if b.samplers, err = b.cfg.Latency.Apply(b.push, b.sms); err != nil {
 		return deliverStats{}, err
+	}
+	if hook != nil {
+		if err := hook(ctx, "start"); err != nil {
+			return deliverStats{}, err
+		}
 	}
 	// Open every loop's connections first: connecting is not part of the figures.
 	for _, l := range b.loops {
@@ -57,6 +68,7 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 			return deliverStats{}, err
 		}
 	}
+	outer := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -106,6 +118,9 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 	cancel()
 	wg.Wait()
 	bar.Done()
+	if hook != nil && err == nil {
+		err = hook(outer, "end")
+	}
 
 	st := deliverStats{loopStats: loopStats{other: map[string]int{}}, seconds: took.Seconds(), clientCPU: cpu, serverCPU: srv}
 	for _, p := range per {

@@ -74,7 +74,7 @@ func (b *bench) probe(ctx context.Context, label string) (*probeReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	ds, err := b.deliver(ctx, label+" deliver", cs.tasks, perTask)
+	ds, err := b.deliver(ctx, label+" deliver", cs.tasks, perTask, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"os"
@@ -291,4 +293,38 @@ func TestFinalCheckCatchesFailures(t *testing.T) {
 	err = b.finalCheck(ctx, &rep)
 	is.True(err != nil && strings.Contains(err.Error(), "sent 2 times")) // caught
 	is.Equal(rep.Outbound, 2)                                            // both counted
+}
+
+// --phase-hook marks the main deliver phase alone (bench/cost-vs-river.sh counts the server's work
+// between the marks): at "start" every task of the run is created and none of the main run's is
+// delivered (the warm-up's are, and the warm-up is not marked), at "end" all are SENT. A failing hook
+// fails the run.
+func TestBenchPhaseHookBracketsTheDeliverPhase(t *testing.T) {
+	is := is.New(t)
+	url := pgtest.NewDBURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg, err := Parse([]string{"--json", "--database-url", url, "--notifications", "50", "--warmup", "20",
+		"--pgbench=false", "--phase-hook", "true"}, func(string) string { return "" }, io.Discard)
+	is.NoErr(err)
+	is.True(cfg.PhaseHook != nil) // the flag sets the hook (workload.ShellHook)
+	pool, err := pgxpool.New(ctx, url)
+	is.NoErr(err)
+	defer pool.Close()
+	var marks []string
+	cfg.PhaseHook = func(ctx context.Context, phase string) error {
+		var sent, notSent int
+		err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'SENT'), count(*) FILTER (WHERE state <> 'SENT')
+			FROM delivery_task`).Scan(&sent, &notSent)
+		marks = append(marks, fmt.Sprintf("%s: %d SENT, %d not", phase, sent, notSent))
+		return err
+	}
+	is.NoErr(Run(ctx, cfg, &bytes.Buffer{}, io.Discard))
+	is.Equal(marks, []string{"start: 40 SENT, 100 not", "end: 140 SENT, 0 not"}) // warm-up 20 x 2 before; main 50 x 2
+
+	cfg.DBURL = pgtest.NewDBURL(t)
+	cfg.Notifications, cfg.Warmup = 10, 0
+	cfg.PhaseHook = func(_ context.Context, phase string) error { return fmt.Errorf("hook refused %s", phase) }
+	err = Run(ctx, cfg, &bytes.Buffer{}, io.Discard)
+	is.True(err != nil && strings.Contains(err.Error(), "hook refused start")) // the run stops
 }

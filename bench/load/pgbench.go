@@ -89,7 +89,7 @@ func (b *bench) compareRound(ctx context.Context, n int, runner pgbench.Runner) 
 	if err := b.analyze(ctx); err != nil {
 		return roundReport{}, err
 	}
-	ds, err := b.deliver(ctx, label+" deliver", cs.tasks, b.cfg.loop())
+	ds, err := b.deliver(ctx, label+" deliver", cs.tasks, b.cfg.loop(), nil)
 	if err != nil {
 		return roundReport{}, err
 	}

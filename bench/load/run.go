@@ -282,7 +282,7 @@ func (b *bench) warmupRun(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	ds, err := b.deliver(ctx, "warmup", cs.tasks, b.cfg.loop())
+	ds, err := b.deliver(ctx, "warmup", cs.tasks, b.cfg.loop(), nil)
 	if err != nil {
 		return ds.sent, err
 	}
@@ -313,7 +313,7 @@ func (b *bench) mainRun(ctx context.Context, rep *Report) error {
 	if err != nil {
 		return err
 	}
-	ds, err := b.deliver(ctx, "deliver", cs.tasks, b.cfg.loop())
+	ds, err := b.deliver(ctx, "deliver", cs.tasks, b.cfg.loop(), b.cfg.PhaseHook)
 	if perr := stopProfile(); err == nil {
 		err = perr
 	}

@@ -13,7 +13,9 @@
 // client: POST /send with an Idempotency-Key that is stable across the job's attempts), retries a
 // refused send on the bench's schedule (bench/workload.RetryBackoff, not River's attempt^4 seconds),
 // and waits until every job is completed. It prints one JSON object: inserts/s, deliveries/s, total
-// time, the latency model, and a check that the fakes sent every message exactly once.
+// time, the latency model, and a check that the fakes sent every message exactly once. --phase-hook CMD
+// runs CMD just before the measured deliver phase and just after it, as the bench's --phase-hook
+// (bench/cost-vs-river.sh counts the server's instructions between the two).
 //
 //	cd bench/river && DATABASE_URL=postgres://... go run . --notifications 20000 --workers 1000 --fetch-cooldown 1ms --call-latency 100ms,0.8
 //	sh internal/tools/just bench-river --notifications 20000 --workers 1000 --fetch-cooldown 1ms   # on a throwaway cluster
@@ -118,6 +120,7 @@ type config struct {
 	insertBatch   int  // events per InsertMany from one inserter; 0: one event per call from workload.Submitters
 	insertOnly    bool // stop after the insert phase (the bulk-create comparison)
 	warmup        int  // events delivered by a client of their own before the measured phases
+	phaseHook     workload.PhaseHook
 }
 
 // report is the one JSON object printed on stdout.
@@ -207,6 +210,7 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&cfg.insertOnly, "insert-only", false, "stop after the insert phase: the bulk-insert figure alone (no warm-up)")
 	fs.IntVar(&cfg.warmup, "warmup", 4000, "events inserted and delivered before anything is measured, by a River client of their own, as the bench's --warmup: the HTTP connections to the fakes, the pool's statements and River's tables are warm when the measured phases start (0: none)")
 	fs.DurationVar(&cfg.timeout, "timeout", 30*time.Minute, "give up after this long")
+	phaseHook := fs.String("phase-hook", "", workload.PhaseHookUsage)
 	model := latency.Flags(fs)
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -214,6 +218,7 @@ func parseFlags(args []string) (config, error) {
 	if cfg.dbURL == "" {
 		cfg.dbURL = os.Getenv("DATABASE_URL")
 	}
+	cfg.phaseHook = workload.ShellHook(*phaseHook, os.Stderr)
 	var err error
 	if cfg.latency, err = model(); err != nil {
 		return cfg, err
@@ -405,6 +410,19 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	if err != nil {
 		return rep, err
 	}
+	// With a hook, the start mark with the pool empty, as the bench's with its loops' pools empty:
+	// every backend the phase works on starts after it (bench/cost-vs-river.sh counts those backends'
+	// lives), and the pool's connections are opened again before the phase, as the bench opens its
+	// loops'. Without one the phase keeps the pool as it was, as bench-vs-river has measured it.
+	if cfg.phaseHook != nil {
+		pool.Reset()
+		if err := cfg.phaseHook(ctx, "start"); err != nil {
+			return rep, err
+		}
+		if err := warmPool(ctx, pool, poolSize); err != nil {
+			return rep, err
+		}
+	}
 	t0 = time.Now()
 	cpu0, srv0 := cputime.Process(), server.CPUUsed()
 	if err := client.Start(ctx); err != nil {
@@ -421,6 +439,13 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	defer stopCancel()
 	if err := client.Stop(stopCtx); err != nil {
 		return rep, fmt.Errorf("river stop: %w", err)
+	}
+	// The end mark after River stopped, as the bench's after its loops returned: both sides' stopping
+	// falls between the marks.
+	if cfg.phaseHook != nil {
+		if err := cfg.phaseHook(ctx, "end"); err != nil {
+			return rep, err
+		}
 	}
 	db1, err := dbCounters(ctx, pool)
 	if err != nil {
@@ -520,6 +545,24 @@ func warmUp(ctx context.Context, driver *riverpgxv5.Driver, riverConfig *river.C
 		return completed, fmt.Errorf("%d of %d jobs completed: %w", completed, jobs, ctx.Err())
 	}
 	return completed, nil
+}
+
+// warmPool opens n connections of the pool at once and returns them to it.
+func warmPool(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	conns := make([]*pgxpool.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for range n {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("connect: %w", err)
+		}
+		conns = append(conns, c)
+	}
+	return nil
 }
 
 // eventJobs is event ev's jobs, one per channel, for a user of the run's; body prefixes the event key
