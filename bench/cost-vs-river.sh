@@ -4,7 +4,7 @@
 # from round to round. Both peers batch by timing, so the count still moves by about 10% from run to
 # run (docs/benchmarks/2026-12-06-cost-vs-river.md).
 #
-# Starts a throwaway PostgreSQL 15 under callgrind (--trace-children=yes: the postmaster and every
+# Starts a throwaway PostgreSQL 15 under callgrind (bench/callgrind-server.sh; --trace-children=yes: the postmaster and every
 # process it forks; autovacuum off, and no timed checkpoint) and migrates a template database with
 # schema/. On a fresh copy of it each, runs ours (bench/cmd/bench with notifier work's defaults) and
 # River (bench/river, MaxWorkers 1000 and FetchCooldown 1ms, its best setting, as in bench-vs-river;
@@ -105,46 +105,13 @@ for tool in valgrind psql jq; do
 		exit 1
 	}
 done
-pgbin=$(pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
-[ -x "$pgbin/postgres" ] || pgbin=/usr/lib/postgresql/15/bin
-dbmate=${DBMATE:-dbmate}
-root=$(cd "$(dirname "$0")/.." && pwd)
-dir=$(mktemp -d)
-as=
-if [ "$(id -u)" = 0 ]; then
-	as="runuser -u nobody --"
-	chown nobody "$dir"
-fi
-pid=
-cleanup() {
-	status=$?
-	if [ -n "$pid" ]; then
-		# As cost.sh: pg_ctl waits for every backend, and wait for the postmaster's valgrind to write
-		# its last profile before the directory goes.
-		$as "$pgbin/pg_ctl" -D "$dir/data" -m fast -w -t 300 stop >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	fi
-	rm -rf "$dir"
-	exit "$status"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+. "$(dirname "$0")/callgrind-server.sh"
+callgrind_dir
 export PGOPTIONS='-c client_min_messages=warning'
 
 (cd "$root" && go build -o "$dir/bench" ./bench/cmd/bench)
 (cd "$root/bench/river" && go build -o "$dir/river" .)
-port=$((20000 + $$ % 10000))
-$as "$pgbin/initdb" -D "$dir/data" -A trust -U postgres --locale=C.UTF-8 >/dev/null
-$as valgrind --tool=callgrind --trace-children=yes --vgdb=no --callgrind-out-file="$dir/cg.%p" \
-	"$pgbin/postgres" -D "$dir/data" -c port=$port -c listen_addresses=127.0.0.1 -c unix_socket_directories="$dir" \
-	-c autovacuum=off -c shared_buffers=128MB -c max_connections=50 \
-	-c checkpoint_timeout=1d -c max_wal_size=8GB >"$dir/server.log" 2>&1 &
-pid=$!
-url="postgres://postgres@127.0.0.1:$port"
-for _ in $(seq 120); do
-	psql -q "$url/postgres" -c 'SELECT 1' >/dev/null 2>&1 && break
-	sleep 1
-done
+callgrind_start C.UTF-8 -c max_connections=50 -c checkpoint_timeout=1d -c max_wal_size=8GB
 psql -q -v ON_ERROR_STOP=1 "$url/postgres" -c 'CREATE DATABASE cvr_template' >/dev/null
 "$dbmate" --url "$url/cvr_template?sslmode=disable" --migrations-dir "$root/schema" --no-dump-schema up >/dev/null
 # The server's processes that are not client backends, which live as long as it: "PID TYPE" lines.

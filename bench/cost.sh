@@ -2,7 +2,7 @@
 # What one delivery costs the database, in instructions: repeatable to about 0.5%, whatever else the
 # machine is doing, where CPU time here moves by 10% from run to run (docs/benchmarks.md#instructions-per-delivery).
 #
-# Starts a throwaway PostgreSQL under valgrind's callgrind (every backend counted), migrates a template
+# Starts a throwaway PostgreSQL under valgrind's callgrind (bench/callgrind-server.sh: every backend counted), migrates a template
 # database with schema/ and gives it 100,000 SENT tasks with their attempts (so that the worker's generic
 # plans are those of a used database), then for each variant: a copy of the template, the variant's SQL
 # file applied (none: the schema as it is), and bench/cmd/costprobe run twice on one connection, for
@@ -59,45 +59,12 @@ command -v valgrind >/dev/null || {
 	echo "cost: valgrind is not installed (apt-get install valgrind)" >&2
 	exit 1
 }
-pgbin=$(pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
-[ -x "$pgbin/postgres" ] || pgbin=/usr/lib/postgresql/15/bin
-dbmate=${DBMATE:-dbmate}
-root=$(cd "$(dirname "$0")/.." && pwd)
-dir=$(mktemp -d)
-as=
-if [ "$(id -u)" = 0 ]; then
-	as="runuser -u nobody --"
-	chown nobody "$dir"
-fi
-pid=
-cleanup() {
-	status=$?
-	if [ -n "$pid" ]; then
-		# pg_ctl waits for every backend to exit, and wait for the postmaster's valgrind to write its
-		# last profile: killing runuser instead left them writing into $dir while rm emptied it
-		# ("Directory not empty", and bench-cost exited 1 after printing its figures).
-		$as "$pgbin/pg_ctl" -D "$dir/data" -m fast -w -t 300 stop >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	fi
-	rm -rf "$dir"
-	exit "$status"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+. "$(dirname "$0")/callgrind-server.sh"
+callgrind_dir
 export PGOPTIONS='-c client_min_messages=warning'
 
 (cd "$root" && go build -o "$dir/costprobe" ./bench/cmd/costprobe)
-port=$((20000 + $$ % 10000))
-$as "$pgbin/initdb" -D "$dir/data" -A trust -U postgres --locale="$locale" >/dev/null
-$as valgrind --tool=callgrind --trace-children=yes --callgrind-out-file="$dir/cg.%p" \
-	"$pgbin/postgres" -D "$dir/data" -c port=$port -c listen_addresses=127.0.0.1 -c unix_socket_directories="$dir" \
-	-c autovacuum=off -c shared_buffers=128MB -c max_connections=20 >"$dir/server.log" 2>&1 &
-pid=$!
-url="postgres://postgres@127.0.0.1:$port"
-for _ in $(seq 120); do
-	psql -q "$url/postgres" -c 'SELECT 1' >/dev/null 2>&1 && break
-	sleep 1
-done
+callgrind_start "$locale" -c max_connections=20
 psql -q -v ON_ERROR_STOP=1 "$url/postgres" -c 'CREATE DATABASE cost_template' >/dev/null
 "$dbmate" --url "$url/cost_template?sslmode=disable" --migrations-dir "$root/schema" --no-dump-schema up >/dev/null
 # History: 50,000 events x push and sms, SENT with their accepted attempt, written as the owner (the
