@@ -114,12 +114,11 @@ export PGOPTIONS='-c client_min_messages=warning'
 callgrind_start C.UTF-8 -c max_connections=50 -c checkpoint_timeout=1d -c max_wal_size=8GB
 psql -q -v ON_ERROR_STOP=1 "$url/postgres" -c 'CREATE DATABASE cvr_template' >/dev/null
 "$dbmate" --url "$url/cvr_template?sslmode=disable" --migrations-dir "$root/schema" --no-dump-schema up >/dev/null
-# The server's processes that are not client backends, which live as long as it: "PID TYPE" lines.
+# The server's processes that are not client backends, which live as long as it: one pid a line.
 {
-	echo "$(head -1 "$dir/data/postmaster.pid") postmaster"
-	psql -qAt -F ' ' "$url/postgres" -c "SELECT pid, replace(backend_type, ' ', '-') FROM pg_stat_activity WHERE backend_type <> 'client backend'"
-} >"$dir/others"
-cut -d' ' -f1 "$dir/others" >"$dir/other-pids"
+	head -1 "$dir/data/postmaster.pid"
+	psql -qAt "$url/postgres" -c "SELECT pid FROM pg_stat_activity WHERE backend_type <> 'client backend'"
+} >"$dir/other-pids"
 
 model="--call-latency $latency"
 failed=0

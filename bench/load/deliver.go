@@ -64,7 +64,7 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 	}
 	// Open every loop's connections first: connecting is not part of the figures.
 	for _, l := range b.loops {
-		if err := warmPool(ctx, l, shape.Connections()); err != nil {
+		if err := workload.WarmPool(ctx, l.pool, shape.Connections()); err != nil {
 			return deliverStats{}, err
 		}
 	}
@@ -242,22 +242,4 @@ func terminal(k service.ResultKind) bool {
 		return true
 	}
 	return false
-}
-
-// warmPool opens n connections of the loop's pool at once and returns them to it.
-func warmPool(ctx context.Context, l *loop, n int) error {
-	conns := make([]interface{ Release() }, 0, n)
-	defer func() {
-		for _, c := range conns {
-			c.Release()
-		}
-	}()
-	for range n {
-		c, err := l.pool.Acquire(ctx)
-		if err != nil {
-			return fmt.Errorf("connect: %w", err)
-		}
-		conns = append(conns, c)
-	}
-	return nil
 }

@@ -419,7 +419,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		if err := cfg.phaseHook(ctx, "start"); err != nil {
 			return rep, err
 		}
-		if err := warmPool(ctx, pool, poolSize); err != nil {
+		if err := workload.WarmPool(ctx, pool, poolSize); err != nil {
 			return rep, err
 		}
 	}
@@ -545,24 +545,6 @@ func warmUp(ctx context.Context, driver *riverpgxv5.Driver, riverConfig *river.C
 		return completed, fmt.Errorf("%d of %d jobs completed: %w", completed, jobs, ctx.Err())
 	}
 	return completed, nil
-}
-
-// warmPool opens n connections of the pool at once and returns them to it.
-func warmPool(ctx context.Context, pool *pgxpool.Pool, n int) error {
-	conns := make([]*pgxpool.Conn, 0, n)
-	defer func() {
-		for _, c := range conns {
-			c.Release()
-		}
-	}()
-	for range n {
-		c, err := pool.Acquire(ctx)
-		if err != nil {
-			return fmt.Errorf("connect: %w", err)
-		}
-		conns = append(conns, c)
-	}
-	return nil
 }
 
 // eventJobs is event ev's jobs, one per channel, for a user of the run's; body prefixes the event key

@@ -7,34 +7,26 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/matryer/is"
 )
 
 // --phase-hook CMD runs CMD through the shell with the phase appended, and a failing command is an
 // error naming the phase.
 func TestShellHook(t *testing.T) {
-	if ShellHook("", nil) != nil {
-		t.Fatal("no command: want no hook")
-	}
+	is := is.New(t)
+	is.True(ShellHook("", nil) == nil) // no command: no hook
 	file := filepath.Join(t.TempDir(), "marks")
 	var out bytes.Buffer
 	hook := ShellHook("echo >>'"+file+"' marked", &out)
 	for _, phase := range []string{"start", "end"} {
-		if err := hook(context.Background(), phase); err != nil {
-			t.Fatal(err)
-		}
+		is.NoErr(hook(context.Background(), phase))
 	}
 	got, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(got) != "marked start\nmarked end\n" {
-		t.Errorf("the hook wrote %q, want the phases appended in turn", got)
-	}
+	is.NoErr(err)
+	is.Equal(string(got), "marked start\nmarked end\n") // the phases appended in turn
+
 	err = ShellHook("echo failing; exit 3", &out)(context.Background(), "end")
-	if err == nil || !strings.Contains(err.Error(), "--phase-hook end") {
-		t.Errorf("a failing hook: want an error naming its phase, got %v", err)
-	}
-	if !strings.Contains(out.String(), "failing") {
-		t.Errorf("the hook's output: want it on out, got %q", out.String())
-	}
+	is.True(err != nil && strings.Contains(err.Error(), "--phase-hook end")) // a failing hook's error names its phase
+	is.True(strings.Contains(out.String(), "failing"))                       // the hook's output goes to out
 }
