@@ -129,9 +129,9 @@ func (r Runner) Run(ctx context.Context, deliveries int) (*Report, error) {
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	started, srv0 := time.Now(), r.Server.CPUUsed()
+	started, srv0 := time.Now(), r.Server.Start()
 	err = cmd.Run()
-	srv := r.Server.CPUUsed() - srv0
+	srv := srv0.End()
 	g.Seconds = Round3(time.Since(started).Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("pgbench: %w: %s", err, lastLines(stderr.String()+stdout.String(), 5))

@@ -63,12 +63,28 @@ func Find(backendPID int, err error) (*Server, string) {
 	return s, ""
 }
 
-// CPUUsed is the server's CPU time so far: 0 when s is nil (not measured) or cannot be read.
-func (s *Server) CPUUsed() time.Duration {
+// Phase measures the server's CPU over one phase of a run: from Start to End.
+type Phase struct {
+	s    *Server
+	mark Mark
+	err  error
+}
+
+// Start starts measuring the server's CPU (s nil: not measured).
+func (s *Server) Start() Phase {
 	if s == nil {
+		return Phase{}
+	}
+	m, err := s.Mark()
+	return Phase{s: s, mark: m, err: err}
+}
+
+// End is the server's CPU time since Start: 0 when not measured or not readable.
+func (p Phase) End() time.Duration {
+	if p.s == nil || p.err != nil {
 		return 0
 	}
-	d, err := s.Used()
+	d, err := p.s.Since(p.mark)
 	if err != nil {
 		return 0
 	}

@@ -3,6 +3,7 @@
 package proc
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -10,9 +11,8 @@ import (
 	"time"
 )
 
-// Server measures a PostgreSQL server on this machine: the CPU time (user + system) used so far by
-// the postmaster and all its processes, backends that have exited included (their time is in the
-// postmaster's cutime/cstime once reaped).
+// Server measures a PostgreSQL server on this machine: the CPU time (user + system) used by the
+// postmaster and all its processes over a phase, from a Mark to Since.
 type Server struct{ postmaster int }
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat times: 100 on every Linux platform Go supports.
@@ -36,22 +36,75 @@ func NewServer(backendPID int) (*Server, error) {
 	return &Server{postmaster: ppid}, nil
 }
 
-// Used is the server's CPU time so far. The postmaster is read before its children: a child reaped in
-// between is missed (undercount) rather than counted twice.
-func (s *Server) Used() (time.Duration, error) {
-	f, err := procStat(s.postmaster)
-	if err != nil {
-		return 0, err
+// Mark is the server's CPU readings at one moment: the postmaster's own time with that of its
+// children reaped so far, and each living child's own time so far.
+type Mark struct {
+	postmaster int64           // ticks: utime stime cutime cstime
+	children   map[child]int64 // ticks: utime stime
+}
+
+// child names a process by its pid and its start time, so that a reused pid is another child.
+type child struct {
+	pid     int
+	started string
+}
+
+// Mark reads the server's CPU now.
+func (s *Server) Mark() (Mark, error) {
+	// A child reaped while its siblings are read would be counted twice or not at all: the reaped
+	// time (cutime, cstime) is read on both sides, and the reading taken again when it moved.
+	for range 10 {
+		m, steady, err := s.read()
+		if err != nil || steady {
+			return m, err
+		}
 	}
-	ticks := sumFields(f, 11, 12, 13, 14) // utime stime cutime cstime (fields 14-17)
+	return Mark{}, errors.New("the postmaster kept reaping children while its CPU was read")
+}
+
+// read is one reading, and whether no child was reaped while it was taken.
+func (s *Server) read() (m Mark, steady bool, err error) {
+	before, err := procStat(s.postmaster)
+	if err != nil {
+		return Mark{}, false, err
+	}
 	kids, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", s.postmaster, s.postmaster))
 	if err != nil {
-		return 0, err
+		return Mark{}, false, err
 	}
+	m.children = map[child]int64{}
 	for _, k := range strings.Fields(string(kids)) {
 		pid, _ := strconv.Atoi(k)
-		if cf, err := procStat(pid); err == nil {
-			ticks += sumFields(cf, 11, 12) // utime stime
+		if cf, err := procStat(pid); err == nil && len(cf) > startTimeField {
+			m.children[child{pid, cf[startTimeField]}] = sumFields(cf, 11, 12) // utime stime
+		}
+	}
+	after, err := procStat(s.postmaster)
+	if err != nil {
+		return Mark{}, false, err
+	}
+	m.postmaster = sumFields(after, 11, 12, 13, 14) // utime stime cutime cstime (fields 14-17)
+	return m, sumFields(before, 13, 14) == sumFields(after, 13, 14), nil
+}
+
+// startTimeField is the index of starttime (field 22) in procStat's slice.
+const startTimeField = 19
+
+// Since is the server's CPU time from m to now: what every child used after m, whether it lived
+// through the phase, was born in it or exited in it (its time before m is not the phase's), and the
+// postmaster's own.
+func (s *Server) Since(m Mark) (time.Duration, error) {
+	now, err := s.Mark()
+	if err != nil {
+		return 0, err
+	}
+	ticks := now.postmaster - m.postmaster // the postmaster's own, and the whole lives of children reaped since m
+	for c, t := range now.children {
+		ticks += t - m.children[c] // living: what it used since m (all of it when born since)
+	}
+	for c, t := range m.children {
+		if _, living := now.children[c]; !living {
+			ticks -= t // reaped since m: its time before m is in the reaped time too
 		}
 	}
 	return time.Duration(ticks) * time.Second / clockTicks, nil
