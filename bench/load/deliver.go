@@ -89,7 +89,7 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 	}
 	bar := startProgress(b.bar, label, target)
 	per := make([]*loopStats, len(b.loops))
-	started, cpu0, srv0 := time.Now(), cputime.Process(), b.server.Start()
+	started, cpu0, serverPhase := time.Now(), cputime.Process(), b.server.Start()
 	for i, l := range b.loops {
 		st := &loopStats{other: map[string]int{}}
 		per[i] = st
@@ -113,7 +113,7 @@ func (b *bench) deliver(ctx context.Context, label string, target int, shape wor
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
-	took, cpu, srv := time.Since(started), cputime.Process()-cpu0, srv0.End()
+	took, cpu, srv := time.Since(started), cputime.Process()-cpu0, serverPhase.End()
 	stopping.Store(true)
 	cancel()
 	wg.Wait()

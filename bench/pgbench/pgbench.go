@@ -129,9 +129,9 @@ func (r Runner) Run(ctx context.Context, deliveries int) (*Report, error) {
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	started, srv0 := time.Now(), r.Server.Start()
+	started, serverPhase := time.Now(), r.Server.Start()
 	err = cmd.Run()
-	srv := srv0.End()
+	srv := serverPhase.End()
 	g.Seconds = Round3(time.Since(started).Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("pgbench: %w: %s", err, lastLines(stderr.String()+stdout.String(), 5))

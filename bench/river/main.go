@@ -424,7 +424,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		}
 	}
 	t0 = time.Now()
-	cpu0, srv0 := cputime.Process(), server.Start()
+	cpu0, serverPhase := cputime.Process(), server.Start()
 	if err := client.Start(ctx); err != nil {
 		return rep, fmt.Errorf("river start: %w", err)
 	}
@@ -434,7 +434,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	}
 	completed := rep.Jobs
 	deliverTook := time.Since(t0)
-	cpu, srv := cputime.Process()-cpu0, srv0.End()
+	cpu, srv := cputime.Process()-cpu0, serverPhase.End()
 	stopCtx, stopCancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer stopCancel()
 	if err := client.Stop(stopCtx); err != nil {
