@@ -18,8 +18,8 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 // A phase counts what the server's processes used in it, and nothing a process used before: a backend
 // that worked before the mark and exits in the phase has its whole life in the postmaster's reaped
-// time, and one that lives through the phase has its earlier time in its own. Before this measure, a
-// bench's connections closed at the start of its deliver phase added their whole lives to it.
+// time, and one that lives through the phase has its earlier time in its own. Counted whole, a bench's
+// connections closed as its deliver phase begins would add the creation's work to the phase.
 func TestServerPhaseCountsOnlyItsOwnTime(t *testing.T) {
 	is := is.New(t)
 	ctx := context.Background()
