@@ -1,8 +1,9 @@
 #!/bin/sh
 # What one delivery costs the PostgreSQL server, ours against the River peer, in instructions counted
-# by valgrind's callgrind, where the server's CPU time from /proc (bench-vs-river) moves by a third
-# from round to round. Both peers batch by timing, so the count still moves by about 10% from run to
-# run (docs/benchmarks/2026-12-06-cost-vs-river.md).
+# by valgrind's callgrind, beside the server's CPU time from /proc (bench-vs-river), which counts
+# kernel time and the background processes too, and moves from round to round with them. Both peers
+# batch by timing, so the count moves by about 10% from run to run
+# (docs/benchmarks/2026-12-06-cost-vs-river.md).
 #
 # Starts a throwaway PostgreSQL 15 under callgrind (bench/callgrind-server.sh; --trace-children=yes: the postmaster and every
 # process it forks; autovacuum off, and no timed checkpoint) and migrates a template database with
