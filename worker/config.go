@@ -10,11 +10,11 @@ import (
 // Defaults of Config, sized for channels that answer in 50-500 ms: a window of 1024 calls allows up
 // to ~7,400 deliveries/s at a 100 ms median with a long tail (a mean call of 138 ms), about what one
 // database of modest size records; it costs little when answers come at once. Claims of up to 256
-// keep claim round trips few at that rate. An answer waits up to 20 ms for others to share its finish:
-// at 100 ms answers that makes groups of about 100 in place of 25, and the database's CPU per delivery
-// about a fifth less; River holds its completions 50-250 ms. Such a wait is a small part of a call's
-// 50-500 ms, in which a crash leaves the task uncertain anyway (docs/benchmarks.md has the
-// measurements).
+// keep claim round trips few at that rate. An answer waits up to 20 ms for others to share its
+// finish: at 100 ms answers that makes groups of about 100 in place of 25, and the database's CPU per
+// delivery about a fifth less; River holds its completions up to 50-250 ms. Such a wait is a small
+// part of a call's 50-500 ms, in which a crash leaves the task uncertain anyway (docs/benchmarks.md
+// has the measurements).
 const (
 	DefaultMaxInFlight = 1024
 	DefaultBatch       = 256
