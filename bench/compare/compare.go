@@ -41,6 +41,9 @@ type Run struct {
 	DBXactsPerDelivery     float64 `json:"db_xacts_per_delivery"`
 	RowsWrittenPerDelivery float64 `json:"db_rows_written_per_delivery"`
 	HOTUpdateShare         float64 `json:"hot_update_share"` // of the updates, those that wrote no index entry
+	// Autovacuum and autoanalyze runs that finished in the deliver phase: server work its server CPU
+	// counts, in some rounds and not others.
+	Autovacuums int64 `json:"autovacuums"`
 	// Deliveries/s of Window calls in flight, each slot refilled the moment its call answers, against
 	// the same answers (latency.WindowBound; 0: the model has no such bound).
 	WindowBoundPerSec float64 `json:"window_bound_per_sec,omitempty"`

@@ -95,27 +95,28 @@ func TestCompare(t *testing.T) {
 
 func TestRounds(t *testing.T) {
 	is := is.New(t)
-	report := func(peer string, perSec, srv float64) string {
+	report := func(peer string, perSec, srv float64, autovacuums int) string {
 		hot := 0.25
 		if peer == "river" {
 			hot = 0.5
 		}
-		return write(t, peer+".json", fmt.Sprintf(`{"peer":%q,"notifications":2000,"duplicates":0.1,"deliveries":4000,"deliveries_per_sec":%g,"workers":1,"window":1024,"server_cpu_ms_per_delivery":%g,"db_xacts_per_delivery":0.02,"hot_update_share":%g,"avg_in_flight":500,%s,"check":"ok"}`, peer, perSec, srv, hot, model))
+		return write(t, peer+".json", fmt.Sprintf(`{"peer":%q,"notifications":2000,"duplicates":0.1,"deliveries":4000,"deliveries_per_sec":%g,"workers":1,"window":1024,"server_cpu_ms_per_delivery":%g,"db_xacts_per_delivery":0.02,"hot_update_share":%g,"avg_in_flight":500,"autovacuums":%d,%s,"check":"ok"}`, peer, perSec, srv, hot, autovacuums, model))
 	}
 	args := []string{"--rounds",
-		"ours=" + report("notifier", 3000, 0.2), "river=" + report("river", 2000, 0.1), // 1.50
-		"ours=" + report("notifier", 2000, 0.3), "river=" + report("river", 2500, 0.1), // 0.80
-		"ours=" + report("notifier", 4000, 0.1), "river=" + report("river", 3200, 0.2), // 1.25
+		"ours=" + report("notifier", 3000, 0.2, 0), "river=" + report("river", 2000, 0.1, 2), // 1.50
+		"ours=" + report("notifier", 2000, 0.3, 1), "river=" + report("river", 2500, 0.1, 0), // 0.80
+		"ours=" + report("notifier", 4000, 0.1, 0), "river=" + report("river", 3200, 0.2, 0), // 1.25
 	}
 	var out bytes.Buffer
 	is.NoErr(Main(args, &out, &bytes.Buffer{}))
 	table := out.String()
-	is.True(strings.Contains(table, "median 1.25, spread 0.80-1.50 over 3 rounds")) // the middle ratio, not the mean's 1.18
-	is.True(strings.Contains(table, "0.200/0.100"))                                 // median server CPU per delivery, ours/River
-	is.True(strings.Contains(table, "  500/1024"))                                  // calls in flight against the window
-	is.True(strings.Contains(table, "\n3 "))                                        // the third round, numbered
-	is.True(strings.Contains(table, "ours 25%, River 50%"))                         // the median HOT shares, in percent
-	is.True(!strings.Contains(table, "window bound"))                               // no bound reported: none printed
+	is.True(strings.Contains(table, "median 1.25, spread 0.80-1.50 over 3 rounds"))                // the middle ratio, not the mean's 1.18
+	is.True(strings.Contains(table, "0.200/0.100"))                                                // median server CPU per delivery, ours/River
+	is.True(strings.Contains(table, "  500/1024"))                                                 // calls in flight against the window
+	is.True(strings.Contains(table, "\n3 "))                                                       // the third round, numbered
+	is.True(strings.Contains(table, "ours 25%, River 50%"))                                        // the median HOT shares, in percent
+	is.True(strings.Contains(table, "phase (their CPU is the server's): ours 0 1 0, River 2 0 0")) // autovacuums per round, in order
+	is.True(!strings.Contains(table, "window bound"))                                              // no bound reported: none printed
 
 	bounded := func(peer string, perSec, bound float64, window int) string {
 		return write(t, peer+"-b.json", fmt.Sprintf(`{"peer":%q,"notifications":2000,"duplicates":0.1,"deliveries":4000,"deliveries_per_sec":%g,"workers":%d,"window":%d,"window_bound_per_sec":%g,%s,"check":"ok"}`, peer, perSec, window, window, bound, model))

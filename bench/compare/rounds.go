@@ -123,6 +123,12 @@ func (res RoundsResult) Print(w io.Writer) error {
 	line("median", res.Ours, res.River, fmt.Sprintf("%.2f", res.MedianRatio))
 	p("HOT updates (no index entry written), median share: ours %.0f%%, River %.0f%%\n", 100*res.Ours.HOTUpdateShare, 100*res.River.HOTUpdateShare)
 	p("ours / River: median %.2f, spread %.2f-%.2f over %d rounds\n", res.MedianRatio, res.MinRatio, res.MaxRatio, len(res.Rounds))
+	var ours, river []string
+	for _, x := range res.Rounds {
+		ours, river = append(ours, fmt.Sprint(x.Ours.Autovacuums)), append(river, fmt.Sprint(x.River.Autovacuums))
+	}
+	p("autovacuum runs finished in each round's phase (their CPU is the server's): ours %s, River %s\n",
+		strings.Join(ours, " "), strings.Join(river, " "))
 	if o, r := res.Ours, res.River; o.WindowBoundPerSec > 0 && r.WindowBoundPerSec > 0 && r.DeliveriesPerSec > 0 {
 		// What the providers' answers alone allow: with a long tail, the slowest of the last calls ends
 		// a run whatever the worker does, so no ratio can pass ours' bound over River's pace.

@@ -384,9 +384,11 @@ const BenchXactCommit = `-- name: BenchXactCommit :one
 SELECT coalesce(d.xact_commit, 0)::bigint AS xact_commit,
        (coalesce(d.tup_inserted, 0) + coalesce(d.tup_updated, 0) + coalesce(d.tup_deleted, 0))::bigint AS rows_written,
        coalesce(t.n_tup_upd, 0)::bigint AS updates,
-       coalesce(t.n_tup_hot_upd, 0)::bigint AS hot_updates
+       coalesce(t.n_tup_hot_upd, 0)::bigint AS hot_updates,
+       coalesce(t.autovacuums, 0)::bigint AS autovacuums
 FROM pg_catalog.pg_stat_database d,
-     LATERAL (SELECT sum(n_tup_upd) AS n_tup_upd, sum(n_tup_hot_upd) AS n_tup_hot_upd
+     LATERAL (SELECT sum(n_tup_upd) AS n_tup_upd, sum(n_tup_hot_upd) AS n_tup_hot_upd,
+                     sum(autovacuum_count + autoanalyze_count) AS autovacuums
               FROM pg_catalog.pg_stat_user_tables) t
 WHERE d.datname = current_database()
 `
@@ -396,12 +398,15 @@ type BenchXactCommitRow struct {
 	RowsWritten int64
 	Updates     int64
 	HotUpdates  int64
+	Autovacuums int64
 }
 
 // Committed transactions of this database so far (cumulative statistics, flushed by each backend at
 // most about once a second): the delta over a phase divided by its deliveries. Beside them the rows
 // written (inserted, updated, deleted) and, of the updates to the product's tables, how many were
-// HOT (no index entry written): what each delivery costs the server besides its statements.
+// HOT (no index entry written): what each delivery costs the server besides its statements. And the
+// autovacuum and autoanalyze runs finished on its tables: server work that the server's CPU counts
+// and that falls in some phases and not others (a run still going at the end is not counted).
 func (q *Queries) BenchXactCommit(ctx context.Context) (BenchXactCommitRow, error) {
 	row := q.db.QueryRow(ctx, BenchXactCommit)
 	var i BenchXactCommitRow
@@ -410,6 +415,7 @@ func (q *Queries) BenchXactCommit(ctx context.Context) (BenchXactCommitRow, erro
 		&i.RowsWritten,
 		&i.Updates,
 		&i.HotUpdates,
+		&i.Autovacuums,
 	)
 	return i, err
 }

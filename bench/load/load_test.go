@@ -61,7 +61,7 @@ func checkReport(t *testing.T, got Report, keys map[string]any, notifications in
 		"call_latency", "pool_max_conns", "server", "create_calls", "created", "creates_per_sec", "deliveries",
 		"deliveries_per_sec", "claims", "tasks_per_claim", "finishes", "answers_per_finish",
 		"claim_ms", "finish_ms", "call_ms", "create_to_sent_ms", "db_xacts_per_delivery", "cpu_ms_per_delivery",
-		"peak_rss_mib", "sends", "outbound", "check"} {
+		"peak_rss_mib", "sends", "outbound", "autovacuums", "check"} {
 		if _, ok := keys[k]; !ok {
 			t.Errorf("field %q missing", k)
 		}

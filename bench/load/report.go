@@ -80,6 +80,9 @@ type Report struct {
 	// were HOT (wrote no index entry), over the deliver phase.
 	RowsWrittenPerDelivery float64 `json:"db_rows_written_per_delivery"`
 	HOTUpdateShare         float64 `json:"hot_update_share"`
+	// Autovacuum and autoanalyze runs that finished during the deliver phase: server work that the
+	// server's CPU counts, in some rounds and not others.
+	Autovacuums int64 `json:"autovacuums"`
 	// Calls in flight on average over the deliver phase (the sum of the calls' durations over the
 	// phase's length), against Window.
 	AvgInFlight float64 `json:"avg_in_flight"`

@@ -337,6 +337,7 @@ func (b *bench) mainRun(ctx context.Context, rep *Report) error {
 			rep.HOTUpdateShare = pgbench.Round3(float64(commits1.HotUpdates-commits0.HotUpdates) / float64(upd))
 		}
 	}
+	rep.Autovacuums = commits1.Autovacuums - commits0.Autovacuums
 	dctx, cancel := context.WithTimeout(ctx, b.cfg.DBTimeout)
 	defer cancel()
 	lat, err := b.q.BenchSentLatency(dctx, dbgen.BenchSentLatencyParams{MinID: cs.minID, MaxID: cs.maxID})

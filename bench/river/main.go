@@ -168,6 +168,7 @@ type report struct {
 	DBXactsPerDelivery     float64        `json:"db_xacts_per_delivery"`
 	RowsWrittenPerDelivery float64        `json:"db_rows_written_per_delivery"`
 	HOTUpdateShare         float64        `json:"hot_update_share"`
+	Autovacuums            int64          `json:"autovacuums"` // autovacuum and autoanalyze runs finished in the phase
 	PeakRSSMiB             float64        `json:"peak_rss_mib"`
 	TotalSeconds           float64        `json:"total_seconds"`
 	JobStates              map[string]int `json:"job_states"`
@@ -458,6 +459,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 			rep.HOTUpdateShare = math.Round(1000*float64(db1.hot-db0.hot)/float64(upd)) / 1000
 		}
 	}
+	rep.Autovacuums = db1.autovacuums - db0.autovacuums
 	rep.Deliveries = completed
 	rep.DeliverSeconds = deliverTook.Seconds()
 	rep.DeliveriesPerSec = float64(completed) / deliverTook.Seconds()
@@ -600,7 +602,7 @@ func riverVersion() string {
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // counters are the database's cumulative statistics the report's per-delivery figures come from.
-type counters struct{ xacts, rows, updates, hot int64 }
+type counters struct{ xacts, rows, updates, hot, autovacuums int64 }
 
 // dbCounters reads them after closing the pool's connections, so that every backend has flushed its
 // statistics (an idle one may hold them for seconds); the pool reconnects on its next use. The same
@@ -613,11 +615,12 @@ func dbCounters(ctx context.Context, pool *pgxpool.Pool) (counters, error) {
 	var c counters
 	err := pool.QueryRow(ctx, `SELECT coalesce(d.xact_commit, 0)::bigint,
        (coalesce(d.tup_inserted, 0) + coalesce(d.tup_updated, 0) + coalesce(d.tup_deleted, 0))::bigint,
-       coalesce(t.n_tup_upd, 0)::bigint, coalesce(t.n_tup_hot_upd, 0)::bigint
+       coalesce(t.n_tup_upd, 0)::bigint, coalesce(t.n_tup_hot_upd, 0)::bigint, coalesce(t.autovacuums, 0)::bigint
 FROM pg_catalog.pg_stat_database d,
-     LATERAL (SELECT sum(n_tup_upd) AS n_tup_upd, sum(n_tup_hot_upd) AS n_tup_hot_upd
+     LATERAL (SELECT sum(n_tup_upd) AS n_tup_upd, sum(n_tup_hot_upd) AS n_tup_hot_upd,
+                     sum(autovacuum_count + autoanalyze_count) AS autovacuums
               FROM pg_catalog.pg_stat_user_tables) t
-WHERE d.datname = current_database()`).Scan(&c.xacts, &c.rows, &c.updates, &c.hot)
+WHERE d.datname = current_database()`).Scan(&c.xacts, &c.rows, &c.updates, &c.hot, &c.autovacuums)
 	if err != nil {
 		return c, fmt.Errorf("read the database's statistics: %w", err)
 	}
