@@ -24,8 +24,8 @@ const BenchBackendPID = `-- name: BenchBackendPID :one
 SELECT pg_backend_pid()::int AS pid
 `
 
-// The process id of this connection's backend. The bench reads the server's CPU time from /proc through
-// it (its parent is the postmaster) when PostgreSQL runs on the bench's machine.
+// The process id of this connection's backend. Both peers (bench/load, bench/river) read the server's
+// CPU time from /proc through it (its parent is the postmaster) when PostgreSQL runs on their machine.
 func (q *Queries) BenchBackendPID(ctx context.Context) (int32, error) {
 	row := q.db.QueryRow(ctx, BenchBackendPID)
 	var pid int32
@@ -402,7 +402,8 @@ type BenchXactCommitRow struct {
 }
 
 // Committed transactions of this database so far (cumulative statistics, flushed by each backend at
-// most about once a second): the delta over a phase divided by its deliveries. Beside them the rows
+// most about once a second): the delta over a phase divided by its deliveries, for both peers
+// (bench/load, bench/river). Beside them the rows
 // written (inserted, updated, deleted) and, of the updates to the product's tables, how many were
 // HOT (no index entry written): what each delivery costs the server besides its statements. And the
 // autovacuum and autoanalyze runs finished on its tables: server work that the server's CPU counts

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/matryer/is"
 
+	"github.com/notifierhq/notifier/bench/dbgen"
 	"github.com/notifierhq/notifier/internal/pgtest"
 	"github.com/notifierhq/notifier/internal/testworld"
 )
@@ -59,11 +60,11 @@ func backend(t *testing.T, url string) (*pgx.Conn, int) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	var pid int
-	if err := conn.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+	pid, err := dbgen.New(conn).BenchBackendPID(context.Background())
+	if err != nil {
 		t.Fatal(err)
 	}
-	return conn, pid
+	return conn, int(pid)
 }
 
 // burn has the backend work until its process has used at least total CPU.

@@ -47,6 +47,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
+	"github.com/notifierhq/notifier/bench/dbgen"
 	"github.com/notifierhq/notifier/bench/latency"
 	"github.com/notifierhq/notifier/bench/proc"
 	"github.com/notifierhq/notifier/bench/workload"
@@ -403,9 +404,8 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		ChanSize: rep.Jobs + 1000, Kinds: []river.EventKind{river.EventKindJobCompleted},
 	})
 	defer unsubscribe()
-	var pid int
-	err = pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid)
-	server, notMeasured := proc.Find(pid, err) // the server's processes on this machine, or why not (as the bench)
+	pid, err := dbgen.New(pool).BenchBackendPID(ctx)
+	server, notMeasured := proc.Find(int(pid), err) // the server's processes on this machine, or why not (as the bench)
 	rep.ServerCPUSkipped = notMeasured
 	db0, err := dbCounters(ctx, pool)
 	if err != nil {
@@ -454,12 +454,12 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	}
 	if completed > 0 {
 		per := func(a, b int64) float64 { return math.Round(1000*float64(b-a)/float64(completed)) / 1000 }
-		rep.DBXactsPerDelivery, rep.RowsWrittenPerDelivery = per(db0.xacts, db1.xacts), per(db0.rows, db1.rows)
-		if upd := db1.updates - db0.updates; upd > 0 {
-			rep.HOTUpdateShare = math.Round(1000*float64(db1.hot-db0.hot)/float64(upd)) / 1000
+		rep.DBXactsPerDelivery, rep.RowsWrittenPerDelivery = per(db0.XactCommit, db1.XactCommit), per(db0.RowsWritten, db1.RowsWritten)
+		if upd := db1.Updates - db0.Updates; upd > 0 {
+			rep.HOTUpdateShare = math.Round(1000*float64(db1.HotUpdates-db0.HotUpdates)/float64(upd)) / 1000
 		}
 	}
-	rep.Autovacuums = db1.autovacuums - db0.autovacuums
+	rep.Autovacuums = db1.Autovacuums - db0.Autovacuums
 	rep.Deliveries = completed
 	rep.DeliverSeconds = deliverTook.Seconds()
 	rep.DeliveriesPerSec = float64(completed) / deliverTook.Seconds()
@@ -601,26 +601,15 @@ func riverVersion() string {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// counters are the database's cumulative statistics the report's per-delivery figures come from.
-type counters struct{ xacts, rows, updates, hot, autovacuums int64 }
-
-// dbCounters reads them after closing the pool's connections, so that every backend has flushed its
-// statistics (an idle one may hold them for seconds); the pool reconnects on its next use. The same
-// query as the bench's BenchXactCommit (bench/queries/bench.sql).
-func dbCounters(ctx context.Context, pool *pgxpool.Pool) (counters, error) {
+// dbCounters reads the database's cumulative statistics, the report's per-delivery figures, with the
+// bench's own query (BenchXactCommit), after closing the pool's connections, so that every backend has
+// flushed its statistics (an idle one may hold them for seconds); the pool reconnects on its next use.
+func dbCounters(ctx context.Context, pool *pgxpool.Pool) (dbgen.BenchXactCommitRow, error) {
 	pool.Reset()
 	time.Sleep(300 * time.Millisecond) // the closed backends exit and flush their statistics
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var c counters
-	err := pool.QueryRow(ctx, `SELECT coalesce(d.xact_commit, 0)::bigint,
-       (coalesce(d.tup_inserted, 0) + coalesce(d.tup_updated, 0) + coalesce(d.tup_deleted, 0))::bigint,
-       coalesce(t.n_tup_upd, 0)::bigint, coalesce(t.n_tup_hot_upd, 0)::bigint, coalesce(t.autovacuums, 0)::bigint
-FROM pg_catalog.pg_stat_database d,
-     LATERAL (SELECT sum(n_tup_upd) AS n_tup_upd, sum(n_tup_hot_upd) AS n_tup_hot_upd,
-                     sum(autovacuum_count + autoanalyze_count) AS autovacuums
-              FROM pg_catalog.pg_stat_user_tables) t
-WHERE d.datname = current_database()`).Scan(&c.xacts, &c.rows, &c.updates, &c.hot, &c.autovacuums)
+	c, err := dbgen.New(pool).BenchXactCommit(ctx)
 	if err != nil {
 		return c, fmt.Errorf("read the database's statistics: %w", err)
 	}
